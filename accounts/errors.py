@@ -1,0 +1,87 @@
+"""The application's error hierarchy, mapped to HTTP in one place.
+
+Services raise these with the user's words; `api_exception_handler` turns them (and DRF's own errors) into
+`{"error": {"code", "message", "fields"?}}` with the right status, so no view needs its own try/except.
+"""
+
+import logging
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
+from rest_framework import exceptions as drf_exceptions
+from rest_framework.response import Response
+
+logger = logging.getLogger(__name__)
+
+
+class ApplicationError(Exception):
+    status = 400
+    code = "invalid"
+
+    def __init__(self, message: str, *, fields: dict | None = None):
+        super().__init__(message)
+        self.message = message
+        self.fields = fields or {}
+
+
+class ValidationFailed(ApplicationError):
+    status = 400
+    code = "invalid"
+
+
+class Unauthenticated(ApplicationError):
+    status = 401
+    code = "unauthenticated"
+
+
+class Forbidden(ApplicationError):
+    status = 403
+    code = "forbidden"
+
+
+class NotFound(ApplicationError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(ApplicationError):
+    status = 409
+    code = "conflict"
+
+
+def error_body(code: str, message: str, fields: dict | None = None) -> dict:
+    error = {"code": code, "message": message}
+    if fields:
+        error["fields"] = fields
+    return {"error": error}
+
+
+def _first_message(detail) -> str:
+    if isinstance(detail, dict):
+        field, value = next(iter(detail.items()))
+        inner = _first_message(value)
+        return inner if field in ("non_field_errors", "detail") else f"{field}: {inner}"
+    if isinstance(detail, list) and detail:
+        return _first_message(detail[0])
+    return str(detail)
+
+
+def api_exception_handler(exc, context):
+    if isinstance(exc, ApplicationError):
+        return Response(error_body(exc.code, exc.message, exc.fields), status=exc.status)
+    if isinstance(exc, Http404):
+        exc = drf_exceptions.NotFound(str(exc) or "Not found.")
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = drf_exceptions.PermissionDenied(str(exc) or "You do not have permission to do this.")
+    if isinstance(exc, drf_exceptions.APIException):
+        fields = exc.detail if isinstance(exc, drf_exceptions.ValidationError) and isinstance(exc.detail, dict) else None
+        headers = {}
+        if getattr(exc, "auth_header", None):
+            headers["WWW-Authenticate"] = exc.auth_header
+        if getattr(exc, "wait", None):
+            headers["Retry-After"] = str(int(exc.wait))
+        code = exc.get_codes()
+        code = code if isinstance(code, str) else "invalid"
+        return Response(error_body(code, _first_message(exc.detail), fields), status=exc.status_code, headers=headers)
+    logger.exception("Unhandled error in %s", context.get("view").__class__.__name__)
+    return Response(error_body("internal_error", "Something went wrong on our side; it has been logged."), status=500)

@@ -1,0 +1,211 @@
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+from django.db.models import Model
+from django.utils import timezone
+from django.utils.text import slugify
+
+from accounts.errors import Conflict, Forbidden, NotFound, Unauthenticated, ValidationFailed
+from accounts.models import ROLE_RANK, ApiKey, AuditEntry, Membership, Role, Workspace
+
+User = get_user_model()
+API_KEY_PREFIX = "afk_"
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who is doing something: a user, possibly through one of their API keys, from an address."""
+
+    user: User | None
+    api_key: ApiKey | None = None
+    ip: str | None = None
+
+
+SYSTEM = Actor(user=None)
+
+
+def record_audit(*, actor: Actor, workspace: Workspace | None, action: str, target: Model | None = None,
+                 detail: dict | None = None) -> AuditEntry:
+    return AuditEntry.objects.create(
+        workspace=workspace,
+        actor=actor.user,
+        api_key=actor.api_key,
+        action=action,
+        target_type=target._meta.label_lower if target is not None else "",
+        target_id=str(target.pk) if target is not None else "",
+        detail=detail or {},
+        ip=actor.ip,
+    )
+
+
+def role_of(*, user: User, workspace: Workspace) -> str | None:
+    membership = Membership.objects.filter(user=user, workspace=workspace).only("role").first()
+    return membership.role if membership else None
+
+
+def require_role(*, actor: Actor, workspace: Workspace, role: str) -> None:
+    """Raise unless the actor holds at least `role` in the workspace (an API key is capped by its own role)."""
+    held = role_of(user=actor.user, workspace=workspace) if actor.user else None
+    if held is None:
+        raise NotFound("Workspace not found.")
+    if actor.api_key is not None and ROLE_RANK[actor.api_key.role] < ROLE_RANK[held]:
+        held = actor.api_key.role
+    if ROLE_RANK[held] < ROLE_RANK[role]:
+        raise Forbidden(f"This needs the {role} role in workspace '{workspace.slug}'; you are {held}.")
+
+
+def _unique_slug(name: str) -> str:
+    base = slugify(name)[:48] or "workspace"
+    slug, n = base, 2
+    while Workspace.objects.filter(slug=slug).exists():
+        slug, n = f"{base}-{n}", n + 1
+    return slug
+
+
+@transaction.atomic
+def create_workspace(*, actor: Actor, name: str) -> Workspace:
+    name = name.strip()
+    if not name:
+        raise ValidationFailed("A workspace needs a name.", fields={"name": ["This field may not be blank."]})
+    workspace = Workspace.objects.create(name=name, slug=_unique_slug(name))
+    Membership.objects.create(workspace=workspace, user=actor.user, role=Role.OWNER)
+    record_audit(actor=actor, workspace=workspace, action="workspace.create", target=workspace)
+    return workspace
+
+
+@transaction.atomic
+def add_member(*, actor: Actor, workspace: Workspace, username: str, role: str) -> Membership:
+    require_role(actor=actor, workspace=workspace, role=Role.ADMIN)
+    if role == Role.OWNER:
+        require_role(actor=actor, workspace=workspace, role=Role.OWNER)
+    user = User.objects.filter(username=username).first()
+    if user is None:
+        raise ValidationFailed(f"No user is called '{username}'.", fields={"username": ["Unknown user."]})
+    try:
+        with transaction.atomic():
+            membership = Membership.objects.create(workspace=workspace, user=user, role=role)
+    except IntegrityError:
+        raise Conflict(f"'{username}' is already a member of this workspace.")
+    record_audit(actor=actor, workspace=workspace, action="member.add", target=membership,
+                 detail={"username": username, "role": role})
+    return membership
+
+
+def _ensure_an_owner_remains(membership: Membership) -> None:
+    if membership.role == Role.OWNER and not (
+        Membership.objects.filter(workspace=membership.workspace, role=Role.OWNER).exclude(pk=membership.pk).exists()
+    ):
+        raise Conflict("A workspace must keep at least one owner.")
+
+
+@transaction.atomic
+def change_member_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
+    require_role(actor=actor, workspace=membership.workspace, role=Role.ADMIN)
+    if Role.OWNER in (role, membership.role):
+        require_role(actor=actor, workspace=membership.workspace, role=Role.OWNER)
+    if role != Role.OWNER:
+        _ensure_an_owner_remains(membership)
+    old = membership.role
+    membership.role = role
+    membership.save(update_fields=["role"])
+    record_audit(actor=actor, workspace=membership.workspace, action="member.role", target=membership,
+                 detail={"from": old, "to": role})
+    return membership
+
+
+@transaction.atomic
+def remove_member(*, actor: Actor, membership: Membership) -> None:
+    require_role(actor=actor, workspace=membership.workspace, role=Role.ADMIN)
+    _ensure_an_owner_remains(membership)
+    record_audit(actor=actor, workspace=membership.workspace, action="member.remove", target=membership,
+                 detail={"username": membership.user.username})
+    membership.delete()
+
+
+def _hash_key(raw: str) -> str:
+    # API keys carry 256 bits of randomness, so a plain SHA-256 is as strong as a slow password hash here.
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    api_key: ApiKey
+    secret: str  # shown to the user once, never stored
+
+
+@transaction.atomic
+def create_api_key(*, actor: Actor, workspace: Workspace, name: str, role: str = Role.DEVELOPER,
+                   expires_at: datetime | None = None) -> IssuedKey:
+    require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    # A key can never hold more rights than the person who makes it.
+    require_role(actor=actor, workspace=workspace, role=role)
+    name = name.strip()
+    if not name:
+        raise ValidationFailed("Give the key a name so you can recognise it later.",
+                               fields={"name": ["This field may not be blank."]})
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationFailed("The expiry date is in the past.", fields={"expires_at": ["Must be in the future."]})
+    prefix = secrets.token_hex(6)
+    secret = f"{API_KEY_PREFIX}{prefix}.{secrets.token_urlsafe(32)}"
+    api_key = ApiKey.objects.create(workspace=workspace, created_by=actor.user, name=name, role=role,
+                                    prefix=prefix, key_hash=_hash_key(secret), expires_at=expires_at)
+    record_audit(actor=actor, workspace=workspace, action="api_key.create", target=api_key,
+                 detail={"name": name, "role": role})
+    return IssuedKey(api_key=api_key, secret=secret)
+
+
+@transaction.atomic
+def revoke_api_key(*, actor: Actor, api_key: ApiKey) -> ApiKey:
+    if api_key.created_by_id != getattr(actor.user, "pk", None):
+        require_role(actor=actor, workspace=api_key.workspace, role=Role.ADMIN)
+    if api_key.revoked_at is None:
+        api_key.revoked_at = timezone.now()
+        api_key.save(update_fields=["revoked_at"])
+        record_audit(actor=actor, workspace=api_key.workspace, action="api_key.revoke", target=api_key)
+    return api_key
+
+
+def authenticate_api_key(*, raw: str) -> ApiKey:
+    """Find the live key behind a presented secret and stamp its last use."""
+    if not raw.startswith(API_KEY_PREFIX) or "." not in raw:
+        raise Unauthenticated("That is not an AI Factory API key.")
+    prefix = raw[len(API_KEY_PREFIX):].split(".", 1)[0]
+    api_key = ApiKey.objects.select_related("workspace", "created_by").filter(prefix=prefix).first()
+    if api_key is None or not secrets.compare_digest(api_key.key_hash, _hash_key(raw)):
+        raise Unauthenticated("Invalid API key.")
+    now = timezone.now()
+    if api_key.revoked_at is not None:
+        raise Unauthenticated("This API key has been revoked.")
+    if api_key.expires_at is not None and api_key.expires_at <= now:
+        raise Unauthenticated("This API key has expired.")
+    if not api_key.created_by.is_active:
+        raise Unauthenticated("The owner of this API key is deactivated.")
+    # Stamping every request would write on every call; a minute's resolution is enough to show "last used".
+    if api_key.last_used_at is None or (now - api_key.last_used_at).total_seconds() > 60:
+        ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
+        api_key.last_used_at = now
+    return api_key
+
+
+@transaction.atomic
+def ensure_admin(*, username: str, password: str | None, workspace_name: str) -> tuple[User, str | None]:
+    """Make the first superuser and default workspace. Returns the user and the password if one was generated."""
+    user = User.objects.filter(username=username).first()
+    generated = None
+    if user is None:
+        generated = None if password else secrets.token_urlsafe(12)
+        user = User.objects.create_superuser(username=username, email="", password=password or generated)
+    elif password and not user.check_password(password):
+        user.set_password(password)
+        user.save(update_fields=["password"])
+    if not Membership.objects.filter(user=user).exists():
+        workspace = Workspace.objects.filter(slug=slugify(workspace_name)).first()
+        if workspace is None:
+            workspace = create_workspace(actor=Actor(user=user), name=workspace_name)
+        else:
+            Membership.objects.create(workspace=workspace, user=user, role=Role.OWNER)
+    return user, generated

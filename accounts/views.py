@@ -1,0 +1,81 @@
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from accounts import selectors, services
+from accounts.gui import gui_actor, has_role, workspace_page
+from accounts.middleware import SESSION_KEY
+from accounts.models import ApiKey, Membership, Role
+
+
+@login_required
+@require_POST
+def switch_workspace(request):
+    workspace = selectors.workspace_of_member(user=request.user, workspace_id=request.POST.get("workspace"))
+    if workspace is None:
+        messages.error(request, "That workspace does not exist or you are not a member of it.")
+    else:
+        request.session[SESSION_KEY] = workspace.pk
+    return redirect(request.POST.get("next") or "dashboard")
+
+
+ISSUED_KEY_SESSION = "issued_api_key"
+
+
+@workspace_page
+def api_keys(request):
+    if request.method == "POST":
+        issued = services.create_api_key(actor=gui_actor(request), workspace=request.workspace,
+                                         name=request.POST.get("name", ""),
+                                         role=request.POST.get("role") or Role.DEVELOPER)
+        # Redirect so that reloading the page cannot create the key twice; the secret rides in the server-side
+        # session for exactly one page view.
+        request.session[ISSUED_KEY_SESSION] = {"name": issued.api_key.name, "secret": issued.secret}
+        return redirect("api-keys")
+    keys = selectors.api_keys_visible_to(user=request.user, workspace=request.workspace,
+                                         role=request.workspace_role)
+    return render(request, "accounts/api_keys.html", {
+        "keys": keys, "issued": request.session.pop(ISSUED_KEY_SESSION, None), "roles": Role.choices})
+
+
+@workspace_page
+@require_POST
+def revoke_api_key(request, key_id: int):
+    api_key = get_object_or_404(ApiKey, pk=key_id, workspace=request.workspace)
+    services.revoke_api_key(actor=gui_actor(request), api_key=api_key)
+    messages.success(request, f"Key '{api_key.name}' revoked.")
+    return redirect("api-keys")
+
+
+@workspace_page
+def settings_page(request):
+    if request.method == "POST":
+        services.add_member(actor=gui_actor(request), workspace=request.workspace,
+                            username=request.POST.get("username", "").strip(),
+                            role=request.POST.get("role") or Role.DEVELOPER)
+        messages.success(request, "Member added.")
+        return redirect("settings")
+    return render(request, "accounts/settings.html", {
+        "members": selectors.members_of(workspace=request.workspace),
+        "roles": Role.choices,
+        "can_manage": has_role(request, Role.ADMIN),
+        "audit": selectors.audit_entries(workspace=request.workspace)[:20] if has_role(request, Role.ADMIN) else [],
+    })
+
+
+@workspace_page
+@require_POST
+def remove_member(request, membership_id: int):
+    membership = get_object_or_404(Membership, pk=membership_id, workspace=request.workspace)
+    services.remove_member(actor=gui_actor(request), membership=membership)
+    messages.success(request, f"{membership.user.username} removed.")
+    return redirect("settings")
+
+
+@login_required
+@require_POST
+def create_workspace(request):
+    workspace = services.create_workspace(actor=gui_actor(request), name=request.POST.get("name", ""))
+    request.session[SESSION_KEY] = workspace.pk
+    return redirect("dashboard")

@@ -1,0 +1,5 @@
+from django.apps import AppConfig
+
+
+class AgentStudioConfig(AppConfig):
+    name = "agent_studio"

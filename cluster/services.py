@@ -1,0 +1,161 @@
+import logging
+from datetime import timedelta
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.errors import Conflict, NotFound, ValidationFailed
+from accounts.models import Workspace
+from accounts.services import Actor, record_audit
+from cluster import inventory
+from cluster.jobs import handler_for, job_handler, known_kinds
+from cluster.models import FINISHED_JOB_STATES, Device, Job, JobEvent, JobState, Node, NodeStatus
+
+logger = logging.getLogger(__name__)
+RUN_JOB_TASK = "cluster.tasks.run_job"
+
+
+@transaction.atomic
+def register_node(*, name: str, resources: inventory.Resources) -> Node:
+    """Add or refresh a node and its devices from a reading of its resources."""
+    node, _ = Node.objects.update_or_create(
+        name=name,
+        defaults={
+            "hostname": resources.hostname,
+            "cpu_cores": resources.cpu_cores,
+            "memory_bytes": resources.memory_bytes,
+            "status": NodeStatus.HEALTHY,
+            "last_heartbeat_at": timezone.now(),
+            "info": _heartbeat_info(resources),
+        },
+    )
+    seen = []
+    for gpu in resources.gpus:
+        Device.objects.update_or_create(
+            node=node, index=gpu.index,
+            defaults={"kind": "gpu", "name": gpu.name, "uuid": gpu.uuid, "memory_bytes": gpu.memory_bytes,
+                      "compute_tflops": gpu.compute_tflops},
+        )
+        seen.append(gpu.index)
+    node.devices.exclude(index__in=seen).delete()
+    return node
+
+
+def register_local_node() -> Node:
+    return register_node(name=settings.NODE_NAME, resources=inventory.probe())
+
+
+def _heartbeat_info(resources: inventory.Resources) -> dict:
+    return {
+        "memory_available_bytes": resources.memory_available_bytes,
+        "load_average": resources.load_average,
+        "gpu_error": resources.gpu_error,
+    }
+
+
+def record_heartbeat(*, name: str, resources: inventory.Resources) -> Node:
+    node = Node.objects.filter(name=name).first()
+    if node is None or node.devices.count() != len(resources.gpus):
+        return register_node(name=name, resources=resources)
+    Node.objects.filter(pk=node.pk).update(status=NodeStatus.HEALTHY, last_heartbeat_at=timezone.now(),
+                                           info=_heartbeat_info(resources))
+    node.refresh_from_db()
+    return node
+
+
+def mark_stale_nodes(*, timeout_s: int) -> list[str]:
+    """Mark unhealthy every node whose worker has not answered a heartbeat within `timeout_s`."""
+    cutoff = timezone.now() - timedelta(seconds=timeout_s)
+    stale = Node.objects.filter(status=NodeStatus.HEALTHY, last_heartbeat_at__lt=cutoff)
+    names = list(stale.values_list("name", flat=True))
+    stale.update(status=NodeStatus.UNHEALTHY)
+    for name in names:
+        logger.warning("Node %s missed its heartbeats for %ss and is now unhealthy", name, timeout_s)
+    return names
+
+
+def _transition(job: Job, state: str, message: str = "", **fields) -> Job:
+    now = timezone.now()
+    job.state = state
+    if state == JobState.RUNNING:
+        job.started_at = job.started_at or now
+    if state in FINISHED_JOB_STATES:
+        job.finished_at = now
+    for name, value in fields.items():
+        setattr(job, name, value)
+    job.save()
+    JobEvent.objects.create(job=job, state=state, message=message)
+    return job
+
+
+def dispatch_job(*, actor: Actor, workspace: Workspace | None, kind: str, node: Node,
+                 payload: dict | None = None) -> Job:
+    """Queue a job on the node's own Celery queue. The message is sent only once the job row is committed."""
+    if handler_for(kind) is None:
+        raise ValidationFailed(f"Unknown job kind '{kind}'. Known kinds: {', '.join(known_kinds())}.")
+    if node.status != NodeStatus.HEALTHY:
+        raise Conflict(f"Node '{node.name}' is unhealthy: its worker has not answered heartbeats.")
+    with transaction.atomic():
+        job = Job.objects.create(workspace=workspace, kind=kind, node=node, payload=payload or {})
+        JobEvent.objects.create(job=job, state=JobState.QUEUED, message=f"Queued on {node.queue}")
+        record_audit(actor=actor, workspace=workspace, action="job.dispatch", target=job,
+                     detail={"kind": kind, "node": node.name})
+        transaction.on_commit(lambda: _send(job))
+    return job
+
+
+def _send(job: Job) -> None:
+    result = current_app.send_task(RUN_JOB_TASK, args=[job.pk], queue=job.node.queue)
+    Job.objects.filter(pk=job.pk).update(celery_task_id=result.id)
+
+
+def run_job(*, job_id: int, worker: str) -> Job:
+    """Run a job's handler on this worker. A finished job is left alone, so a redelivered message is harmless; a
+    job found `running` was interrupted by a dying worker and starts again."""
+    job = Job.objects.select_related("node").filter(pk=job_id).first()
+    if job is None:
+        raise NotFound(f"Job {job_id} does not exist.")
+    if job.state in FINISHED_JOB_STATES:
+        return job
+    if job.node.name != settings.NODE_NAME:
+        return _transition(job, JobState.FAILED, error=(
+            f"Job for node '{job.node.name}' reached the worker of node '{settings.NODE_NAME}'."))
+    note = "Restarted after its worker stopped" if job.state == JobState.RUNNING else "Started"
+    _transition(job, JobState.RUNNING, f"{note} on {worker}", worker=worker)
+
+    def report(progress: float, message: str = "") -> None:
+        Job.objects.filter(pk=job.pk).update(progress=max(0.0, min(1.0, progress)))
+        if message:
+            JobEvent.objects.create(job=job, state=JobState.RUNNING, message=message)
+
+    try:
+        result = handler_for(job.kind)(job, report)
+    except Exception as exc:
+        logger.exception("Job %s (%s) failed", job.pk, job.kind)
+        job.refresh_from_db()
+        return _transition(job, JobState.FAILED, str(exc), error=str(exc) or exc.__class__.__name__)
+    job.refresh_from_db()
+    if job.state == JobState.CANCELLED:
+        return job
+    return _transition(job, JobState.SUCCEEDED, "Done", progress=1.0, result=result or {})
+
+
+@transaction.atomic
+def cancel_job(*, actor: Actor, job: Job) -> Job:
+    if job.state in FINISHED_JOB_STATES:
+        raise Conflict(f"Job {job.pk} has already {job.state}.")
+    if job.celery_task_id:
+        current_app.control.revoke(job.celery_task_id)
+    record_audit(actor=actor, workspace=job.workspace, action="job.cancel", target=job)
+    return _transition(job, JobState.CANCELLED, "Cancelled by user")
+
+
+@job_handler("node.inventory")
+def refresh_inventory(job: Job, report) -> dict:
+    """Re-read this node's CPUs, memory and GPUs (after a GPU was added, say)."""
+    report(0.1, "Reading resources")
+    resources = inventory.probe()
+    register_node(name=settings.NODE_NAME, resources=resources)
+    return resources.as_dict()

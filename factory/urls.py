@@ -1,0 +1,31 @@
+from django.contrib import admin
+from django.urls import include, path, re_path
+from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+import accounts.urls
+import cluster.urls
+from factory import views
+
+api_urlpatterns = [
+    *accounts.urls.api_urlpatterns,
+    *cluster.urls.api_urlpatterns,
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # Unknown API paths answer in the API's JSON error format, whatever DEBUG says.
+    re_path(r"^", views.api_not_found),
+]
+
+urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="dashboard", permanent=False)),
+    path("dashboard/", views.dashboard, name="dashboard"),
+    path("section/<slug:section>/", views.coming, name="coming"),
+    path("healthz", views.healthz, name="healthz"),
+    path("api/", include(api_urlpatterns)),
+    path("admin/", admin.site.urls),
+    path("", include(accounts.urls.urlpatterns)),
+    path("", include(cluster.urls.urlpatterns)),
+]
+
+handler404 = views.api_not_found
+handler500 = views.server_error

@@ -1,0 +1,69 @@
+"""The shell's own pages: the dashboard that gathers every floor, sections still to come, and health."""
+
+import redis
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.db import connection
+from django.http import Http404, JsonResponse
+from django.shortcuts import render
+
+from accounts.errors import error_body
+from accounts.selectors import api_keys_visible_to, audit_entries, effective_role
+from cluster.selectors import nodes, pool_summary
+
+SECTIONS = {
+    "rag": ("RAG Studio", "Knowledge bases from your documents, hybrid retrieval, hit testing and evaluation."),
+    "agents": ("Agent Studio", "Agents with tools, memory, planning and multi-agent teams."),
+    "tools": ("Work Bridge", "Tools from HTTP endpoints, OpenAPI specs, sandboxed code and MCP servers."),
+    "serving": ("Models & Serving", "Model registry, deployments with weighted replicas and an OpenAI gateway."),
+    "apps": ("Apps", "Published apps with API keys, traces, feedback and monitoring."),
+}
+
+
+@login_required
+def dashboard(request):
+    workspace = request.workspace
+    context = {"nodes": nodes(), "summary": pool_summary()}
+    if workspace is not None:
+        role = effective_role(user=request.user, api_key=None, workspace=workspace)
+        context["key_count"] = api_keys_visible_to(user=request.user, workspace=workspace, role=role).filter(
+            revoked_at__isnull=True).count()
+        context["recent"] = audit_entries(workspace=workspace)[:8]
+    return render(request, "dashboard.html", context)
+
+
+@login_required
+def coming(request, section: str):
+    if section not in SECTIONS:
+        raise Http404("No such section.")
+    title, blurb = SECTIONS[section]
+    return render(request, "coming.html", {"title": title, "blurb": blurb, "section": section})
+
+
+def healthz(request):
+    checks = {}
+    try:
+        connection.ensure_connection()
+        checks["database"] = "ok"
+    except Exception as exc:  # a health check reports every failure instead of raising
+        checks["database"] = str(exc)
+    try:
+        redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2).ping()
+        checks["redis"] = "ok"
+    except Exception as exc:
+        checks["redis"] = str(exc)
+    healthy = all(value == "ok" for value in checks.values())
+    return JsonResponse({"status": "ok" if healthy else "degraded", "checks": checks}, status=200 if healthy else 503)
+
+
+def api_not_found(request, exception=None):
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body("not_found", f"No API endpoint at {request.path}."), status=404)
+    return render(request, "404.html", status=404)
+
+
+def server_error(request):
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body("internal_error", "Something went wrong on our side; it has been logged."),
+                            status=500)
+    return render(request, "500.html", status=500)

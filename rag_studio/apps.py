@@ -1,0 +1,5 @@
+from django.apps import AppConfig
+
+
+class RagStudioConfig(AppConfig):
+    name = "rag_studio"

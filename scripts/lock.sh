@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Re-resolves pyproject.toml's dependencies in a scratch venv and pins the result in requirements/constraints.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3.11}
+WHEEL_CACHE=${FACTORY_WHEEL_CACHE:-$HOME/.cache/aifactory/wheels}
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+"$PYTHON" -m venv "$scratch/venv"
+"$scratch/venv/bin/pip" install --quiet --find-links "$WHEEL_CACHE" -e ".[test]"
+{
+  echo "# The resolved dependency set, installed with: pip install -c requirements/constraints.txt -e .[test]"
+  echo "# Regenerate after changing pyproject.toml: make lock"
+  "$scratch/venv/bin/pip" freeze --exclude-editable | grep -v '^ai-factory'
+} >requirements/constraints.txt
+echo "Pinned $(grep -vc '^#' requirements/constraints.txt) packages in requirements/constraints.txt"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The platform's long-running processes, defined once: `make run` starts them in the background and
+# docker-compose.yml runs each as a service. Usage: scripts/proc.sh setup|web|worker|beat
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] && export PATH="$PWD/.venv/bin:$PATH"
+# The node name decides the worker's queue (node.<name>); settings read the same variable.
+export FACTORY_NODE_NAME=${FACTORY_NODE_NAME:-$(hostname | cut -d. -f1 | tr '[:upper:]' '[:lower:]')}
+
+case "${1:-}" in
+  setup)
+    python manage.py migrate --noinput
+    exec python manage.py bootstrap ;;
+  web)
+    exec uvicorn factory.asgi:application --host "${FACTORY_HOST:-127.0.0.1}" --port "${FACTORY_PORT:-8000}" \
+      --workers "${FACTORY_WEB_WORKERS:-1}" --no-access-log --lifespan off ;;
+  worker)
+    exec celery -A factory worker --queues "default,ingest,node.$FACTORY_NODE_NAME" \
+      --hostname "worker@$FACTORY_NODE_NAME" --concurrency "${FACTORY_WORKER_CONCURRENCY:-2}" --loglevel INFO ;;
+  beat)
+    exec celery -A factory beat --schedule "${FACTORY_DATA_DIR:-data}/celerybeat-schedule" --loglevel INFO ;;
+  *)
+    echo "usage: $0 setup|web|worker|beat" >&2; exit 2 ;;
+esac

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# make run: install, migrate, bootstrap, then start redis, the Celery worker, beat and the web server.
+# Each process's PID goes to .run/<name>.pid; a process already running is left alone, so re-running is safe.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/procs.lib.sh
+
+scripts/install.sh
+scripts/system-deps.sh redis
+mkdir -p .run logs
+export FACTORY_DATA_DIR=${FACTORY_DATA_DIR:-$PWD/data}
+export FACTORY_HOST=${FACTORY_HOST:-127.0.0.1} FACTORY_PORT=${FACTORY_PORT:-8000}
+redis_port=${FACTORY_REDIS_PORT:-6379}
+export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:$redis_port/0}
+mkdir -p "$FACTORY_DATA_DIR/redis"
+
+if proc_alive redis; then
+  echo "==> redis already running (pid $(cat .run/redis.pid))"
+elif redis-cli -p "$redis_port" ping >/dev/null 2>&1; then
+  echo "==> a redis not started by make run answers on port $redis_port; using it"
+else
+  echo "==> starting redis on 127.0.0.1:$redis_port"
+  redis-server --bind 127.0.0.1 --port "$redis_port" --protected-mode yes --daemonize yes \
+    --pidfile "$PWD/.run/redis.pid" --dir "$FACTORY_DATA_DIR/redis" --logfile "$PWD/logs/redis.log"
+  for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+
+scripts/proc.sh setup
+
+# The long-running processes, in start order; docker-compose.yml has one service for each.
+PROCESSES="worker beat web"
+for name in $PROCESSES; do
+  start_proc "$name"
+done
+
+url="http://$FACTORY_HOST:$FACTORY_PORT"
+for _ in $(seq 120); do
+  curl -fsS "$url/healthz" >/dev/null 2>&1 && break
+  sleep 0.5
+done
+if ! curl -fsS "$url/healthz" >/dev/null 2>&1; then
+  echo "error: the web server did not come up; see logs/web.log" >&2
+  tail -20 logs/web.log >&2
+  exit 1
+fi
+cat <<MSG
+
+AI Factory is running at $url
+  login:   ${FACTORY_ADMIN_USER:-admin} (password printed above on first run, or \$FACTORY_ADMIN_PASSWORD)
+  API:     $url/api/docs/
+  logs:    logs/web.log logs/worker.log logs/beat.log
+  stop:    make stop
+MSG

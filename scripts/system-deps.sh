@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the Debian packages a command needs, only when missing: redis-server, chromium.
+set -euo pipefail
+missing=()
+for want in "$@"; do
+  case "$want" in
+    redis) command -v redis-server >/dev/null || missing+=(redis-server) ;;
+    chromium) [ -x /usr/bin/chromium ] || missing+=(chromium) ;;
+    *) echo "unknown system dependency: $want" >&2; exit 2 ;;
+  esac
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "==> Installing Debian packages: ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# make test: installs what the tests need, starts a private redis on a free loopback port, and runs pytest.
+# Extra arguments go to pytest, e.g. `make test ARGS="-k keys"`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install.sh
+scripts/system-deps.sh redis chromium
+
+scratch=$(mktemp -d)
+port=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no --daemonize yes \
+  --pidfile "$scratch/redis.pid" --dir "$scratch" --logfile "$scratch/redis.log"
+cleanup() {
+  [ -f "$scratch/redis.pid" ] && kill "$(cat "$scratch/redis.pid")" 2>/dev/null
+  rm -rf "$scratch"
+}
+trap cleanup EXIT
+for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+export REDIS_URL="redis://127.0.0.1:$port/0" FACTORY_DATA_DIR="$scratch/data" FACTORY_NODE_NAME=test-web
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+  echo "pytest collected no tests."
+  exit 0
+fi
+exit "$status"

@@ -1,0 +1,103 @@
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+
+from accounts import services
+from accounts.models import Role
+from accounts.services import Actor
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def make_user(db):
+    def make(username: str, password: str = "correct-horse-battery") -> object:
+        return get_user_model().objects.create_user(username=username, password=password)
+
+    return make
+
+
+@pytest.fixture
+def make_workspace(make_user):
+    """A workspace with an owner (and optionally more members with roles)."""
+
+    def make(name: str, owner: str, **members: str):
+        user = make_user(owner)
+        workspace = services.create_workspace(actor=Actor(user=user), name=name)
+        for username, role in members.items():
+            make_user(username)
+            services.add_member(actor=Actor(user=user), workspace=workspace, username=username, role=role)
+        return workspace
+
+    return make
+
+
+@pytest.fixture
+def key_client():
+    """An API client authenticated by a fresh API key of `username` in `workspace`."""
+
+    def make(username: str, workspace, role: str = Role.DEVELOPER) -> APIClient:
+        user = get_user_model().objects.get(username=username)
+        issued = services.create_api_key(actor=Actor(user=user), workspace=workspace, name=f"{username}-key",
+                                         role=role)
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.secret}")
+        return client
+
+    return make
+
+
+def _database_env() -> dict:
+    from django.db import connection
+
+    return {"DATABASE_URL": f"sqlite:///{connection.settings_dict['NAME']}"}
+
+
+@pytest.fixture(scope="module")
+def celery_worker_process(django_db_setup, django_db_blocker):
+    """A real `celery worker` process on the test database and the Redis that `make test` started, listening on
+    the default queues and on the queue of node `pytest-node`."""
+    from celery import current_app
+
+    node = "pytest-node"
+    log = Path(os.environ["FACTORY_DATA_DIR"]) / f"worker-{os.getpid()}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **_database_env(), "FACTORY_NODE_NAME": node}
+    hostname = f"pytest@{node}"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "factory", "worker", "--queues", f"default,ingest,node.{node}",
+         "--hostname", hostname, "--concurrency", "1", "--loglevel", "INFO", "--without-gossip",
+         "--without-mingle"],
+        cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if worker.poll() is not None:
+            pytest.fail(f"The Celery worker exited early:\n{log.read_text()}")
+        if current_app.control.ping(destination=[hostname], timeout=0.5):
+            break
+    else:
+        worker.kill()
+        pytest.fail(f"The Celery worker did not become ready:\n{log.read_text()}")
+    yield {"node": node, "hostname": hostname, "process": worker, "log": log}
+    worker.terminate()
+    try:
+        worker.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+
+
+def wait_for(predicate, *, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"Timed out after {timeout}s waiting for {what}")
