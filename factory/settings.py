@@ -176,6 +176,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "cluster.tasks.request_heartbeats",
         "schedule": float(NODE_HEARTBEAT_INTERVAL_S),
     },
+    "serving-replica-health": {
+        "task": "serving.tasks.check_replicas",
+        "schedule": float(os.environ.get("FACTORY_REPLICA_CHECK_INTERVAL_S", "5")),
+    },
 }
 
 LOGGING = {

@@ -5,11 +5,13 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 import accounts.urls
 import cluster.urls
+import serving.urls
 from factory import views
 
 api_urlpatterns = [
     *accounts.urls.api_urlpatterns,
     *cluster.urls.api_urlpatterns,
+    *serving.urls.api_urlpatterns,
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     # Unknown API paths answer in the API's JSON error format, whatever DEBUG says.
@@ -22,9 +24,11 @@ urlpatterns = [
     path("section/<slug:section>/", views.coming, name="coming"),
     path("healthz", views.healthz, name="healthz"),
     path("api/", include(api_urlpatterns)),
+    path("v1/", include(serving.urls.gateway_urlpatterns)),
     path("admin/", admin.site.urls),
     path("", include(accounts.urls.urlpatterns)),
     path("", include(cluster.urls.urlpatterns)),
+    path("", include(serving.urls.urlpatterns)),
 ]
 
 handler404 = views.api_not_found

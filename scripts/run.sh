@@ -13,6 +13,9 @@ export FACTORY_HOST=${FACTORY_HOST:-127.0.0.1} FACTORY_PORT=${FACTORY_PORT:-8000
 redis_port=${FACTORY_REDIS_PORT:-6379}
 export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:$redis_port/0}
 mkdir -p "$FACTORY_DATA_DIR/redis"
+# make stop reads the same settings back.
+declare -p FACTORY_DATA_DIR REDIS_URL | sed 's/^declare -x/export/' >.run/env
+[ -n "${DATABASE_URL:-}" ] && declare -p DATABASE_URL | sed 's/^declare -x/export/' >>.run/env
 
 if proc_alive redis; then
   echo "==> redis already running (pid $(cat .run/redis.pid))"
@@ -43,11 +46,14 @@ if ! curl -fsS "$url/healthz" >/dev/null 2>&1; then
   tail -20 logs/web.log >&2
   exit 1
 fi
+echo "==> waiting for the model deployments"
+.venv/bin/python manage.py wait_deployments --timeout 300
 cat <<MSG
 
 AI Factory is running at $url
   login:   ${FACTORY_ADMIN_USER:-admin} (password printed above on first run, or \$FACTORY_ADMIN_PASSWORD)
   API:     $url/api/docs/
+  gateway: $url/v1 (OpenAI-compatible; create an API key on the API keys page)
   logs:    logs/web.log logs/worker.log logs/beat.log
   stop:    make stop
 MSG

@@ -15,6 +15,19 @@ from accounts.services import Actor
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_test_environment, django_db_blocker):
+    """Always create the test database: pytest-django creates it only when a collected test is marked django_db,
+    but the worker and web processes need it even when only live-process tests run."""
+    from django.test.utils import setup_databases, teardown_databases
+
+    with django_db_blocker.unblock():
+        config = setup_databases(verbosity=0, interactive=False, aliases={"default"})
+    yield
+    with django_db_blocker.unblock():
+        teardown_databases(config, verbosity=0)
+
+
 @pytest.fixture
 def make_user(db):
     def make(username: str, password: str = "correct-horse-battery") -> object:
@@ -59,7 +72,7 @@ def _database_env() -> dict:
     return {"DATABASE_URL": f"sqlite:///{connection.settings_dict['NAME']}"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def celery_worker_process(django_db_setup, django_db_blocker):
     """A real `celery worker` process on the test database and the Redis that `make test` started, listening on
     the default queues and on the queue of node `pytest-node`."""
@@ -91,6 +104,42 @@ def celery_worker_process(django_db_setup, django_db_blocker):
         worker.wait(timeout=20)
     except subprocess.TimeoutExpired:
         worker.kill()
+
+
+@pytest.fixture(scope="session")
+def web_server(django_db_setup):
+    """The real ASGI web process (uvicorn), on the test database, as `make run` starts it."""
+    import httpx
+
+    port = free_port()
+    log = Path(os.environ["FACTORY_DATA_DIR"]) / f"web-{os.getpid()}.log"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "factory.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+         "--lifespan", "off", "--no-access-log"],
+        cwd=ROOT, env={**os.environ, **_database_env()}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        if server.poll() is not None:
+            pytest.fail(f"The web server exited early:\n{log.read_text()}")
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(answers, timeout=60, what="the web server")
+    yield url
+    server.terminate()
+    server.wait(timeout=20)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def wait_for(predicate, *, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):

@@ -1,0 +1,192 @@
+from django.db.models import Q
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from accounts.errors import Forbidden
+from accounts.models import ROLE_RANK, Role
+from accounts.permissions import WorkspaceScopedMixin
+from cluster.models import Node
+from serving import selectors, services
+from serving.engines.base import engine
+from serving.models import Deployment, Engine, Model, Replica, RequestRecord, RoleHint, ServingEvent
+
+
+class ModelSerializer(serializers.ModelSerializer):
+    shared = serializers.SerializerMethodField()
+    supports_chat = serializers.BooleanField(read_only=True)
+    has_chat_template = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Model
+        fields = ["id", "name", "kind", "path", "url", "family", "parameter_count", "quantization",
+                  "context_length", "embedding_dimensions", "role_hint", "size_bytes", "supports_chat",
+                  "has_chat_template", "shared", "created_at"]
+
+    def get_shared(self, obj) -> bool:
+        return obj.workspace_id is None
+
+    def get_has_chat_template(self, obj) -> bool:
+        return bool(obj.chat_template)
+
+
+class ModelRegisterSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=96)
+    path = serializers.CharField(required=False, allow_blank=True, default="")
+    url = serializers.CharField(required=False, allow_blank=True, default="")
+    api_key = serializers.CharField(required=False, allow_blank=True, default="", write_only=True)
+    role_hint = serializers.ChoiceField(choices=RoleHint.choices, default=RoleHint.SMALL)
+    chat_template = serializers.CharField(required=False, allow_blank=True, default=None)
+
+
+class ReplicaSerializer(serializers.ModelSerializer):
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = Replica
+        fields = ["id", "node", "weight", "state", "base_url", "pid", "restarts", "last_error", "last_health_at"]
+
+
+class DeploymentSerializer(serializers.ModelSerializer):
+    model = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    replicas = ReplicaSerializer(many=True, read_only=True)
+    capabilities = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Deployment
+        fields = ["id", "name", "model", "engine", "settings", "state", "desired_running", "cooldown_s",
+                  "capabilities", "replicas", "created_at"]
+
+    def get_capabilities(self, obj) -> list[str]:
+        return sorted(engine(obj.engine).capabilities(obj.model))
+
+
+class ReplicaSpecSerializer(serializers.Serializer):
+    node = serializers.SlugRelatedField(slug_field="name", queryset=Node.objects.all())
+    weight = serializers.FloatField(default=1.0)
+
+
+class DeploymentCreateSerializer(serializers.Serializer):
+    model = serializers.CharField(help_text="Name of a registered model")
+    name = serializers.CharField(required=False, allow_blank=True, default="")
+    engine = serializers.ChoiceField(choices=Engine.choices, required=False, allow_blank=True, default="")
+    settings = serializers.JSONField(required=False, default=dict)
+    replicas = ReplicaSpecSerializer(many=True, required=False)
+    cooldown_s = serializers.FloatField(required=False, default=30.0)
+    start = serializers.BooleanField(default=True)
+
+
+class RoutingSerializer(serializers.Serializer):
+    cooldown_s = serializers.FloatField(required=False)
+    weights = serializers.DictField(child=serializers.FloatField(), required=False,
+                                    help_text="Replica id to weight")
+
+
+class ServingEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ServingEvent
+        fields = ["replica", "from_state", "to_state", "message", "at"]
+
+
+class RequestRecordSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RequestRecord
+        fields = ["id", "replica", "endpoint", "stream", "status", "attempts", "ttft_ms", "tpot_ms", "itl_mean_ms",
+                  "e2e_ms", "input_tokens", "output_tokens", "error", "created_at"]
+
+
+class ModelViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Registered models: the presets shared by every workspace, and this workspace's own."""
+
+    serializer_class = ModelSerializer
+
+    def get_queryset(self):
+        return selectors.models_visible_to(workspace=self.workspace)
+
+    @extend_schema(request=ModelRegisterSerializer, responses={201: ModelSerializer})
+    def create(self, request):
+        data = ModelRegisterSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        model = services.register_model(actor=self.actor, workspace=self.workspace, **data.validated_data)
+        return Response(ModelSerializer(model).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={201: DeploymentSerializer})
+    @action(detail=True, methods=["post"])
+    def deploy(self, request, pk=None):
+        """One click: deploy this model on this node with its default engine, and start it."""
+        deployment = services.deploy_model(actor=self.actor, workspace=self.workspace, model=self.get_object())
+        return Response(DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
+
+
+class DeploymentViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                        viewsets.GenericViewSet):
+    """Deployments: a model, an engine and weighted replicas. Start and stop run as jobs on each replica's node."""
+
+    serializer_class = DeploymentSerializer
+    lookup_field = "name"
+
+    def get_queryset(self):
+        return selectors.deployments_visible_to(workspace=self.workspace)
+
+    @extend_schema(request=DeploymentCreateSerializer, responses={201: DeploymentSerializer})
+    def create(self, request):
+        data = DeploymentCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        spec = data.validated_data
+        model = selectors.models_visible_to(workspace=self.workspace).filter(name=spec["model"]).first()
+        if model is None:
+            raise serializers.ValidationError({"model": [f"No model called '{spec['model']}'."]})
+        replicas = [(r["node"], r["weight"]) for r in spec.get("replicas") or []]
+        deployment = services.create_deployment(
+            actor=self.actor, workspace=self.workspace, model=model, name=spec["name"], engine_name=spec["engine"],
+            settings_=spec["settings"], replicas=replicas or None, cooldown_s=spec["cooldown_s"])
+        if spec["start"]:
+            deployment = services.start_deployment(actor=self.actor, deployment=deployment)
+        return Response(DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
+
+    def _changeable(self) -> Deployment:
+        deployment = self.get_object()
+        if deployment.workspace_id is None and ROLE_RANK[self.request.workspace_role] < ROLE_RANK[Role.ADMIN]:
+            raise Forbidden(f"'{deployment.name}' is shared by every workspace; only admins may change it.")
+        return deployment
+
+    @extend_schema(request=None, responses=DeploymentSerializer)
+    @action(detail=True, methods=["post"])
+    def start(self, request, name=None):
+        deployment = services.start_deployment(actor=self.actor, deployment=self._changeable())
+        return Response(DeploymentSerializer(deployment).data)
+
+    @extend_schema(request=None, responses=DeploymentSerializer)
+    @action(detail=True, methods=["post"])
+    def stop(self, request, name=None):
+        deployment = services.stop_deployment(actor=self.actor, deployment=self._changeable())
+        return Response(DeploymentSerializer(deployment).data)
+
+    @extend_schema(request=RoutingSerializer, responses=DeploymentSerializer)
+    @action(detail=True, methods=["patch"])
+    def routing(self, request, name=None):
+        data = RoutingSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        weights = {int(k): v for k, v in (data.validated_data.get("weights") or {}).items()}
+        deployment = services.update_routing(actor=self.actor, deployment=self._changeable(),
+                                             cooldown_s=data.validated_data.get("cooldown_s"), weights=weights)
+        return Response(DeploymentSerializer(deployment).data)
+
+    @extend_schema(responses=ServingEventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request, name=None):
+        return Response(ServingEventSerializer(self.get_object().events.all()[:200], many=True).data)
+
+    @extend_schema(responses=RequestRecordSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def requests(self, request, name=None):
+        records = self.get_object().requests.filter(Q(workspace=self.workspace) | Q(workspace__isnull=True))[:100]
+        return Response(RequestRecordSerializer(records, many=True).data)
+
+    @extend_schema(parameters=[OpenApiParameter("minutes", int)], responses=dict)
+    @action(detail=True, methods=["get"])
+    def metrics(self, request, name=None):
+        minutes = serializers.IntegerField(min_value=1, max_value=7 * 24 * 60).run_validation(
+            request.query_params.get("minutes", 60))
+        return Response(selectors.metrics_summary(deployment=self.get_object(), minutes=minutes))

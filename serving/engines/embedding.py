@@ -1,0 +1,31 @@
+import sys
+
+from serving.engines.base import EMBEDDING, EngineAdapter, EngineRefused, LaunchSpec, register_engine
+
+
+@register_engine
+class EmbeddingEngine(EngineAdapter):
+    """serving/engines/embedding_server.py: sentence-transformers behind /v1/embeddings, batching concurrent
+    requests, so no embedding model ever loads in the web process."""
+
+    name = "embedding"
+
+    def check(self, *, model, node) -> None:
+        if model.kind != "hf" or not model.is_embedding:
+            raise EngineRefused("The embedding engine serves sentence-transformers model directories "
+                                "registered with the embedding role.")
+
+    def capabilities(self, model) -> set[str]:
+        return {EMBEDDING}
+
+    def launch_spec(self, *, model, settings: dict, served_name: str, port: int) -> LaunchSpec:
+        argv = [
+            sys.executable, "-m", "serving.engines.embedding_server",
+            "--model", model.path,
+            "--served-model-name", served_name,
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--threads", str(settings.get("threads") or 2),
+            "--max-batch-size", str(settings.get("max_batch_size") or 64),
+        ]
+        return LaunchSpec(argv=argv, health_path="/health")

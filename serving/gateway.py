@@ -1,0 +1,317 @@
+"""The OpenAI-compatible gateway at /v1/: authenticates a workspace API key, resolves `model` to a deployment,
+picks a replica, streams through with httpx, and records TTFT/ITL/TPOT/E2E for every request.
+
+Plain async Django views rather than DRF: the hot path stays on the event loop, and the body must be relayed
+byte for byte so that the official clients see exactly what the engine sent.
+"""
+
+import asyncio
+import json
+import logging
+import time
+
+import httpx
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from accounts.errors import Unauthenticated
+from accounts.services import authenticate_api_key
+from serving import metrics
+from serving.engines.base import CHAT, COMPLETION, EMBEDDING
+from serving.models import RequestRecord, ServingState
+from serving.router import Route, Target, router
+from serving.tokenizers import count_tokens
+
+logger = logging.getLogger(__name__)
+CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+# Connect errors, timeouts, and resets of a pooled connection to a replica that died: all safe to retry on
+# another replica while nothing has reached the client.
+RETRYABLE = httpx.TransportError
+_client: httpx.AsyncClient | None = None
+_background: set[asyncio.Task] = set()
+
+
+class GatewayError(Exception):
+    def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param, self.kind = status, message, code, param, kind
+
+    def response(self) -> JsonResponse:
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        return JsonResponse(body, status=self.status)
+
+
+def _http_client() -> httpx.AsyncClient:
+    global _client
+    if _client is None:
+        _client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=3.0, read=300.0, write=30.0, pool=60.0),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+        )
+    return _client
+
+
+async def _authenticate(request: HttpRequest):
+    header = request.headers.get("Authorization", "")
+    if not header.lower().startswith("bearer "):
+        raise GatewayError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="invalid_api_key")
+    try:
+        return await sync_to_async(authenticate_api_key)(raw=header[7:].strip())
+    except Unauthenticated as exc:
+        raise GatewayError(401, exc.message, code="invalid_api_key")
+
+
+def _parse_body(request: HttpRequest) -> dict:
+    try:
+        body = json.loads(request.body or b"")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise GatewayError(400, f"The request body is not valid JSON: {exc}", code="invalid_json")
+    if not isinstance(body, dict):
+        raise GatewayError(400, "The request body must be a JSON object.", code="invalid_json")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise GatewayError(400, "'model' is required: the name of a deployment (see /v1/models).",
+                           code="missing_model", param="model")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise GatewayError(400, "'stream' must be true or false.", code="invalid_type", param="stream")
+    return body
+
+
+def _check_messages(messages) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise GatewayError(400, "'messages' must be a non-empty list of {role, content} objects.",
+                           code="invalid_messages", param="messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
+            raise GatewayError(400, f"messages[{index}] needs a 'role', one of {sorted(CHAT_ROLES)}.",
+                               code="invalid_messages", param=f"messages[{index}].role")
+        content = message.get("content")
+        if not (isinstance(content, (str, list)) or (content is None and message["role"] == "assistant")):
+            raise GatewayError(400, f"messages[{index}].content must be a string or a list of parts.",
+                               code="invalid_messages", param=f"messages[{index}].content")
+
+
+def _check_max_tokens(body: dict, target: Target) -> None:
+    for param in ("max_tokens", "max_completion_tokens"):
+        value = body.get(param)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise GatewayError(400, f"'{param}' must be a positive integer.", code="invalid_value", param=param)
+        if target.context_length and value > target.context_length:
+            raise GatewayError(400, f"'{param}' is {value}, beyond the context length of '{target.name}' "
+                                    f"({target.context_length} tokens).", code="context_length_exceeded",
+                               param=param)
+
+
+async def _resolve(body: dict, api_key, capability: str) -> Target:
+    target = await router.resolve(body["model"])
+    if target is None or not target.visible_to(api_key.workspace_id):
+        raise GatewayError(404, f"The model '{body['model']}' does not exist; /v1/models lists the deployments "
+                                f"you can use.", code="model_not_found", param="model")
+    if target.state != ServingState.READY or not target.routes:
+        raise GatewayError(409, f"The deployment '{target.name}' is {target.state}; start it on the Models & "
+                                f"Serving page.", code="model_not_ready", param="model")
+    if capability not in target.capabilities:
+        hint = {CHAT: "it is completion-only (no chat template); use /v1/completions or set a chat template",
+                COMPLETION: "it does not serve text completions", EMBEDDING: "it is not an embedding model"}
+        raise GatewayError(400, f"'{target.name}' cannot serve this endpoint: {hint[capability]}.",
+                           code="unsupported_endpoint", param="model")
+    return target
+
+
+def _content_of(chunk: dict) -> str:
+    parts = []
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta") or {}
+        parts.append(delta.get("content") or choice.get("text") or "")
+    return "".join(parts)
+
+
+def _prompt_text(body: dict) -> str:
+    if "messages" in body:
+        return "\n".join(m["content"] for m in body["messages"] if isinstance(m.get("content"), str))
+    prompt = body.get("prompt")
+    return "\n".join(prompt) if isinstance(prompt, list) else str(prompt or "")
+
+
+async def _record(*, target: Target, route: Route | None, api_key, endpoint: str, stream: bool, status: int,
+                  attempts: int, timing: metrics.RequestTiming, usage: dict | None, body: dict, output_text: str,
+                  error: str = "") -> None:
+    """Store the request's figures. Without usage from the engine, tokens are counted with its tokenizer."""
+    input_tokens = (usage or {}).get("prompt_tokens")
+    output_tokens = (usage or {}).get("completion_tokens")
+    if usage is None and target.model_path.endswith(".gguf"):
+        input_tokens = await asyncio.to_thread(count_tokens, target.model_path, _prompt_text(body))
+        output_tokens = await asyncio.to_thread(count_tokens, target.model_path, output_text)
+    replica_label = route.label if route else "none"
+    metrics.observe(deployment=target.name, replica=replica_label, status=status, timing=timing,
+                    input_tokens=input_tokens, output_tokens=output_tokens)
+    await RequestRecord.objects.acreate(
+        deployment_id=target.deployment_id, replica_id=route.replica_id if route else None,
+        workspace_id=api_key.workspace_id, endpoint=endpoint, stream=stream, status=status, attempts=attempts,
+        input_tokens=input_tokens, output_tokens=output_tokens, error=error[:2000], **timing.figures(output_tokens))
+
+
+def _in_background(coroutine) -> None:
+    task = asyncio.create_task(coroutine)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+async def _open_upstream(target: Target, endpoint: str, body: dict, stream: bool):
+    """Send to a replica, failing over to another while nothing has reached the client yet."""
+    tried: set[int] = set()
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    last_error = "no replica is ready"
+    while (route := router.pick(target, exclude=tried)) is not None:
+        tried.add(route.replica_id)
+        request = _http_client().build_request("POST", f"{route.base_url}/{endpoint}", json=body, headers=headers)
+        try:
+            response = await _http_client().send(request, stream=stream)
+        except RETRYABLE as exc:
+            last_error = f"replica {route.replica_id}: {exc.__class__.__name__} {exc}".strip()
+            router.cool_down(route, target.cooldown_s)
+            continue
+        if response.status_code >= 500:
+            last_error = f"replica {route.replica_id} answered {response.status_code}"
+            await response.aclose()
+            router.cool_down(route, target.cooldown_s)
+            continue
+        return route, response, len(tried)
+    raise GatewayError(503, f"No replica of '{target.name}' could take the request ({last_error}); it will be "
+                            f"retried automatically once a replica recovers.", code="no_healthy_replica",
+                       kind="server_error")
+
+
+def _upstream_body(target: Target, body: dict, stream: bool) -> dict:
+    if stream and target.engine == "vllm" and "stream_options" not in body:
+        return body | {"stream_options": {"include_usage": True}}
+    return body
+
+
+async def _proxy(request: HttpRequest, endpoint: str, capability: str) -> HttpResponse:
+    timing = metrics.RequestTiming(received_at=time.perf_counter())
+    if request.method != "POST":
+        return GatewayError(405, "Use POST.", code="method_not_allowed").response()
+    try:
+        api_key = await _authenticate(request)
+        body = _parse_body(request)
+        if capability == CHAT:
+            _check_messages(body.get("messages"))
+        elif capability == COMPLETION and not isinstance(body.get("prompt"), (str, list)):
+            raise GatewayError(400, "'prompt' must be a string or a list of strings.", code="invalid_prompt",
+                               param="prompt")
+        elif capability == EMBEDDING and not body.get("input"):
+            raise GatewayError(400, "'input' must be a non-empty string or list.", code="invalid_input",
+                               param="input")
+        target = await _resolve(body, api_key, capability)
+        _check_max_tokens(body, target)
+        stream = bool(body.get("stream"))
+        route, upstream, attempts = await _open_upstream(target, endpoint, _upstream_body(target, body, stream),
+                                                         stream)
+    except GatewayError as exc:
+        return exc.response()
+    if not stream:
+        return await _relay_whole(target, route, upstream, api_key, endpoint, attempts, timing, body)
+    return StreamingHttpResponse(
+        _relay_stream(target, route, upstream, api_key, endpoint, attempts, timing, body),
+        status=upstream.status_code, content_type=upstream.headers.get("content-type", "text/event-stream"),
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _relay_whole(target, route, upstream, api_key, endpoint, attempts, timing, body) -> HttpResponse:
+    try:
+        content = await upstream.aread()
+    finally:
+        await upstream.aclose()
+    timing.content_chunk(time.perf_counter())
+    usage, text = None, ""
+    if upstream.status_code == 200:
+        try:
+            payload = json.loads(content)
+            usage = payload.get("usage")
+            text = _content_of({"choices": [c | {"delta": c.get("message") or {}}
+                                            for c in payload.get("choices") or []]})
+        except (json.JSONDecodeError, AttributeError):
+            pass
+    _in_background(_record(target=target, route=route, api_key=api_key, endpoint=endpoint, stream=False,
+                           status=upstream.status_code, attempts=attempts, timing=timing, usage=usage, body=body,
+                           output_text=text, error="" if upstream.status_code == 200 else content.decode()[:500]))
+    return HttpResponse(content, status=upstream.status_code,
+                        content_type=upstream.headers.get("content-type", "application/json"))
+
+
+async def _relay_stream(target, route, upstream, api_key, endpoint, attempts, timing, body):
+    """Forward the engine's bytes as they arrive; parse complete SSE events on the side for the metrics."""
+    buffer, pieces, usage, finished = "", [], None, False
+    status, error = upstream.status_code, ""
+    try:
+        async for raw in upstream.aiter_raw():
+            arrived = time.perf_counter()
+            yield raw
+            buffer += raw.decode("utf-8", errors="replace")
+            *events, buffer = buffer.split("\n\n")
+            for event in events:
+                for line in event.splitlines():
+                    if line[5:].strip() == "[DONE]":
+                        finished = True
+                    if not line.startswith("data:") or finished:
+                        continue
+                    try:
+                        chunk = json.loads(line[5:])
+                    except json.JSONDecodeError:
+                        continue
+                    text = _content_of(chunk)
+                    if text:
+                        timing.content_chunk(arrived)
+                        pieces.append(text)
+                    usage = chunk.get("usage") or usage
+    except httpx.HTTPError as exc:
+        # Bytes already reached the client, so there is no retry: end the stream with an error event.
+        status, error = 502, f"The replica failed mid-stream: {exc.__class__.__name__}"
+        router.cool_down(route, target.cooldown_s)
+        yield f"data: {json.dumps({'error': {'message': error, 'type': 'server_error'}})}\n\n".encode()
+    except asyncio.CancelledError:
+        # Clients hang up as soon as they read [DONE]; only a hang-up before it is a cancelled request.
+        if not finished:
+            status, error = 499, "The client disconnected mid-stream."
+        raise
+    finally:
+        await upstream.aclose()
+        _in_background(_record(target=target, route=route, api_key=api_key, endpoint=endpoint, stream=True,
+                               status=status, attempts=attempts, timing=timing, usage=usage, body=body,
+                               output_text="".join(pieces), error=error))
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    return await _proxy(request, "chat/completions", CHAT)
+
+
+@csrf_exempt
+async def completions(request: HttpRequest) -> HttpResponse:
+    return await _proxy(request, "completions", COMPLETION)
+
+
+@csrf_exempt
+async def embeddings(request: HttpRequest) -> HttpResponse:
+    return await _proxy(request, "embeddings", EMBEDDING)
+
+
+async def list_models(request: HttpRequest) -> HttpResponse:
+    try:
+        api_key = await _authenticate(request)
+    except GatewayError as exc:
+        return exc.response()
+    targets = await router.visible_targets(api_key.workspace_id)
+    return JsonResponse({"object": "list", "data": [
+        {"id": t.name, "object": "model", "created": 0, "owned_by": "ai-factory",
+         "capabilities": sorted(t.capabilities)} for t in targets]})
+
+
+async def unknown_route(request: HttpRequest, rest: str = "") -> HttpResponse:
+    return GatewayError(404, f"No gateway endpoint at {request.path}; the gateway serves /v1/chat/completions, "
+                             f"/v1/completions, /v1/embeddings and /v1/models.", code="unknown_url").response()

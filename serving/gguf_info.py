@@ -1,0 +1,55 @@
+"""Reads what a GGUF file says about its model (architecture, size, quantization, context, chat template)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gguf import GGUFReader, LlamaFileType
+
+GGUF_MAGIC = b"GGUF"
+
+
+class InvalidModelFile(ValueError):
+    pass
+
+
+@dataclass
+class GgufInfo:
+    family: str
+    parameter_count: int
+    quantization: str
+    context_length: int | None
+    chat_template: str
+    size_bytes: int
+
+
+def _field(reader: GGUFReader, key: str):
+    field = reader.fields.get(key)
+    return field.contents() if field is not None else None
+
+
+def read_gguf(path: Path) -> GgufInfo:
+    if not path.exists():
+        raise InvalidModelFile(f"No file at {path}.")
+    if not path.is_file():
+        raise InvalidModelFile(f"{path} is a directory, not a GGUF file.")
+    with path.open("rb") as handle:
+        if handle.read(4) != GGUF_MAGIC:
+            raise InvalidModelFile(f"{path.name} is not a GGUF file (its header does not start with 'GGUF').")
+    try:
+        reader = GGUFReader(path)
+    except Exception as exc:  # the reader raises many kinds of errors on truncated or corrupt files
+        raise InvalidModelFile(f"{path.name} is not a readable GGUF file: {exc}") from exc
+    family = _field(reader, "general.architecture") or ""
+    file_type = _field(reader, "general.file_type")
+    try:
+        quantization = LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else ""
+    except ValueError:
+        quantization = f"type-{file_type}"
+    return GgufInfo(
+        family=family,
+        parameter_count=sum(int(tensor.n_elements) for tensor in reader.tensors),
+        quantization=quantization,
+        context_length=_field(reader, f"{family}.context_length"),
+        chat_template=_field(reader, "tokenizer.chat_template") or "",
+        size_bytes=path.stat().st_size,
+    )

@@ -1,0 +1,26 @@
+import time
+
+from django.core.management.base import BaseCommand, CommandError
+
+from serving.models import Deployment, ServingState
+
+
+class Command(BaseCommand):
+    help = "Wait until every deployment that should run is ready, printing their states."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--timeout", type=float, default=180)
+
+    def handle(self, *args, timeout, **options):
+        deadline = time.monotonic() + timeout
+        while True:
+            wanted = list(Deployment.objects.filter(desired_running=True).order_by("name"))
+            waiting = [d for d in wanted if d.state != ServingState.READY]
+            failed = [d for d in waiting if d.state == ServingState.FAILED]
+            if not waiting or failed or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        for deployment in wanted:
+            self.stdout.write(f"    {deployment.name:28} {deployment.state}")
+        if failed or waiting:
+            raise CommandError("Some deployments are not ready; see the Models & Serving page and logs/worker.log.")

@@ -1,0 +1,85 @@
+"""Latency figures, defined once, with the meanings vLLM's benchmark gives them (DESIGN.md §4).
+
+- TTFT: from the gateway receiving the request to the first content chunk.
+- ITL: each gap between consecutive content chunks.
+- E2E: from receiving the request to the last content chunk.
+- TPOT: (E2E - TTFT) / (output tokens - 1); undefined for fewer than two output tokens.
+
+Times are `time.perf_counter()` seconds; the figures are reported in milliseconds.
+"""
+
+from dataclasses import dataclass, field
+from statistics import fmean
+
+from prometheus_client import Counter, Histogram
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+LABELS = ["deployment", "replica"]
+
+TTFT_SECONDS = Histogram("factory_ttft_seconds", "Time to first content chunk", LABELS, buckets=LATENCY_BUCKETS_S)
+TPOT_SECONDS = Histogram("factory_tpot_seconds", "Time per output token after the first", LABELS,
+                         buckets=LATENCY_BUCKETS_S)
+ITL_SECONDS = Histogram("factory_itl_seconds", "Gap between content chunks", LABELS, buckets=LATENCY_BUCKETS_S)
+E2E_SECONDS = Histogram("factory_e2e_seconds", "Request to last content chunk", LABELS, buckets=LATENCY_BUCKETS_S)
+OUTPUT_TOKENS = Counter("factory_output_tokens", "Output tokens", LABELS)
+INPUT_TOKENS = Counter("factory_input_tokens", "Input (prompt) tokens", LABELS)
+REQUESTS = Counter("factory_requests", "Gateway requests by outcome", ["deployment", "replica", "status"])
+
+
+@dataclass
+class RequestTiming:
+    received_at: float
+    content_chunk_times: list[float] = field(default_factory=list)
+
+    def content_chunk(self, at: float) -> None:
+        self.content_chunk_times.append(at)
+
+    @property
+    def ttft_ms(self) -> float | None:
+        if not self.content_chunk_times:
+            return None
+        return (self.content_chunk_times[0] - self.received_at) * 1000
+
+    @property
+    def e2e_ms(self) -> float | None:
+        if not self.content_chunk_times:
+            return None
+        return (self.content_chunk_times[-1] - self.received_at) * 1000
+
+    @property
+    def itl_ms(self) -> list[float]:
+        times = self.content_chunk_times
+        return [(later - earlier) * 1000 for earlier, later in zip(times, times[1:])]
+
+    def tpot_ms(self, output_tokens: int | None) -> float | None:
+        if not output_tokens or output_tokens < 2 or self.e2e_ms is None:
+            return None
+        return (self.e2e_ms - self.ttft_ms) / (output_tokens - 1)
+
+    def figures(self, output_tokens: int | None) -> dict:
+        itl = self.itl_ms
+        return {
+            "ttft_ms": self.ttft_ms,
+            "tpot_ms": self.tpot_ms(output_tokens),
+            "itl_mean_ms": fmean(itl) if itl else None,
+            "e2e_ms": self.e2e_ms,
+        }
+
+
+def observe(*, deployment: str, replica: str, status: int, timing: RequestTiming, input_tokens: int | None,
+            output_tokens: int | None) -> None:
+    """Export one request's figures to the Prometheus histograms served at /metrics."""
+    labels = {"deployment": deployment, "replica": replica}
+    REQUESTS.labels(status=str(status), **labels).inc()
+    if timing.ttft_ms is not None:
+        TTFT_SECONDS.labels(**labels).observe(timing.ttft_ms / 1000)
+        E2E_SECONDS.labels(**labels).observe(timing.e2e_ms / 1000)
+    for gap in timing.itl_ms:
+        ITL_SECONDS.labels(**labels).observe(gap / 1000)
+    tpot = timing.tpot_ms(output_tokens)
+    if tpot is not None:
+        TPOT_SECONDS.labels(**labels).observe(tpot / 1000)
+    if output_tokens:
+        OUTPUT_TOKENS.labels(**labels).inc(output_tokens)
+    if input_tokens:
+        INPUT_TOKENS.labels(**labels).inc(input_tokens)

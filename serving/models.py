@@ -1,0 +1,147 @@
+from django.db import models
+
+from accounts.models import Workspace
+from cluster.models import Node
+
+
+class ModelKind(models.TextChoices):
+    GGUF = "gguf", "GGUF file"
+    HF = "hf", "Hugging Face directory"
+    EXTERNAL = "external", "External OpenAI-compatible endpoint"
+
+
+class RoleHint(models.TextChoices):
+    BIG = "big", "Big"
+    SMALL = "small", "Small"
+    EMBEDDING = "embedding", "Embedding"
+
+
+class Model(models.Model):
+    """A registered artefact. Shared models (presets) have no workspace and are visible to every workspace."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, null=True, blank=True, related_name="+")
+    name = models.SlugField(max_length=96)
+    kind = models.CharField(max_length=16, choices=ModelKind.choices)
+    path = models.CharField(max_length=1024, blank=True)
+    url = models.URLField(max_length=512, blank=True)
+    api_key = models.CharField(max_length=512, blank=True)
+    family = models.CharField(max_length=64, blank=True)
+    parameter_count = models.BigIntegerField(null=True, blank=True)
+    quantization = models.CharField(max_length=32, blank=True)
+    context_length = models.PositiveIntegerField(null=True, blank=True)
+    embedding_dimensions = models.PositiveIntegerField(null=True, blank=True)
+    chat_template = models.TextField(blank=True)
+    role_hint = models.CharField(max_length=16, choices=RoleHint.choices, default=RoleHint.SMALL)
+    size_bytes = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="unique_model_name_per_workspace")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_embedding(self) -> bool:
+        return self.role_hint == RoleHint.EMBEDDING
+
+    @property
+    def supports_chat(self) -> bool:
+        """A base model without a chat template answers chat requests with nothing, so it is completion-only."""
+        return not self.is_embedding and (self.kind == ModelKind.EXTERNAL or bool(self.chat_template))
+
+
+class Engine(models.TextChoices):
+    LLAMACPP = "llamacpp", "llama.cpp (CPU, GGUF)"
+    VLLM = "vllm", "vLLM (GPU)"
+    EMBEDDING = "embedding", "Sentence-transformers embeddings"
+    EXTERNAL = "external", "External URL"
+
+
+class ServingState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    STARTING = "starting", "Starting"
+    READY = "ready", "Ready"
+    DRAINING = "draining", "Draining"
+    STOPPED = "stopped", "Stopped"
+    FAILED = "failed", "Failed"
+
+
+class Deployment(models.Model):
+    """A model served by an engine with settings, over N weighted replicas. Its `name` is what clients pass as
+    `model` to the gateway."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, null=True, blank=True, related_name="+")
+    name = models.SlugField(max_length=96, unique=True)
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="deployments")
+    engine = models.CharField(max_length=16, choices=Engine.choices)
+    # Engine settings: context_length, threads, gpu_layers, tensor_parallel_size.
+    settings = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=ServingState.choices, default=ServingState.PENDING)
+    # What the user asked for last (start or stop); `make run` brings running deployments back up.
+    desired_running = models.BooleanField(default=False)
+    # How long a replica that failed a request is left out of routing.
+    cooldown_s = models.FloatField(default=30.0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Replica(models.Model):
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replicas")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="replicas")
+    weight = models.FloatField(default=1.0)
+    state = models.CharField(max_length=16, choices=ServingState.choices, default=ServingState.PENDING)
+    base_url = models.CharField(max_length=255, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    restarts = models.PositiveIntegerField(default=0)
+    next_restart_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    last_health_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["deployment", "id"]
+
+
+class ServingEvent(models.Model):
+    """Every state transition of a deployment or one of its replicas."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="events")
+    replica = models.ForeignKey(Replica, on_delete=models.SET_NULL, null=True, blank=True, related_name="events")
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    message = models.TextField(blank=True)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+
+class RequestRecord(models.Model):
+    """One gateway request with its latency figures (definitions in serving/metrics.py)."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.SET_NULL, null=True, related_name="requests")
+    replica = models.ForeignKey(Replica, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    workspace = models.ForeignKey(Workspace, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    endpoint = models.CharField(max_length=32)
+    stream = models.BooleanField(default=False)
+    status = models.PositiveSmallIntegerField()
+    attempts = models.PositiveSmallIntegerField(default=1)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    tpot_ms = models.FloatField(null=True, blank=True)
+    itl_mean_ms = models.FloatField(null=True, blank=True)
+    e2e_ms = models.FloatField(null=True, blank=True)
+    input_tokens = models.PositiveIntegerField(null=True, blank=True)
+    output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]

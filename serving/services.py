@@ -1,0 +1,342 @@
+import json
+import logging
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlparse
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.text import slugify
+
+from accounts.errors import Conflict, ValidationFailed
+from accounts.models import Workspace
+from accounts.services import SYSTEM, Actor, record_audit
+from cluster.jobs import job_handler
+from cluster.models import Node
+from cluster.services import dispatch_job
+from serving.engines import process
+from serving.engines.base import EngineRefused, engine
+from serving.gguf_info import InvalidModelFile, read_gguf
+from serving.models import Deployment, Engine, Model, ModelKind, Replica, RoleHint, ServingEvent, ServingState
+
+logger = logging.getLogger(__name__)
+START_REPLICA, STOP_REPLICA = "serving.start_replica", "serving.stop_replica"
+# A crashed replica is restarted after 2, 4, 8 ... seconds, at most this long.
+MAX_RESTART_BACKOFF_S = 60
+LIVE_STATES = (ServingState.STARTING, ServingState.READY)
+
+
+def _inspect_hf_directory(path: Path) -> dict:
+    config_path = path / "config.json"
+    if not config_path.exists() and not (path / "modules.json").exists():
+        raise ValidationFailed(f"{path} is a directory but not a Hugging Face model (no config.json).",
+                               fields={"path": ["Not a model directory."]})
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return {
+        "family": config.get("model_type", ""),
+        "context_length": config.get("max_position_embeddings"),
+        "embedding_dimensions": config.get("hidden_size"),
+        "size_bytes": size,
+    }
+
+
+@transaction.atomic
+def register_model(*, actor: Actor, workspace: Workspace | None, name: str, path: str = "", url: str = "",
+                   api_key: str = "", role_hint: str = RoleHint.SMALL, chat_template: str | None = None) -> Model:
+    """Register a GGUF file, a Hugging Face directory or an external endpoint. Files are read and checked."""
+    name = slugify(name)
+    if not name:
+        raise ValidationFailed("A model needs a name.", fields={"name": ["This field may not be blank."]})
+    if bool(path) == bool(url):
+        raise ValidationFailed("Give either a path (GGUF file or model directory) or a URL, not both.",
+                               fields={"path": ["Path or URL required."]})
+    fields: dict = {"role_hint": role_hint}
+    if url:
+        parsed = urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValidationFailed(f"'{url}' is not an http(s) URL.", fields={"url": ["Not an http(s) URL."]})
+        fields |= {"kind": ModelKind.EXTERNAL, "url": url.rstrip("/"), "api_key": api_key}
+    else:
+        location = Path(path).expanduser()
+        if not location.exists():
+            raise ValidationFailed(f"No file or directory at {location}.", fields={"path": ["Does not exist."]})
+        if location.is_dir():
+            fields |= {"kind": ModelKind.HF, "path": str(location.resolve()), **_inspect_hf_directory(location)}
+        else:
+            try:
+                info = read_gguf(location)
+            except InvalidModelFile as exc:
+                raise ValidationFailed(str(exc), fields={"path": [str(exc)]})
+            fields |= {"kind": ModelKind.GGUF, "path": str(location.resolve()), "family": info.family,
+                       "parameter_count": info.parameter_count, "quantization": info.quantization,
+                       "context_length": info.context_length, "chat_template": info.chat_template,
+                       "size_bytes": info.size_bytes}
+    if chat_template is not None:
+        fields["chat_template"] = chat_template
+    if Model.objects.filter(workspace=workspace, name=name).exists():
+        raise Conflict(f"A model called '{name}' is already registered.")
+    try:
+        with transaction.atomic():
+            model = Model.objects.create(workspace=workspace, name=name, **fields)
+    except IntegrityError:
+        raise Conflict(f"A model called '{name}' is already registered.")
+    record_audit(actor=actor, workspace=workspace, action="model.register", target=model,
+                 detail={"kind": model.kind, "path": model.path, "url": model.url})
+    return model
+
+
+def _record(deployment: Deployment, replica: Replica | None, old: str, new: str, message: str = "") -> None:
+    ServingEvent.objects.create(deployment=deployment, replica=replica, from_state=old, to_state=new,
+                                message=message)
+
+
+def _set_replica_state(replica: Replica, state: str, message: str = "", **fields) -> Replica:
+    old = replica.state
+    replica.state = state
+    for name, value in fields.items():
+        setattr(replica, name, value)
+    replica.save()
+    if old != state or message:
+        _record(replica.deployment, replica, old, state, message)
+    _refresh_deployment_state(replica.deployment)
+    return replica
+
+
+def _refresh_deployment_state(deployment: Deployment) -> None:
+    """A deployment is as good as its best replica: ready if any is, else starting, draining, failed, stopped."""
+    states = set(deployment.replicas.values_list("state", flat=True))
+    for candidate in (ServingState.READY, ServingState.STARTING, ServingState.DRAINING, ServingState.PENDING,
+                      ServingState.FAILED):
+        if candidate in states:
+            new = candidate
+            break
+    else:
+        new = ServingState.STOPPED
+    deployment.refresh_from_db(fields=["state"])
+    if new != deployment.state:
+        _record(deployment, None, deployment.state, new)
+        Deployment.objects.filter(pk=deployment.pk).update(state=new)
+        deployment.state = new
+
+
+def default_engine_for(model: Model) -> str:
+    if model.kind == ModelKind.EXTERNAL:
+        return Engine.EXTERNAL
+    if model.is_embedding:
+        return Engine.EMBEDDING
+    return Engine.LLAMACPP
+
+
+@transaction.atomic
+def create_deployment(*, actor: Actor, workspace: Workspace | None, model: Model, name: str = "",
+                      engine_name: str = "", settings_: dict | None = None,
+                      replicas: list[tuple[Node, float]] | None = None, cooldown_s: float = 30.0) -> Deployment:
+    name = slugify(name or model.name)
+    engine_name = engine_name or default_engine_for(model)
+    if engine_name not in Engine.values:
+        raise ValidationFailed(f"Unknown engine '{engine_name}'.", fields={"engine": ["Unknown engine."]})
+    replicas = replicas or [(Node.objects.get(name=settings.NODE_NAME), 1.0)]
+    adapter = engine(engine_name)
+    for node, weight in replicas:
+        if weight <= 0:
+            raise ValidationFailed("Replica weights must be positive.", fields={"replicas": ["Weight <= 0."]})
+        try:
+            adapter.check(model=model, node=node)
+        except EngineRefused as exc:
+            raise ValidationFailed(str(exc), fields={"engine": [str(exc)]})
+    if cooldown_s < 0:
+        raise ValidationFailed("The cooldown cannot be negative.", fields={"cooldown_s": ["Must be >= 0."]})
+    if Deployment.objects.filter(name=name).exists():
+        raise Conflict(f"A deployment called '{name}' already exists.")
+    deployment = Deployment.objects.create(workspace=workspace, name=name, model=model, engine=engine_name,
+                                           settings=settings_ or {}, cooldown_s=cooldown_s)
+    for node, weight in replicas:
+        Replica.objects.create(deployment=deployment, node=node, weight=weight)
+    _record(deployment, None, "", ServingState.PENDING, f"Created with {len(replicas)} replica(s)")
+    record_audit(actor=actor, workspace=workspace, action="deployment.create", target=deployment,
+                 detail={"model": model.name, "engine": engine_name, "replicas": len(replicas)})
+    return deployment
+
+
+def start_deployment(*, actor: Actor, deployment: Deployment) -> Deployment:
+    """Queue a start job for every replica that is not already running, on its node's queue."""
+    Deployment.objects.filter(pk=deployment.pk).update(desired_running=True)
+    for replica in deployment.replicas.select_related("node"):
+        if replica.state in LIVE_STATES:
+            continue
+        with transaction.atomic():
+            _set_replica_state(replica, ServingState.STARTING, "Start requested", restarts=0, last_error="",
+                               next_restart_at=None)
+            dispatch_job(actor=actor, workspace=deployment.workspace, kind=START_REPLICA, node=replica.node,
+                         payload={"replica_id": replica.pk})
+    record_audit(actor=actor, workspace=deployment.workspace, action="deployment.start", target=deployment)
+    deployment.refresh_from_db()
+    return deployment
+
+
+def stop_deployment(*, actor: Actor, deployment: Deployment) -> Deployment:
+    """Drain every replica (routing stops at once), then stop its process on its node."""
+    Deployment.objects.filter(pk=deployment.pk).update(desired_running=False)
+    for replica in deployment.replicas.select_related("node"):
+        if replica.state in (ServingState.STOPPED, ServingState.DRAINING):
+            continue
+        with transaction.atomic():
+            _set_replica_state(replica, ServingState.DRAINING, "Stop requested")
+            dispatch_job(actor=actor, workspace=deployment.workspace, kind=STOP_REPLICA, node=replica.node,
+                         payload={"replica_id": replica.pk})
+    record_audit(actor=actor, workspace=deployment.workspace, action="deployment.stop", target=deployment)
+    deployment.refresh_from_db()
+    return deployment
+
+
+def deploy_model(*, actor: Actor, workspace: Workspace | None, model: Model, replicas: int = 1) -> Deployment:
+    """One click: a deployment of the model on this node with its default engine, started."""
+    if replicas < 1:
+        raise ValidationFailed("A deployment needs at least one replica.", fields={"replicas": ["Must be >= 1."]})
+    node = Node.objects.get(name=settings.NODE_NAME)
+    name = model.name
+    suffix = 2
+    while Deployment.objects.filter(name=name).exists():
+        name, suffix = f"{model.name}-{suffix}", suffix + 1
+    deployment = create_deployment(actor=actor, workspace=workspace, model=model, name=name,
+                                   replicas=[(node, 1.0)] * replicas)
+    return start_deployment(actor=actor, deployment=deployment)
+
+
+def update_routing(*, actor: Actor, deployment: Deployment, cooldown_s: float | None = None,
+                   weights: dict[int, float] | None = None) -> Deployment:
+    with transaction.atomic():
+        if cooldown_s is not None:
+            if cooldown_s < 0:
+                raise ValidationFailed("The cooldown cannot be negative.", fields={"cooldown_s": ["Must be >= 0."]})
+            deployment.cooldown_s = cooldown_s
+            deployment.save(update_fields=["cooldown_s"])
+        for replica_id, weight in (weights or {}).items():
+            if weight <= 0:
+                raise ValidationFailed("Replica weights must be positive.", fields={"weights": ["Weight <= 0."]})
+            if not deployment.replicas.filter(pk=replica_id).update(weight=weight):
+                raise ValidationFailed(f"Replica {replica_id} is not part of '{deployment.name}'.",
+                                       fields={"weights": ["Unknown replica."]})
+        record_audit(actor=actor, workspace=deployment.workspace, action="deployment.routing", target=deployment,
+                     detail={"cooldown_s": cooldown_s, "weights": weights or {}})
+    return deployment
+
+
+def _log_path(replica: Replica) -> Path:
+    return Path(settings.DATA_DIR) / "engines" / f"{replica.deployment.name}-{replica.pk}.log"
+
+
+def _launch(replica: Replica) -> Replica:
+    """Start the replica's engine on this node and wait until it answers."""
+    deployment = replica.deployment
+    adapter = engine(deployment.engine)
+    if not adapter.runs_process:
+        process.wait_healthy(f"{deployment.model.url}/models", pid=None, log_path=None, timeout_s=30,
+                             headers=_auth_headers(deployment.model))
+        return _set_replica_state(replica, ServingState.READY, "External endpoint answers",
+                                  base_url=deployment.model.url, last_health_at=timezone.now())
+    port = process.free_port()
+    spec = adapter.launch_spec(model=deployment.model, settings=deployment.settings, served_name=deployment.name,
+                               port=port)
+    log_path = _log_path(replica)
+    pid = process.launch(spec.argv, log_path=log_path, env=spec.env)
+    # Like an external URL, a replica's base URL ends in /v1, where the OpenAI routes start.
+    base_url = f"http://127.0.0.1:{port}/v1"
+    Replica.objects.filter(pk=replica.pk).update(pid=pid, port=port, base_url=base_url)
+    replica.pid, replica.port, replica.base_url = pid, port, base_url
+    process.wait_healthy(f"http://127.0.0.1:{port}{spec.health_path}", pid=pid, log_path=log_path,
+                         timeout_s=spec.start_timeout_s)
+    return _set_replica_state(replica, ServingState.READY, f"Engine pid {pid} answers on port {port}",
+                              last_health_at=timezone.now(), last_error="")
+
+
+def _auth_headers(model: Model) -> dict:
+    return {"Authorization": f"Bearer {model.api_key}"} if model.api_key else {}
+
+
+def _replica_for_job(job) -> Replica:
+    return Replica.objects.select_related("deployment__model", "node").get(pk=job.payload["replica_id"])
+
+
+@job_handler(START_REPLICA)
+def start_replica(job, report) -> dict:
+    replica = _replica_for_job(job)
+    if replica.state == ServingState.READY and process.is_alive(replica.pid):
+        return {"pid": replica.pid, "port": replica.port}
+    # A start interrupted by a dying worker may have left its process behind.
+    process.terminate(replica.pid)
+    report(0.2, "Launching engine")
+    try:
+        replica = _launch(replica)
+    except process.EngineStartFailed as exc:
+        process.terminate(replica.pid)
+        _set_replica_state(replica, ServingState.FAILED, str(exc), last_error=str(exc), pid=None)
+        raise
+    return {"pid": replica.pid, "port": replica.port, "base_url": replica.base_url}
+
+
+@job_handler(STOP_REPLICA)
+def stop_replica(job, report) -> dict:
+    replica = _replica_for_job(job)
+    process.terminate(replica.pid)
+    _set_replica_state(replica, ServingState.STOPPED, "Engine stopped", pid=None)
+    return {}
+
+
+def check_local_replicas() -> list[str]:
+    """Run on each node by beat: restart replicas whose engine died, with exponential backoff."""
+    now = timezone.now()
+    notes = []
+    replicas = Replica.objects.select_related("deployment__model", "node").filter(
+        node__name=settings.NODE_NAME).filter(
+        Q(state__in=LIVE_STATES) | Q(state=ServingState.FAILED, next_restart_at__isnull=False))
+    for replica in replicas:
+        if replica.state == ServingState.STARTING:
+            continue  # its start job owns it
+        if not engine(replica.deployment.engine).runs_process:
+            healthy = process.probe(f"{replica.base_url}/models", headers=_auth_headers(replica.deployment.model))
+            Replica.objects.filter(pk=replica.pk).update(last_health_at=now if healthy else replica.last_health_at)
+            continue
+        if replica.state == ServingState.READY and process.is_alive(replica.pid):
+            Replica.objects.filter(pk=replica.pk).update(last_health_at=now)
+            continue
+        if replica.state == ServingState.READY:
+            delay = min(2 ** (replica.restarts + 1), MAX_RESTART_BACKOFF_S)
+            _set_replica_state(replica, ServingState.FAILED, f"Engine pid {replica.pid} died; restart in {delay}s",
+                               last_error="The engine process exited", pid=None,
+                               next_restart_at=now + timedelta(seconds=delay))
+            notes.append(f"{replica.pk} died")
+        elif replica.next_restart_at <= now:
+            _set_replica_state(replica, ServingState.STARTING, "Restarting after a crash",
+                               restarts=replica.restarts + 1, next_restart_at=None)
+            try:
+                _launch(replica)
+                notes.append(f"{replica.pk} restarted")
+            except process.EngineStartFailed as exc:
+                delay = min(2 ** (replica.restarts + 1), MAX_RESTART_BACKOFF_S)
+                _set_replica_state(replica, ServingState.FAILED, str(exc), last_error=str(exc), pid=None,
+                                   next_restart_at=now + timedelta(seconds=delay))
+    return notes
+
+
+def stop_local_replicas() -> int:
+    """Stop every engine process on this node (used by `make stop`)."""
+    stopped = 0
+    for replica in Replica.objects.select_related("deployment").filter(node__name=settings.NODE_NAME,
+                                                                      pid__isnull=False):
+        process.terminate(replica.pid)
+        _set_replica_state(replica, ServingState.STOPPED, "Stopped with the platform", pid=None)
+        stopped += 1
+    return stopped
+
+
+def resume_deployments(*, actor: Actor = SYSTEM) -> list[Deployment]:
+    """Start again every deployment that should be running but has replicas down (after `make stop`)."""
+    resumed = []
+    for deployment in Deployment.objects.filter(desired_running=True):
+        if deployment.replicas.exclude(state__in=LIVE_STATES).exists():
+            resumed.append(start_deployment(actor=actor, deployment=deployment))
+    return resumed

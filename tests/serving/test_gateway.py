@@ -1,0 +1,177 @@
+"""The gateway, end to end: deployments started as jobs on a real Celery worker, real llama.cpp and embedding
+engine processes, the real ASGI web process, and the official OpenAI and LangChain clients."""
+
+import os
+import signal
+
+import httpx
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from openai import OpenAI
+
+from accounts.services import SYSTEM, Actor, create_api_key, create_workspace
+from cluster import inventory
+from cluster.services import register_node
+from serving import services
+from serving.engines import process
+from serving.models import Deployment, Replica, RequestRecord, ServingState
+from serving.presets import GEMMA3, MINILM, SMOLLM2, register_presets
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.worker
+
+
+def _ready(name: str) -> bool:
+    deployment = Deployment.objects.get(name=name)
+    if deployment.state == ServingState.FAILED:
+        pytest.fail(f"{name} failed: {deployment.replicas.first().last_error}")
+    return deployment.state == ServingState.READY
+
+
+@pytest.fixture(scope="module")
+def stack(celery_worker_process, web_server, django_db_blocker):
+    with django_db_blocker.unblock():
+        node = register_node(name=celery_worker_process["node"], resources=inventory.probe())
+        models = register_presets(lambda line: None)
+        for name, replicas in ((SMOLLM2, 2), (GEMMA3, 1), (MINILM, 1)):
+            deployment = services.create_deployment(actor=SYSTEM, workspace=None, model=models[name], name=name,
+                                                    replicas=[(node, 1.0)] * replicas, cooldown_s=5)
+            services.start_deployment(actor=SYSTEM, deployment=deployment)
+        for name in (SMOLLM2, GEMMA3, MINILM):
+            wait_for(lambda: _ready(name), timeout=180, what=f"{name} to be ready")
+        owner = get_user_model().objects.create_user(username="gw-owner", password="x" * 12)
+        workspace = create_workspace(actor=Actor(user=owner), name="Gateway users")
+        key = create_api_key(actor=Actor(user=owner), workspace=workspace, name="gw").secret
+        yield {"url": web_server, "key": key, "workspace": workspace}
+        for replica in Replica.objects.exclude(pid=None):
+            process.terminate(replica.pid)
+        call_command("flush", interactive=False, verbosity=0)
+
+
+@pytest.fixture
+def live_db(django_db_blocker):
+    with django_db_blocker.unblock():
+        yield
+
+
+@pytest.fixture
+def client(stack) -> OpenAI:
+    return OpenAI(base_url=f"{stack['url']}/v1", api_key=stack["key"], max_retries=0)
+
+
+def test_the_openai_client_streams_a_chat_and_the_request_is_measured(stack, client, live_db):
+    before = RequestRecord.objects.count()
+    chunks = list(client.chat.completions.create(
+        model=SMOLLM2, messages=[{"role": "user", "content": "Name three colours."}], stream=True, max_tokens=24))
+
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip()
+    record = wait_for(lambda: RequestRecord.objects.count() > before and RequestRecord.objects.first(),
+                      what="the request's metrics row")
+    assert (record.status, record.stream, record.endpoint) == (200, True, "chat/completions")
+    assert 0 < record.ttft_ms <= record.e2e_ms
+    assert 1 < record.output_tokens <= 24
+    assert record.tpot_ms == pytest.approx((record.e2e_ms - record.ttft_ms) / (record.output_tokens - 1))
+    assert record.input_tokens > 0
+    scrape = httpx.get(f"{stack['url']}/metrics").text
+    assert f'factory_ttft_seconds_count{{deployment="{SMOLLM2}"' in scrape
+
+
+def test_non_streaming_chat_completions_and_models(stack, client):
+    answer = client.chat.completions.create(model=SMOLLM2, messages=[{"role": "user", "content": "Say hi."}],
+                                            max_tokens=8)
+    assert answer.choices[0].message.content
+    assert answer.usage.completion_tokens > 0
+    completion = client.completions.create(model=GEMMA3, prompt="The capital of France is", max_tokens=6)
+    assert completion.choices[0].text
+    listed = {m.id for m in client.models.list().data}
+    assert {SMOLLM2, GEMMA3, MINILM} <= listed
+
+
+def test_langchain_chat_and_embeddings_work_unchanged(stack):
+    from langchain_openai import ChatOpenAI, OpenAIEmbeddings
+
+    chat = ChatOpenAI(model=SMOLLM2, base_url=f"{stack['url']}/v1", api_key=stack["key"], max_tokens=12)
+    assert chat.invoke("Say hello.").content
+    assert "".join(chunk.content for chunk in chat.stream("Count to three.")).strip()
+    # check_embedding_ctx_length=False: otherwise LangChain fetches a tiktoken vocabulary from the internet.
+    embeddings = OpenAIEmbeddings(model=MINILM, base_url=f"{stack['url']}/v1", api_key=stack["key"],
+                                  check_embedding_ctx_length=False)
+    vectors = embeddings.embed_documents(["cats purr", "stock markets fell"])
+    assert [len(v) for v in vectors] == [384, 384]
+
+
+@pytest.mark.parametrize("body, status, code", [
+    (b"{not json", 400, "invalid_json"),
+    (b'{"messages": [{"role": "user", "content": "hi"}]}', 400, "missing_model"),
+    (b'{"model": "smollm2-135m-instruct", "messages": "hi"}', 400, "invalid_messages"),
+    (b'{"model": "smollm2-135m-instruct", "messages": [{"role": "wizard", "content": "hi"}]}', 400,
+     "invalid_messages"),
+    (b'{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 999999}',
+     400, "context_length_exceeded"),
+    (b'{"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}', 404, "model_not_found"),
+    (b'{"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}]}', 400, "unsupported_endpoint"),
+])
+def test_bad_requests_get_openai_style_errors(stack, body, status, code):
+    response = httpx.post(f"{stack['url']}/v1/chat/completions", content=body,
+                          headers={"Authorization": f"Bearer {stack['key']}", "Content-Type": "application/json"})
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["code"] == code and error["message"] and "type" in error
+
+
+def test_missing_or_revoked_keys_are_refused(stack):
+    missing = httpx.get(f"{stack['url']}/v1/models")
+    assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
+    wrong = httpx.get(f"{stack['url']}/v1/models", headers={"Authorization": "Bearer afk_123456789012.nope"})
+    assert wrong.status_code == 401
+
+
+def test_a_stopped_deployment_answers_409_until_started_again(stack, live_db):
+    services.stop_deployment(actor=SYSTEM, deployment=Deployment.objects.get(name=GEMMA3))
+    wait_for(lambda: Deployment.objects.get(name=GEMMA3).state == ServingState.STOPPED, what="gemma stopped")
+
+    def completion() -> httpx.Response:
+        return httpx.post(f"{stack['url']}/v1/completions", json={"model": GEMMA3, "prompt": "x", "max_tokens": 2},
+                          headers={"Authorization": f"Bearer {stack['key']}"})
+
+    refused = wait_for(lambda: (r := completion()).status_code == 409 and r, what="the router to see the stop")
+    assert refused.json()["error"]["code"] == "model_not_ready"
+    stopped = Deployment.objects.get(name=GEMMA3)
+    assert all(replica.pid is None for replica in stopped.replicas.all())
+    states = list(stopped.events.values_list("to_state", flat=True))
+    assert ServingState.DRAINING in states and ServingState.STOPPED in states
+
+    services.start_deployment(actor=SYSTEM, deployment=stopped)
+    wait_for(lambda: _ready(GEMMA3), timeout=120, what="gemma ready again")
+    assert wait_for(lambda: completion().status_code == 200, what="gemma to answer again")
+
+
+def test_a_killed_replica_costs_no_request_and_is_restarted(stack, client, live_db, celery_worker_process):
+    from serving.tasks import check_local_replicas
+
+    victim = Deployment.objects.get(name=SMOLLM2).replicas.order_by("id").first()
+    os.kill(victim.pid, signal.SIGKILL)
+    for _ in range(6):
+        answer = client.chat.completions.create(model=SMOLLM2, messages=[{"role": "user", "content": "Hi"}],
+                                                max_tokens=4)
+        assert answer.choices[0].message.content is not None
+
+    def health_check_then(state: str) -> bool:
+        check_local_replicas.apply_async(queue=f"node.{celery_worker_process['node']}")
+        return wait_for(lambda: Replica.objects.get(pk=victim.pk).state == state, timeout=10, what=state)
+
+    assert health_check_then(ServingState.FAILED)
+    # The first restart waits 2 s of backoff; the next health check after that relaunches the engine.
+    wait_for(lambda: _tolerant(health_check_then, ServingState.READY), timeout=60, interval=1,
+             what="the replica to be restarted")
+    restarted = Replica.objects.get(pk=victim.pk)
+    assert restarted.restarts == 1 and restarted.pid != victim.pid and process.is_alive(restarted.pid)
+
+
+def _tolerant(check, *args) -> bool:
+    try:
+        return check(*args)
+    except AssertionError:
+        return False

@@ -1,0 +1,38 @@
+"""The latency definitions, pinned on a recorded stream (times in seconds since the request arrived)."""
+
+import pytest
+
+from serving.metrics import RequestTiming
+
+# Content chunks of a 5-token answer as the gateway saw them, request received at t=10.000.
+RECORDED_CHUNKS = [10.150, 10.180, 10.215, 10.245, 10.290]
+
+
+def test_figures_follow_vllms_definitions():
+    timing = RequestTiming(received_at=10.0)
+    for at in RECORDED_CHUNKS:
+        timing.content_chunk(at)
+
+    assert timing.ttft_ms == pytest.approx(150.0)
+    assert timing.e2e_ms == pytest.approx(290.0)
+    assert timing.itl_ms == pytest.approx([30.0, 35.0, 30.0, 45.0])
+    # TPOT = (E2E - TTFT) / (output tokens - 1) = 140 ms / 4
+    assert timing.tpot_ms(5) == pytest.approx(35.0)
+    figures = timing.figures(5)
+    assert figures["itl_mean_ms"] == pytest.approx(35.0)
+
+
+def test_tpot_uses_token_count_not_chunk_count():
+    timing = RequestTiming(received_at=0.0)
+    for at in (0.1, 0.3):
+        timing.content_chunk(at)
+    # Two chunks carried 5 tokens: 200 ms of decoding over 4 later tokens.
+    assert timing.tpot_ms(5) == pytest.approx(50.0)
+
+
+def test_a_request_without_content_has_no_latency_figures():
+    timing = RequestTiming(received_at=0.0)
+    assert timing.figures(0) == {"ttft_ms": None, "tpot_ms": None, "itl_mean_ms": None, "e2e_ms": None}
+    one_token = RequestTiming(received_at=0.0)
+    one_token.content_chunk(0.2)
+    assert one_token.tpot_ms(1) is None
