@@ -15,7 +15,6 @@ SECTIONS = {
     "rag": ("RAG Studio", "Knowledge bases from your documents, hybrid retrieval, hit testing and evaluation."),
     "agents": ("Agent Studio", "Agents with tools, memory, planning and multi-agent teams."),
     "tools": ("Work Bridge", "Tools from HTTP endpoints, OpenAPI specs, sandboxed code and MCP servers."),
-    "serving": ("Models & Serving", "Model registry, deployments with weighted replicas and an OpenAI gateway."),
     "apps": ("Apps", "Published apps with API keys, traces, feedback and monitoring."),
 }
 

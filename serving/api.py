@@ -92,7 +92,7 @@ class ServingEventSerializer(serializers.ModelSerializer):
 class RequestRecordSerializer(serializers.ModelSerializer):
     class Meta:
         model = RequestRecord
-        fields = ["id", "replica", "endpoint", "stream", "status", "attempts", "ttft_ms", "tpot_ms", "itl_mean_ms",
+        fields = ["id", "request_id", "replica", "endpoint", "stream", "status", "attempts", "ttft_ms", "tpot_ms", "itl_mean_ms",
                   "e2e_ms", "input_tokens", "output_tokens", "error", "created_at"]
 
 
@@ -190,3 +190,11 @@ class DeploymentViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retr
         minutes = serializers.IntegerField(min_value=1, max_value=7 * 24 * 60).run_validation(
             request.query_params.get("minutes", 60))
         return Response(selectors.metrics_summary(deployment=self.get_object(), minutes=minutes))
+
+
+class RequestRecordViewSet(WorkspaceScopedMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """One gateway request's figures, by the X-Request-Id the gateway returned with it."""
+
+    queryset = RequestRecord.objects.all()
+    serializer_class = RequestRecordSerializer
+    lookup_field = "request_id"

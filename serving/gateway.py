@@ -9,6 +9,8 @@ import asyncio
 import json
 import logging
 import time
+import uuid
+from dataclasses import dataclass
 
 import httpx
 from asgiref.sync import sync_to_async
@@ -32,6 +34,13 @@ _client: httpx.AsyncClient | None = None
 _background: set[asyncio.Task] = set()
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who a gateway request acts for: a workspace, reached through an API key or a signed-in GUI session."""
+
+    workspace_id: int
+
+
 class GatewayError(Exception):
     def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
                  kind: str = "invalid_request_error"):
@@ -53,14 +62,15 @@ def _http_client() -> httpx.AsyncClient:
     return _client
 
 
-async def _authenticate(request: HttpRequest):
+async def _authenticate(request: HttpRequest) -> Caller:
     header = request.headers.get("Authorization", "")
     if not header.lower().startswith("bearer "):
         raise GatewayError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="invalid_api_key")
     try:
-        return await sync_to_async(authenticate_api_key)(raw=header[7:].strip())
+        api_key = await sync_to_async(authenticate_api_key)(raw=header[7:].strip())
     except Unauthenticated as exc:
         raise GatewayError(401, exc.message, code="invalid_api_key")
+    return Caller(workspace_id=api_key.workspace_id)
 
 
 def _parse_body(request: HttpRequest) -> dict:
@@ -105,9 +115,9 @@ def _check_max_tokens(body: dict, target: Target) -> None:
                                param=param)
 
 
-async def _resolve(body: dict, api_key, capability: str) -> Target:
+async def _resolve(body: dict, caller: Caller, capability: str) -> Target:
     target = await router.resolve(body["model"])
-    if target is None or not target.visible_to(api_key.workspace_id):
+    if target is None or not target.visible_to(caller.workspace_id):
         raise GatewayError(404, f"The model '{body['model']}' does not exist; /v1/models lists the deployments "
                                 f"you can use.", code="model_not_found", param="model")
     if target.state != ServingState.READY or not target.routes:
@@ -136,22 +146,36 @@ def _prompt_text(body: dict) -> str:
     return "\n".join(prompt) if isinstance(prompt, list) else str(prompt or "")
 
 
-async def _record(*, target: Target, route: Route | None, api_key, endpoint: str, stream: bool, status: int,
-                  attempts: int, timing: metrics.RequestTiming, usage: dict | None, body: dict, output_text: str,
+@dataclass
+class Exchange:
+    """One request on its way through the gateway: who asked, what for, and where it went."""
+
+    request_id: str
+    caller: Caller
+    target: Target
+    route: Route
+    endpoint: str
+    attempts: int
+    timing: metrics.RequestTiming
+    body: dict
+
+
+async def _record(exchange: Exchange, *, stream: bool, status: int, usage: dict | None, output_text: str,
                   error: str = "") -> None:
     """Store the request's figures. Without usage from the engine, tokens are counted with its tokenizer."""
+    target, timing = exchange.target, exchange.timing
     input_tokens = (usage or {}).get("prompt_tokens")
     output_tokens = (usage or {}).get("completion_tokens")
     if usage is None and target.model_path.endswith(".gguf"):
-        input_tokens = await asyncio.to_thread(count_tokens, target.model_path, _prompt_text(body))
+        input_tokens = await asyncio.to_thread(count_tokens, target.model_path, _prompt_text(exchange.body))
         output_tokens = await asyncio.to_thread(count_tokens, target.model_path, output_text)
-    replica_label = route.label if route else "none"
-    metrics.observe(deployment=target.name, replica=replica_label, status=status, timing=timing,
+    metrics.observe(deployment=target.name, replica=exchange.route.label, status=status, timing=timing,
                     input_tokens=input_tokens, output_tokens=output_tokens)
     await RequestRecord.objects.acreate(
-        deployment_id=target.deployment_id, replica_id=route.replica_id if route else None,
-        workspace_id=api_key.workspace_id, endpoint=endpoint, stream=stream, status=status, attempts=attempts,
-        input_tokens=input_tokens, output_tokens=output_tokens, error=error[:2000], **timing.figures(output_tokens))
+        request_id=exchange.request_id, deployment_id=target.deployment_id, replica_id=exchange.route.replica_id,
+        workspace_id=exchange.caller.workspace_id, endpoint=exchange.endpoint, stream=stream, status=status,
+        attempts=exchange.attempts, input_tokens=input_tokens, output_tokens=output_tokens, error=error[:2000],
+        **timing.figures(output_tokens))
 
 
 def _in_background(coroutine) -> None:
@@ -191,12 +215,14 @@ def _upstream_body(target: Target, body: dict, stream: bool) -> dict:
     return body
 
 
-async def _proxy(request: HttpRequest, endpoint: str, capability: str) -> HttpResponse:
+async def proxy(request: HttpRequest, endpoint: str, capability: str, caller: Caller | None = None) -> HttpResponse:
+    """Serve one OpenAI request. Without a `caller` the request must bring a workspace API key."""
     timing = metrics.RequestTiming(received_at=time.perf_counter())
+    request_id = uuid.uuid4().hex
     if request.method != "POST":
         return GatewayError(405, "Use POST.", code="method_not_allowed").response()
     try:
-        api_key = await _authenticate(request)
+        caller = caller or await _authenticate(request)
         body = _parse_body(request)
         if capability == CHAT:
             _check_messages(body.get("messages"))
@@ -206,28 +232,33 @@ async def _proxy(request: HttpRequest, endpoint: str, capability: str) -> HttpRe
         elif capability == EMBEDDING and not body.get("input"):
             raise GatewayError(400, "'input' must be a non-empty string or list.", code="invalid_input",
                                param="input")
-        target = await _resolve(body, api_key, capability)
+        target = await _resolve(body, caller, capability)
         _check_max_tokens(body, target)
         stream = bool(body.get("stream"))
         route, upstream, attempts = await _open_upstream(target, endpoint, _upstream_body(target, body, stream),
                                                          stream)
     except GatewayError as exc:
         return exc.response()
+    exchange = Exchange(request_id=request_id, caller=caller, target=target, route=route, endpoint=endpoint,
+                        attempts=attempts, timing=timing, body=body)
     if not stream:
-        return await _relay_whole(target, route, upstream, api_key, endpoint, attempts, timing, body)
-    return StreamingHttpResponse(
-        _relay_stream(target, route, upstream, api_key, endpoint, attempts, timing, body),
-        status=upstream.status_code, content_type=upstream.headers.get("content-type", "text/event-stream"),
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+        response = await _relay_whole(exchange, upstream)
+    else:
+        response = StreamingHttpResponse(
+            _relay_stream(exchange, upstream), status=upstream.status_code,
+            content_type=upstream.headers.get("content-type", "text/event-stream"),
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    response["X-Request-Id"] = request_id
+    return response
 
 
-async def _relay_whole(target, route, upstream, api_key, endpoint, attempts, timing, body) -> HttpResponse:
+async def _relay_whole(exchange: Exchange, upstream: httpx.Response) -> HttpResponse:
     try:
         content = await upstream.aread()
     finally:
         await upstream.aclose()
-    timing.content_chunk(time.perf_counter())
+    exchange.timing.content_chunk(time.perf_counter())
     usage, text = None, ""
     if upstream.status_code == 200:
         try:
@@ -237,14 +268,14 @@ async def _relay_whole(target, route, upstream, api_key, endpoint, attempts, tim
                                             for c in payload.get("choices") or []]})
         except (json.JSONDecodeError, AttributeError):
             pass
-    _in_background(_record(target=target, route=route, api_key=api_key, endpoint=endpoint, stream=False,
-                           status=upstream.status_code, attempts=attempts, timing=timing, usage=usage, body=body,
-                           output_text=text, error="" if upstream.status_code == 200 else content.decode()[:500]))
+    error = "" if upstream.status_code == 200 else content.decode(errors="replace")[:500]
+    _in_background(_record(exchange, stream=False, status=upstream.status_code, usage=usage, output_text=text,
+                           error=error))
     return HttpResponse(content, status=upstream.status_code,
                         content_type=upstream.headers.get("content-type", "application/json"))
 
 
-async def _relay_stream(target, route, upstream, api_key, endpoint, attempts, timing, body):
+async def _relay_stream(exchange: Exchange, upstream: httpx.Response):
     """Forward the engine's bytes as they arrive; parse complete SSE events on the side for the metrics."""
     buffer, pieces, usage, finished = "", [], None, False
     status, error = upstream.status_code, ""
@@ -266,13 +297,13 @@ async def _relay_stream(target, route, upstream, api_key, endpoint, attempts, ti
                         continue
                     text = _content_of(chunk)
                     if text:
-                        timing.content_chunk(arrived)
+                        exchange.timing.content_chunk(arrived)
                         pieces.append(text)
                     usage = chunk.get("usage") or usage
     except httpx.HTTPError as exc:
         # Bytes already reached the client, so there is no retry: end the stream with an error event.
         status, error = 502, f"The replica failed mid-stream: {exc.__class__.__name__}"
-        router.cool_down(route, target.cooldown_s)
+        router.cool_down(exchange.route, exchange.target.cooldown_s)
         yield f"data: {json.dumps({'error': {'message': error, 'type': 'server_error'}})}\n\n".encode()
     except asyncio.CancelledError:
         # Clients hang up as soon as they read [DONE]; only a hang-up before it is a cancelled request.
@@ -281,32 +312,31 @@ async def _relay_stream(target, route, upstream, api_key, endpoint, attempts, ti
         raise
     finally:
         await upstream.aclose()
-        _in_background(_record(target=target, route=route, api_key=api_key, endpoint=endpoint, stream=True,
-                               status=status, attempts=attempts, timing=timing, usage=usage, body=body,
-                               output_text="".join(pieces), error=error))
+        _in_background(_record(exchange, stream=True, status=status, usage=usage, output_text="".join(pieces),
+                               error=error))
 
 
 @csrf_exempt
 async def chat_completions(request: HttpRequest) -> HttpResponse:
-    return await _proxy(request, "chat/completions", CHAT)
+    return await proxy(request, "chat/completions", CHAT)
 
 
 @csrf_exempt
 async def completions(request: HttpRequest) -> HttpResponse:
-    return await _proxy(request, "completions", COMPLETION)
+    return await proxy(request, "completions", COMPLETION)
 
 
 @csrf_exempt
 async def embeddings(request: HttpRequest) -> HttpResponse:
-    return await _proxy(request, "embeddings", EMBEDDING)
+    return await proxy(request, "embeddings", EMBEDDING)
 
 
 async def list_models(request: HttpRequest) -> HttpResponse:
     try:
-        api_key = await _authenticate(request)
+        caller = await _authenticate(request)
     except GatewayError as exc:
         return exc.response()
-    targets = await router.visible_targets(api_key.workspace_id)
+    targets = await router.visible_targets(caller.workspace_id)
     return JsonResponse({"object": "list", "data": [
         {"id": t.name, "object": "model", "created": 0, "owned_by": "ai-factory",
          "capabilities": sorted(t.capabilities)} for t in targets]})

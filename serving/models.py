@@ -130,6 +130,8 @@ class RequestRecord(models.Model):
     deployment = models.ForeignKey(Deployment, on_delete=models.SET_NULL, null=True, related_name="requests")
     replica = models.ForeignKey(Replica, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     workspace = models.ForeignKey(Workspace, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # Returned to the client as X-Request-Id, so a caller can look up the figures of its own request.
+    request_id = models.CharField(max_length=32, db_index=True, blank=True)
     endpoint = models.CharField(max_length=32)
     stream = models.BooleanField(default=False)
     status = models.PositiveSmallIntegerField()

@@ -6,6 +6,7 @@ from serving import api, gateway, views
 router = SimpleRouter()
 router.register("serving/models", api.ModelViewSet, basename="model")
 router.register("serving/deployments", api.DeploymentViewSet, basename="deployment")
+router.register("serving/requests", api.RequestRecordViewSet, basename="request-record")
 api_urlpatterns = router.urls
 
 gateway_urlpatterns = [
@@ -16,4 +17,13 @@ gateway_urlpatterns = [
     re_path(r"^(?P<rest>.*)$", gateway.unknown_route),
 ]
 
-urlpatterns = [path("metrics", views.prometheus_metrics, name="metrics")]
+urlpatterns = [
+    path("metrics", views.prometheus_metrics, name="metrics"),
+    path("serving/", views.serving_home, name="serving"),
+    path("serving/models/<int:model_id>/deploy/", views.deploy_model, name="deploy-model"),
+    path("serving/deployments/new/", views.create_deployment, name="create-deployment"),
+    path("serving/deployments/<slug:name>/", views.deployment_page, name="deployment"),
+    path("serving/deployments/<slug:name>/state/", views.deployment_state, name="deployment-state"),
+    path("serving/playground/", views.playground, name="playground"),
+    path("serving/playground/chat", views.playground_chat, name="playground-chat"),
+]

@@ -1,7 +1,153 @@
-from django.http import HttpResponse
+from django.contrib import messages
+from django.http import Http404, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.csrf import csrf_protect
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from accounts.errors import ValidationFailed, error_body
+from accounts.gui import gui_actor, workspace_page
+from cluster.models import Node
+from serving import selectors, services
+from serving.engines.base import CHAT, engine
+from serving.gateway import Caller, proxy
+from serving.models import Engine, RoleHint
 
 
 def prometheus_metrics(request):
     """Prometheus scrape endpoint: the gateway's latency histograms, labelled by deployment and replica."""
     return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+
+
+def _deployment_or_404(request, name: str):
+    deployment = selectors.deployments_visible_to(workspace=request.workspace).filter(name=name).first()
+    if deployment is None:
+        raise Http404("No such deployment.")
+    return deployment
+
+
+def _model_or_404(request, model_id: int):
+    model = selectors.models_visible_to(workspace=request.workspace).filter(pk=model_id).first()
+    if model is None:
+        raise Http404("No such model.")
+    return model
+
+
+def _weights(text: str, replicas: int) -> list[float]:
+    """'3,1' -> [3.0, 1.0]; blank -> equal weights."""
+    if not text.strip():
+        return [1.0] * replicas
+    try:
+        weights = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise ValidationFailed(f"Weights must be numbers separated by commas, like 3,1 (got '{text}').")
+    if len(weights) != replicas:
+        raise ValidationFailed(f"Give one weight per replica: {replicas} replica(s), {len(weights)} weight(s).")
+    return weights
+
+
+@workspace_page
+def serving_home(request):
+    if request.method == "POST":
+        model = services.register_model(
+            actor=gui_actor(request), workspace=request.workspace, name=request.POST.get("name", ""),
+            path=request.POST.get("path", "").strip(), url=request.POST.get("url", "").strip(),
+            api_key=request.POST.get("api_key", ""), role_hint=request.POST.get("role_hint") or RoleHint.SMALL)
+        messages.success(request, f"Registered {model.name}.")
+        return redirect("serving")
+    return render(request, "serving/home.html", {
+        "models": selectors.models_visible_to(workspace=request.workspace),
+        "deployments": selectors.deployments_visible_to(workspace=request.workspace),
+        "nodes": Node.objects.all(),
+        "engines": Engine.choices,
+        "roles": RoleHint.choices,
+    })
+
+
+@workspace_page
+def deploy_model(request, model_id: int):
+    if request.method != "POST":
+        return redirect("serving")
+    deployment = services.deploy_model(actor=gui_actor(request), workspace=request.workspace,
+                                       model=_model_or_404(request, model_id))
+    messages.success(request, f"Deploying {deployment.name}: its replica is starting.")
+    return redirect("deployment", name=deployment.name)
+
+
+@workspace_page
+def create_deployment(request):
+    if request.method != "POST":
+        return redirect("serving")
+    model = _model_or_404(request, int(request.POST.get("model") or 0))
+    try:
+        replicas = int(request.POST.get("replicas") or 1)
+        cooldown_s = float(request.POST.get("cooldown_s") or 30)
+    except ValueError:
+        raise ValidationFailed("Replicas and cooldown must be numbers.")
+    node = Node.objects.filter(name=request.POST.get("node")).first() or Node.objects.first()
+    weights = _weights(request.POST.get("weights", ""), replicas)
+    threads = request.POST.get("threads")
+    deployment = services.create_deployment(
+        actor=gui_actor(request), workspace=request.workspace, model=model, name=request.POST.get("name", ""),
+        engine_name=request.POST.get("engine", ""), settings_={"threads": int(threads)} if threads else {},
+        replicas=[(node, weight) for weight in weights], cooldown_s=cooldown_s)
+    services.start_deployment(actor=gui_actor(request), deployment=deployment)
+    return redirect("deployment", name=deployment.name)
+
+
+@workspace_page
+def deployment_page(request, name: str):
+    deployment = _deployment_or_404(request, name)
+    if request.method == "POST":
+        action = request.POST.get("action")
+        if action == "start":
+            services.start_deployment(actor=gui_actor(request), deployment=deployment)
+        elif action == "stop":
+            services.stop_deployment(actor=gui_actor(request), deployment=deployment)
+        elif action == "routing":
+            weights = {}
+            for replica in deployment.replicas.all():
+                value = request.POST.get(f"weight-{replica.pk}")
+                try:
+                    weights[replica.pk] = float(value) if value else replica.weight
+                except ValueError:
+                    raise ValidationFailed(f"The weight of replica {replica.pk} must be a number.")
+            try:
+                cooldown_s = float(request.POST.get("cooldown_s") or deployment.cooldown_s)
+            except ValueError:
+                raise ValidationFailed("The cooldown must be a number of seconds.")
+            services.update_routing(actor=gui_actor(request), deployment=deployment, cooldown_s=cooldown_s,
+                                    weights=weights)
+            messages.success(request, "Routing saved.")
+        return redirect("deployment", name=deployment.name)
+    return render(request, "serving/deployment.html", {
+        "deployment": deployment,
+        "capabilities": sorted(engine(deployment.engine).capabilities(deployment.model)),
+        "events": deployment.events.select_related("replica")[:30],
+        "requests": deployment.requests.all()[:20],
+    })
+
+
+@workspace_page
+def deployment_state(request, name: str):
+    """The live state the deployment page polls."""
+    deployment = _deployment_or_404(request, name)
+    return JsonResponse({"state": deployment.state, "replicas": [
+        {"id": r.pk, "state": r.state, "pid": r.pid, "restarts": r.restarts, "last_error": r.last_error}
+        for r in deployment.replicas.all()]})
+
+
+@workspace_page
+def playground(request):
+    chat_ready = [d for d in selectors.deployments_visible_to(workspace=request.workspace)
+                  if d.state == "ready" and CHAT in engine(d.engine).capabilities(d.model)]
+    return render(request, "serving/playground.html", {"deployments": chat_ready,
+                                                       "selected": request.GET.get("deployment", "")})
+
+
+@csrf_protect
+async def playground_chat(request):
+    """The Playground's chat goes through the gateway like any client, as the signed-in user's workspace."""
+    user = await request.auser()
+    if not user.is_authenticated or request.workspace is None:
+        return JsonResponse(error_body("unauthenticated", "Sign in to use the Playground."), status=401)
+    return await proxy(request, "chat/completions", CHAT, caller=Caller(workspace_id=request.workspace.pk))

@@ -13,6 +13,7 @@ from accounts.models import Role
 from accounts.services import Actor
 
 ROOT = Path(__file__).resolve().parent.parent
+WORKER_NODE = "pytest-node"
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +79,7 @@ def celery_worker_process(django_db_setup, django_db_blocker):
     the default queues and on the queue of node `pytest-node`."""
     from celery import current_app
 
-    node = "pytest-node"
+    node = WORKER_NODE
     log = Path(os.environ["FACTORY_DATA_DIR"]) / f"worker-{os.getpid()}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **_database_env(), "FACTORY_NODE_NAME": node}
@@ -116,7 +117,9 @@ def web_server(django_db_setup):
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "factory.asgi:application", "--host", "127.0.0.1", "--port", str(port),
          "--lifespan", "off", "--no-access-log"],
-        cwd=ROOT, env={**os.environ, **_database_env()}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        # Same node as the test worker, as web and worker share a node on the appliance.
+        cwd=ROOT, env={**os.environ, **_database_env(), "FACTORY_NODE_NAME": WORKER_NODE},
+        stdout=log.open("wb"), stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
 

@@ -5,15 +5,9 @@ from playwright.sync_api import expect
 
 from cluster import inventory
 from cluster.services import register_node
+from tests.e2e.conftest import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-
-def _sign_in(page, username="ann", password="correct-horse-battery"):
-    page.goto("/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(password)
-    page.get_by_role("button", name="Sign in").click()
 
 
 def test_sign_in_see_the_pool_and_create_an_api_key(browser_page, make_workspace):
@@ -21,9 +15,9 @@ def test_sign_in_see_the_pool_and_create_an_api_key(browser_page, make_workspace
     register_node(name="local-box", resources=inventory.probe())
     page = browser_page
 
-    _sign_in(page, password="wrong")
+    sign_in(page, password="wrong")
     expect(page.get_by_role("alert")).to_have_text("Wrong username or password.")
-    _sign_in(page)
+    sign_in(page)
 
     expect(page.get_by_role("heading", name="Dashboard")).to_be_visible()
     expect(page.locator("tr[data-node='local-box']")).to_contain_text("healthy")

@@ -1,0 +1,246 @@
+"""What the serving benchmarks share: Django set up as `make run` runs it, a throwaway API key, a bench deployment
+of the SmolLM2 preset started and stopped through serving.services, and client-side timing of chat completions
+with the definitions in serving/metrics.py.
+
+Run the benchmarks from the repository root against a running instance (`make run`)."""
+
+import os
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "factory.settings")
+django.setup()
+
+import json  # noqa: E402  (Django must be set up before the models are imported)
+import platform  # noqa: E402
+import secrets  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from datetime import datetime  # noqa: E402
+from typing import TypeVar  # noqa: E402
+
+import httpx  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.contrib.auth import get_user_model  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from accounts.models import Workspace  # noqa: E402
+from accounts.services import Actor, create_api_key, revoke_api_key  # noqa: E402
+from cluster.models import Node  # noqa: E402
+from serving import services  # noqa: E402
+from serving.metrics import RequestTiming  # noqa: E402
+from serving.models import Deployment, Model, Replica, RequestRecord, ServingState  # noqa: E402
+from serving.tokenizers import count_tokens  # noqa: E402
+
+# FACTORY_URL is where the platform answers; the gateway is under /v1 and the Prometheus scrape at /metrics.
+PLATFORM_URL = os.environ.get("FACTORY_URL", "http://127.0.0.1:8000").rstrip("/").removesuffix("/v1")
+GATEWAY_URL = f"{PLATFORM_URL}/v1"
+PRESET_MODEL = "smollm2-135m-instruct"
+ADMIN_USERNAME = "admin"
+REPLICA_START_TIMEOUT_S = 180
+REPLICA_STOP_TIMEOUT_S = 60
+# Generous, so that a replica stuck behind a queue of streams still counts as slow rather than failed.
+CLIENT_TIMEOUT = httpx.Timeout(connect=5.0, read=120.0, write=10.0, pool=120.0)
+
+T = TypeVar("T")
+
+TOPICS = (
+    "the moon", "volcanoes", "honey bees", "the river Nile", "glaciers", "octopuses", "the printing press",
+    "rainbows", "coral reefs", "the speed of light", "penguins", "the Sahara desert", "tea", "lighthouses",
+    "thunderstorms", "the human heart", "bamboo", "comets", "the piano", "salt", "owls", "tides", "maple syrup",
+    "the Eiffel Tower", "earthworms", "sunflowers", "the Arctic fox", "copper", "sourdough bread", "whales",
+    "the compass", "cacti", "hot air balloons", "snowflakes", "the violin", "rubber", "jellyfish", "the abacus",
+    "Mount Everest", "fireflies",
+)
+
+
+def prompts(count: int) -> list[str]:
+    """`count` different short questions; past the topic list they stay distinct by their number."""
+    return [f"In two sentences, tell me something interesting about {TOPICS[i % len(TOPICS)]}"
+            + (f" (question {i + 1})." if i >= len(TOPICS) else ".") for i in range(count)]
+
+
+def chat_body(*, model: str, prompt: str, max_tokens: int, stream: bool) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": stream}
+
+
+def wait_for(read: Callable[[], T], *, done: Callable[[T], bool], timeout_s: float, interval_s: float = 0.25,
+             what: str) -> T:
+    """Poll `read` until `done` holds for its value; the last value is returned, or TimeoutError raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = read()
+        if done(value):
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"Timed out after {timeout_s:.0f}s waiting for {what} (last seen: {value}).")
+        time.sleep(interval_s)
+
+
+def percentile(values: list[float], percent: int) -> float:
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[percent - 1]
+
+
+def print_header(title: str, measures: str) -> None:
+    print(f"== {title}")
+    print(measures)
+    print(f"Machine: {platform.node()}, {os.cpu_count()} CPU cores (nproc), Python {platform.python_version()}; "
+          f"gateway {GATEWAY_URL}; node {settings.NODE_NAME}")
+
+
+@dataclass
+class BenchDeployment:
+    """A started deployment of the SmolLM2 preset, with a workspace API key to call the gateway with."""
+
+    deployment: Deployment
+    api_key: str
+
+    @property
+    def name(self) -> str:
+        return self.deployment.name
+
+    @property
+    def model_path(self) -> str:
+        return self.deployment.model.path
+
+    def replicas(self) -> list[Replica]:
+        return list(Replica.objects.filter(deployment=self.deployment).order_by("pk"))
+
+    def describe(self) -> str:
+        replicas = ", ".join(f"replica {r.pk} weight {r.weight:g} pid {r.pid} at {r.base_url}"
+                             for r in self.replicas())
+        return (f"Deployment {self.name} ({PRESET_MODEL}, llama.cpp, threads={self.deployment.settings['threads']} "
+                f"per replica, cooldown {self.deployment.cooldown_s:g}s): {replicas}")
+
+    def record_count(self) -> int:
+        return RequestRecord.objects.filter(deployment=self.deployment).count()
+
+    def wait_for_records(self, expected: int, *, timeout_s: float = 15.0) -> int:
+        """The gateway writes a request's row in the background just after answering; wait for all of them.
+        Returns how many arrived, which is fewer than expected if some were never written."""
+        try:
+            return wait_for(self.record_count, done=lambda count: count >= expected, timeout_s=timeout_s,
+                            what=f"{expected} request records")
+        except TimeoutError:
+            return self.record_count()
+
+
+def _replica_states(deployment: Deployment) -> list[str]:
+    return list(Replica.objects.filter(deployment=deployment).order_by("pk").values_list("state", flat=True))
+
+
+def _start(actor: Actor, deployment: Deployment) -> None:
+    services.start_deployment(actor=actor, deployment=deployment)
+    states = wait_for(lambda: _replica_states(deployment),
+                      done=lambda states: all(s in (ServingState.READY, ServingState.FAILED) for s in states),
+                      timeout_s=REPLICA_START_TIMEOUT_S, what=f"the replicas of {deployment.name} to start")
+    if ServingState.FAILED in states:
+        errors = Replica.objects.filter(deployment=deployment, state=ServingState.FAILED).values_list(
+            "last_error", flat=True)
+        raise RuntimeError(f"A replica of {deployment.name} failed to start: {' | '.join(errors)}")
+
+
+def _stop_and_delete(actor: Actor, deployment: Deployment) -> None:
+    # A replica being (re)started by a job or the health check would outlive a stop sent now.
+    wait_for(lambda: _replica_states(deployment), done=lambda states: ServingState.STARTING not in states,
+             timeout_s=REPLICA_START_TIMEOUT_S, what=f"the replicas of {deployment.name} to finish starting")
+    services.stop_deployment(actor=actor, deployment=deployment)
+    wait_for(lambda: _replica_states(deployment),
+             done=lambda states: all(s == ServingState.STOPPED for s in states),
+             timeout_s=REPLICA_STOP_TIMEOUT_S, what=f"the replicas of {deployment.name} to stop")
+    # Bench traffic would only blur the platform's request history, so its rows go with the deployment.
+    RequestRecord.objects.filter(deployment=deployment).delete()
+    deployment.delete()
+
+
+@contextmanager
+def bench_deployment(*, label: str, weights: list[float], threads: int,
+                     cooldown_s: float = 30.0) -> Iterator[BenchDeployment]:
+    """Create and start `bench-<label>-<random>` with one replica per weight on this node, and an API key in the
+    admin's first workspace; on the way out stop and delete the deployment and revoke the key."""
+    admin = get_user_model().objects.get(username=ADMIN_USERNAME)
+    actor = Actor(user=admin)
+    workspace = Workspace.objects.filter(memberships__user=admin).order_by("memberships__created_at").first()
+    issued = create_api_key(actor=actor, workspace=workspace, name=f"bench-{label}")
+    try:
+        node = Node.objects.get(name=settings.NODE_NAME)
+        model = Model.objects.get(workspace=None, name=PRESET_MODEL)
+        deployment = services.create_deployment(
+            actor=actor, workspace=None, model=model, name=f"bench-{label}-{secrets.token_hex(3)}",
+            settings_={"threads": threads}, replicas=[(node, weight) for weight in weights], cooldown_s=cooldown_s)
+        try:
+            _start(actor, deployment)
+            deployment.refresh_from_db()
+            yield BenchDeployment(deployment=deployment, api_key=issued.secret)
+        finally:
+            _stop_and_delete(actor, deployment)
+    finally:
+        revoke_api_key(actor=actor, api_key=issued.api_key)
+
+
+@dataclass
+class StreamResult:
+    """One streamed chat completion as the client saw it. `timing` follows serving.metrics: `received_at` is when
+    the client sent the request, and every SSE event with content is a content chunk."""
+
+    timing: RequestTiming
+    sent_at: datetime
+    finished_at: float = 0.0
+    pieces: list[str] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def tpot_ms(self, model_path: str) -> float | None:
+        # Chunks are not tokens: count the streamed text with the model's own tokenizer.
+        return self.timing.tpot_ms(count_tokens(model_path, self.text))
+
+
+def _chunk_content(chunk: dict) -> str:
+    return "".join((choice.get("delta") or {}).get("content") or "" for choice in chunk.get("choices") or [])
+
+
+async def stream_chat(client: httpx.AsyncClient, *, base_url: str, api_key: str | None, body: dict) -> StreamResult:
+    """Send a streaming chat completion and time its content chunks. Any way the stream can go wrong (an HTTP
+    error, a transport error, an error event, no [DONE]) ends up in `error`, never raised."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    result = StreamResult(timing=RequestTiming(received_at=time.perf_counter()), sent_at=timezone.now())
+    finished = False
+    try:
+        async with client.stream("POST", f"{base_url}/chat/completions", json=body, headers=headers) as response:
+            if response.status_code != 200:
+                detail = (await response.aread()).decode(errors="replace")[:200]
+                result.error = f"HTTP {response.status_code}: {detail}"
+            else:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        finished = True
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        result.error = f"error event: {chunk['error'].get('message', chunk['error'])}"
+                        break
+                    if content := _chunk_content(chunk):
+                        result.timing.content_chunk(time.perf_counter())
+                        result.pieces.append(content)
+    except httpx.HTTPError as exc:
+        result.error = f"{exc.__class__.__name__}: {exc}"
+    if not result.error and not finished:
+        result.error = "the stream ended without [DONE]"
+    result.finished_at = time.perf_counter()
+    return result

@@ -1,0 +1,65 @@
+// Small SVG line charts for the deployment page: no charting library, so the appliance works offline.
+const SVG_NS = "http://www.w3.org/2000/svg";
+const COLOURS = ["#3b5bdb", "#e67700", "#c92a2a"];
+
+function lineChart(svg, series, keys) {
+  const width = 480, height = 160, pad = 28;
+  svg.replaceChildren();
+  const values = series.flatMap((point) => keys.map((key) => point[key])).filter((v) => v !== null);
+  if (!values.length) {
+    const empty = document.createElementNS(SVG_NS, "text");
+    empty.setAttribute("x", width / 2); empty.setAttribute("y", height / 2);
+    empty.setAttribute("text-anchor", "middle"); empty.setAttribute("class", "chart-empty");
+    empty.textContent = "no requests yet";
+    svg.appendChild(empty);
+    return;
+  }
+  const top = Math.max(...values) * 1.1 || 1;
+  const x = (i) => pad + (i * (width - 2 * pad)) / Math.max(series.length - 1, 1);
+  const y = (v) => height - pad - (v / top) * (height - 2 * pad);
+  const axis = document.createElementNS(SVG_NS, "text");
+  axis.setAttribute("x", 2); axis.setAttribute("y", pad - 8); axis.setAttribute("class", "chart-axis");
+  axis.textContent = top.toFixed(top < 10 ? 1 : 0);
+  svg.appendChild(axis);
+  keys.forEach((key, k) => {
+    const points = series.map((p, i) => (p[key] === null ? null : `${x(i)},${y(p[key])}`)).filter(Boolean);
+    const line = document.createElementNS(SVG_NS, "polyline");
+    line.setAttribute("points", points.join(" "));
+    line.setAttribute("fill", "none"); line.setAttribute("stroke", COLOURS[k]); line.setAttribute("stroke-width", "2");
+    svg.appendChild(line);
+  });
+}
+
+async function drawDeploymentCharts(container) {
+  const response = await fetch(container.dataset.url, { credentials: "same-origin" });
+  if (!response.ok) return;
+  const summary = await response.json();
+  lineChart(document.getElementById("chart-ttft"), summary.series, ["ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"]);
+  lineChart(document.getElementById("chart-tpot"), summary.series, ["tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms"]);
+  lineChart(document.getElementById("chart-tps"), summary.series, ["tokens_per_s"]);
+  const o = summary.overall;
+  const fmt = (v) => (v === null ? "—" : v.toFixed(0));
+  document.getElementById("overall").textContent =
+    `${o.requests} requests, ${o.errors} errors · TTFT p50 ${fmt(o.ttft_p50_ms)} ms, p90 ${fmt(o.ttft_p90_ms)} ms · ` +
+    `TPOT p50 ${o.tpot_p50_ms === null ? "—" : o.tpot_p50_ms.toFixed(1)} ms`;
+}
+
+function pollState(url) {
+  const refresh = async () => {
+    const response = await fetch(url, { credentials: "same-origin" });
+    if (!response.ok) return;
+    const live = await response.json();
+    const badge = document.getElementById("deployment-state");
+    badge.textContent = live.state; badge.className = `badge ${live.state}`;
+    for (const replica of live.replicas) {
+      const row = document.querySelector(`tr[data-replica="${replica.id}"]`);
+      if (!row) continue;
+      const state = row.querySelector('[data-field="state"]');
+      state.textContent = replica.state; state.className = `badge ${replica.state}`;
+      row.querySelector('[data-field="pid"]').textContent = replica.pid ?? "—";
+      row.querySelector('[data-field="restarts"]').textContent = replica.restarts;
+      row.querySelector('[data-field="last_error"]').textContent = replica.last_error.slice(0, 160);
+    }
+  };
+  setInterval(refresh, 2000);
+}
