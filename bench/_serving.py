@@ -4,28 +4,26 @@ with the definitions in serving/metrics.py.
 
 Run the benchmarks from the repository root against a running instance (`make run`)."""
 
+import json
 import os
+import platform
+import secrets
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import django
+import httpx
+from django.conf import settings
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "factory.settings")
 django.setup()
 
-import json  # noqa: E402  (Django must be set up before the models are imported)
-import platform  # noqa: E402
-import secrets  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from datetime import datetime  # noqa: E402
-from typing import TypeVar  # noqa: E402
-
-import httpx  # noqa: E402
-from django.conf import settings  # noqa: E402
+# The project's models can only be imported once Django is set up.
 from django.contrib.auth import get_user_model  # noqa: E402
-from django.utils import timezone  # noqa: E402
 
 from accounts.models import Workspace  # noqa: E402
 from accounts.services import Actor, create_api_key, revoke_api_key  # noqa: E402
@@ -190,7 +188,6 @@ class StreamResult:
     the client sent the request, and every SSE event with content is a content chunk."""
 
     timing: RequestTiming
-    sent_at: datetime
     finished_at: float = 0.0
     pieces: list[str] = field(default_factory=list)
     error: str = ""
@@ -216,7 +213,7 @@ async def stream_chat(client: httpx.AsyncClient, *, base_url: str, api_key: str 
     """Send a streaming chat completion and time its content chunks. Any way the stream can go wrong (an HTTP
     error, a transport error, an error event, no [DONE]) ends up in `error`, never raised."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    result = StreamResult(timing=RequestTiming(received_at=time.perf_counter()), sent_at=timezone.now())
+    result = StreamResult(timing=RequestTiming(received_at=time.perf_counter()))
     finished = False
     try:
         async with client.stream("POST", f"{base_url}/chat/completions", json=body, headers=headers) as response:
@@ -225,12 +222,13 @@ async def stream_chat(client: httpx.AsyncClient, *, base_url: str, api_key: str 
                 result.error = f"HTTP {response.status_code}: {detail}"
             else:
                 async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
+                    # Past [DONE], read on to the end of the body so that the connection goes back to the pool.
+                    if not line.startswith("data:") or finished:
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
                         finished = True
-                        break
+                        continue
                     chunk = json.loads(data)
                     if "error" in chunk:
                         result.error = f"error event: {chunk['error'].get('message', chunk['error'])}"
@@ -238,7 +236,7 @@ async def stream_chat(client: httpx.AsyncClient, *, base_url: str, api_key: str 
                     if content := _chunk_content(chunk):
                         result.timing.content_chunk(time.perf_counter())
                         result.pieces.append(content)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
         result.error = f"{exc.__class__.__name__}: {exc}"
     if not result.error and not finished:
         result.error = "the stream ended without [DONE]"

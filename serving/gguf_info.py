@@ -1,6 +1,7 @@
 """Reads what a GGUF file says about its model (architecture, size, quantization, context, chat template)."""
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from gguf import GGUFReader, LlamaFileType
@@ -35,6 +36,14 @@ def read_gguf(path: Path) -> GgufInfo:
     with path.open("rb") as handle:
         if handle.read(4) != GGUF_MAGIC:
             raise InvalidModelFile(f"{path.name} is not a GGUF file (its header does not start with 'GGUF').")
+    stat = path.stat()
+    return _read_checked(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+# Parsing a large vocabulary takes seconds in Python; a file is only re-read when it changes.
+@lru_cache(maxsize=32)
+def _read_checked(location: str, size: int, modified_ns: int) -> GgufInfo:
+    path = Path(location)
     try:
         reader = GGUFReader(path)
     except Exception as exc:  # the reader raises many kinds of errors on truncated or corrupt files
@@ -51,5 +60,5 @@ def read_gguf(path: Path) -> GgufInfo:
         quantization=quantization,
         context_length=_field(reader, f"{family}.context_length"),
         chat_template=_field(reader, "tokenizer.chat_template") or "",
-        size_bytes=path.stat().st_size,
+        size_bytes=size,
     )

@@ -77,15 +77,17 @@ def deploy_model(request, model_id: int):
 def create_deployment(request):
     if request.method != "POST":
         return redirect("serving")
-    model = _model_or_404(request, int(request.POST.get("model") or 0))
     try:
+        model = _model_or_404(request, int(request.POST.get("model") or 0))
         replicas = int(request.POST.get("replicas") or 1)
         cooldown_s = float(request.POST.get("cooldown_s") or 30)
     except ValueError:
-        raise ValidationFailed("Replicas and cooldown must be numbers.")
+        raise ValidationFailed("Model, replicas, threads and cooldown must be numbers.")
     node = Node.objects.filter(name=request.POST.get("node")).first() or Node.objects.first()
     weights = _weights(request.POST.get("weights", ""), replicas)
-    threads = request.POST.get("threads")
+    threads = request.POST.get("threads") or ""
+    if threads and not threads.isdigit():
+        raise ValidationFailed("Threads must be a whole number.")
     deployment = services.create_deployment(
         actor=gui_actor(request), workspace=request.workspace, model=model, name=request.POST.get("name", ""),
         engine_name=request.POST.get("engine", ""), settings_={"threads": int(threads)} if threads else {},
