@@ -13,8 +13,7 @@ COPY requirements/constraints.txt requirements/constraints.txt
 RUN sed 's/+cpu//' requirements/constraints.txt > /tmp/constraints.txt \
  && CMAKE_ARGS="-DLLAVA_BUILD=OFF" pip install --no-cache-dir -c /tmp/constraints.txt torch "llama-cpp-python[server]"
 COPY . .
-RUN pip install --no-cache-dir -c /tmp/constraints.txt -e . \
- && FACTORY_DATA_DIR=/tmp/collect python manage.py collectstatic --noinput
+RUN pip install --no-cache-dir -c /tmp/constraints.txt -e .
 
 ENV FACTORY_DATA_DIR=/data FACTORY_HOST=0.0.0.0 FACTORY_PORT=8000 PYTHONUNBUFFERED=1
 VOLUME /data

@@ -88,8 +88,10 @@ def percentile(values: list[float], percent: int) -> float:
 def print_header(title: str, measures: str) -> None:
     print(f"== {title}")
     print(measures)
-    print(f"Machine: {platform.node()}, {os.cpu_count()} CPU cores (nproc), Python {platform.python_version()}; "
-          f"gateway {GATEWAY_URL}; node {settings.NODE_NAME}")
+    # Anything else busy on the box shows up in the figures, hence the load average.
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    print(f"Machine: {platform.node()}, {os.cpu_count()} CPU cores (nproc), load average {load}, Python "
+          f"{platform.python_version()}; gateway {GATEWAY_URL}; node {settings.NODE_NAME}")
 
 
 @dataclass

@@ -68,14 +68,15 @@ def _seconds_after(kill: Kill, moment: datetime | None) -> str:
     return f"+{(moment - kill.at).total_seconds():.1f}s" if moment else "never"
 
 
+def _is_back(replica: Replica, kill: Kill) -> bool:
+    return replica.state == ServingState.READY and replica.pid not in (None, kill.pid) and replica.restarts >= 1
+
+
 def _wait_until_back(kill: Kill) -> Replica:
     """The replica as it stands once it is ready with a new engine, or after RECOVERY_TIMEOUT_S."""
-    def back(replica: Replica) -> bool:
-        return replica.state == ServingState.READY and replica.pid not in (None, kill.pid) and replica.restarts >= 1
-
     try:
-        return wait_for(lambda: Replica.objects.get(pk=kill.replica_id), done=back, timeout_s=RECOVERY_TIMEOUT_S,
-                        interval_s=0.5, what="the killed replica to be back")
+        return wait_for(lambda: Replica.objects.get(pk=kill.replica_id), done=lambda r: _is_back(r, kill),
+                        timeout_s=RECOVERY_TIMEOUT_S, interval_s=0.5, what="the killed replica to be back")
     except TimeoutError:
         return Replica.objects.get(pk=kill.replica_id)
 
@@ -110,7 +111,7 @@ def _report_recovery(kill: Kill, replica: Replica) -> datetime | None:
         print(f"  {_seconds_after(kill, event.at):>7} replica {kill.replica_id}: {event.from_state} -> "
               f"{event.to_state}  {event.message.splitlines()[0] if event.message else ''}")
     back_at = next((e.at for e in events if e.to_state == ServingState.READY), None)
-    is_back = replica.state == ServingState.READY and replica.pid != kill.pid and replica.restarts >= 1
+    is_back = _is_back(replica, kill)
     print(f"Replica {kill.replica_id} back: {'yes' if is_back else 'NO'}, state {replica.state}, pid {kill.pid} -> "
           f"{replica.pid}, restarts {replica.restarts}; ready again {_seconds_after(kill, back_at)} after the kill"
           + ("" if is_back else f" (waited {RECOVERY_TIMEOUT_S}s after the run)"))
@@ -132,19 +133,19 @@ def _report_routing(bench: BenchDeployment, kill: Kill, back_at: datetime | None
               f"{sum(1 for r in mine if r[3] > back_or_now):>11} {sum(1 for r in mine if r[1] != 200):>8} "
               f"{sum(1 for r in mine if r[2] > 1):>8}")
     print("  (before/after by the row's time; retried = served after the gateway failed over from another replica)")
-    victim_failures = sorted(r[3] for r in rows if r[0] == kill.replica_id and r[1] != 200)
-    if not victim_failures:
-        print(f"Replica {kill.replica_id} has no failed rows: no request was caught on it by the kill.")
-        return
-    first_failure = victim_failures[0]
-    after_first = [at for at in victim_failures if at <= back_or_now]
-    beyond_in_flight = len(after_first) - len(failed_in_flight)
-    print(f"First failure on replica {kill.replica_id}: {_seconds_after(kill, first_failure)} after the kill; "
-          f"failed rows on it from then until it was back: {len(after_first)}, of which in flight at the kill: "
+    rejoined = min((row[3] for row in rows if row[0] == kill.replica_id and row[1] == 200 and back_at
+                    and row[3] > back_at), default=None)
+    print(f"First request served by the restarted replica: {_seconds_after(kill, rejoined)} after the kill (a replica "
+          f"that failed a request stays out of routing for the {bench.deployment.cooldown_s:g}s cooldown)")
+    victim_failures = sorted(row[3] for row in rows if row[0] == kill.replica_id and row[1] != 200
+                             and kill.at <= row[3] <= back_or_now)
+    first_failure = victim_failures[0] if victim_failures else None
+    beyond_in_flight = max(len(victim_failures) - len(failed_in_flight), 0)
+    print(f"First failed request on replica {kill.replica_id}, from the kill: {_seconds_after(kill, first_failure)}; "
+          f"failed rows on it from then until it was back: {len(victim_failures)}, of which in flight at the kill: "
           f"{len(failed_in_flight)}")
     print(f"Target: no request routed to the dead replica after its first failure besides the in-flight ones: "
-          f"{max(beyond_in_flight, 0)} -> {'met' if beyond_in_flight <= 0 else 'NOT met'}")
-
+          f"{beyond_in_flight} -> {'met' if beyond_in_flight == 0 else 'NOT met'}")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -6,11 +6,13 @@ time, and what the gateway adds to TTFT and TPOT as the client measures them.
 
 import argparse
 import asyncio
+from statistics import median
 
 import httpx
 
 from bench._serving import (CLIENT_TIMEOUT, GATEWAY_URL, BenchDeployment, StreamResult, bench_deployment, chat_body,
                             percentile, print_header, prompts, stream_chat)
+from serving.models import RequestRecord
 
 MAX_TOKENS = 32
 WARMUP_PER_PATH = 3
@@ -30,10 +32,11 @@ def _schedule(count: int) -> list[tuple[str, int]]:
     return order
 
 
-async def _run(bench: BenchDeployment, replica_url: str, count: int) -> dict[str, list[StreamResult]]:
+async def _run(bench: BenchDeployment, replica_url: str, count: int) -> dict[str, dict[int, StreamResult]]:
+    """Each path's results by prompt index, in sending order."""
     endpoints = {DIRECT: (replica_url, None), GATEWAY: (GATEWAY_URL, bench.api_key)}
     questions = prompts(count)
-    results: dict[str, list[StreamResult]] = {DIRECT: [], GATEWAY: []}
+    results: dict[str, dict[int, StreamResult]] = {DIRECT: {}, GATEWAY: {}}
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
         for warmup in range(WARMUP_PER_PATH):
             for base_url, api_key in endpoints.values():
@@ -43,12 +46,62 @@ async def _run(bench: BenchDeployment, replica_url: str, count: int) -> dict[str
         for path, index in _schedule(count):
             base_url, api_key = endpoints[path]
             body = chat_body(model=bench.name, prompt=questions[index], max_tokens=MAX_TOKENS, stream=True)
-            results[path].append(await stream_chat(client, base_url=base_url, api_key=api_key, body=body))
+            results[path][index] = await stream_chat(client, base_url=base_url, api_key=api_key, body=body)
     return results
+
+
+def _figures(path: str, results: dict[int, StreamResult], model_path: str) -> dict[str, float]:
+    succeeded = [r for r in results.values() if r.ok]
+    for failed in (r for r in results.values() if not r.ok):
+        print(f"  {path} request failed: {failed.error}")
+    ttfts = [r.timing.ttft_ms for r in succeeded if r.timing.ttft_ms is not None]
+    tpots = [tpot for tpot in (r.tpot_ms(model_path) for r in succeeded) if tpot is not None]
+    print(f"{path}: {len(succeeded)}/{len(results)} succeeded, {len(tpots)} with a TPOT (>= 2 output tokens)")
+    return {"TTFT p50": percentile(ttfts, 50), "TTFT p90": percentile(ttfts, 90),
+            "TPOT p50": percentile(tpots, 50), "TPOT p90": percentile(tpots, 90)}
+
+
+def _recorded_ttfts(bench: BenchDeployment, gateway_results: dict[int, StreamResult]) -> dict[int, float | None]:
+    """The gateway's own TTFT of each measured request, by prompt index. At concurrency 1 its rows are written in
+    sending order, so after the warm-ups' they line up with the gateway requests, if every request left one."""
+    expected = WARMUP_PER_PATH + len(gateway_results)
+    if bench.wait_for_records(expected) != expected:
+        return {}
+    rows = RequestRecord.objects.filter(deployment=bench.deployment).order_by("created_at", "id")
+    ttfts = list(rows.values_list("ttft_ms", flat=True))[WARMUP_PER_PATH:]
+    return dict(zip(gateway_results, ttfts))
+
+
+def _print_ttft_breakdown(results: dict[str, dict[int, StreamResult]], recorded: dict[int, float | None]) -> None:
+    """Split the added TTFT at the gateway's own measurement, with medians of differences over the same prompts."""
+    client_ttfts = {path: {index: r.timing.ttft_ms for index, r in by_prompt.items() if r.ok}
+                    for path, by_prompt in results.items()}
+    paired = [(client_ttfts[DIRECT][i], recorded[i], client_ttfts[GATEWAY][i]) for i in recorded
+              if recorded[i] is not None and i in client_ttfts[DIRECT] and i in client_ttfts[GATEWAY]]
+    if not paired:
+        print("The gateway did not leave a RequestRecord row for every request, so its TTFT cannot be split.")
+        return
+    inside = median(own - direct for direct, own, _ in paired)
+    outside = median(seen - own for _, own, seen in paired)
+    total = median(seen - direct for direct, _, seen in paired)
+    print(f"Added TTFT, median over {len(paired)} prompts sent both ways: {total:+.2f} ms. Split at the gateway's own "
+          f"TTFT (RequestRecord, timed from when its view starts):")
+    print(f"  {inside:+.2f} ms inside the gateway view (auth, routing, opening the upstream stream)")
+    print(f"  {outside:+.2f} ms outside it (ASGI server, Django middleware, handing the first chunk back)")
 
 
 def _overhead_percent(gateway: float, direct: float) -> float:
     return 100 * (gateway / direct - 1)
+
+
+def _print_table(figures: dict[str, dict[str, float]]) -> None:
+    columns = list(figures[DIRECT])
+    print(f"{'(ms)':<18}" + "".join(f"{column:>11}" for column in columns))
+    for path in (DIRECT, GATEWAY):
+        print(f"{path:<18}" + "".join(f"{figures[path][column]:>11.2f}" for column in columns))
+    print(f"{'gateway added':<18}" + "".join(f"{figures[GATEWAY][c] - figures[DIRECT][c]:>+11.2f}" for c in columns))
+    print(f"{'gateway/direct':<18}" + "".join(
+        f"{_overhead_percent(figures[GATEWAY][c], figures[DIRECT][c]):>+10.1f}%" for c in columns))
 
 
 def main() -> None:
@@ -65,26 +118,13 @@ def main() -> None:
     with bench_deployment(label="overhead", weights=[1.0], threads=THREADS) as bench:
         print(bench.describe())
         results = asyncio.run(_run(bench, bench.replicas()[0].base_url, args.requests))
-        figures: dict[str, dict[str, float]] = {}
-        for path, path_results in results.items():
-            succeeded = [r for r in path_results if r.ok]
-            for failed in (r for r in path_results if not r.ok):
-                print(f"  {path} request failed: {failed.error}")
-            ttfts = [r.timing.ttft_ms for r in succeeded if r.timing.ttft_ms is not None]
-            tpots = [t for t in (r.tpot_ms(bench.model_path) for r in succeeded) if t is not None]
-            figures[path] = {"TTFT p50": percentile(ttfts, 50), "TTFT p90": percentile(ttfts, 90),
-                             "TPOT p50": percentile(tpots, 50), "TPOT p90": percentile(tpots, 90)}
-            print(f"{path}: {len(succeeded)}/{len(path_results)} succeeded, {len(tpots)} with a TPOT (>= 2 output "
-                  f"tokens)")
+        figures = {path: _figures(path, by_prompt, bench.model_path) for path, by_prompt in results.items()}
+        recorded = _recorded_ttfts(bench, results[GATEWAY])
 
-    columns = list(figures[DIRECT])
     print()
-    print(f"{'(ms)':<18}" + "".join(f"{column:>11}" for column in columns))
-    for path in (DIRECT, GATEWAY):
-        print(f"{path:<18}" + "".join(f"{figures[path][column]:>11.2f}" for column in columns))
-    print(f"{'gateway added':<18}" + "".join(f"{figures[GATEWAY][c] - figures[DIRECT][c]:>+11.2f}" for c in columns))
-    print(f"{'gateway/direct':<18}" + "".join(
-        f"{_overhead_percent(figures[GATEWAY][c], figures[DIRECT][c]):>+10.1f}%" for c in columns))
+    _print_table(figures)
+    print()
+    _print_ttft_breakdown(results, recorded)
     print()
     for column, target in (("TTFT p50", TTFT_TARGET_PERCENT), ("TPOT p50", TPOT_TARGET_PERCENT)):
         overhead = _overhead_percent(figures[GATEWAY][column], figures[DIRECT][column])

@@ -61,7 +61,8 @@ def main() -> None:
 
     print_header("weighted_split", f"Share of {args.requests} gateway requests (non-streaming chat, max_tokens 1, "
                                    f"concurrency {args.concurrency}) served by each of 2 replicas weighted "
-                                   f"{WEIGHTS[0]:g}:{WEIGHTS[1]:g}, counted from the deployment's RequestRecord rows.")
+                                   f"{WEIGHTS[0]:g}:{WEIGHTS[1]:g}, counted from the deployment's RequestRecord rows "
+                                   f"(from the gateway's request counter if rows are missing).")
     with bench_deployment(label="split", weights=list(WEIGHTS), threads=THREADS_PER_REPLICA) as bench:
         print(bench.describe())
         print(f"Both replicas run with engine setting threads={THREADS_PER_REPLICA} so that they do not fight over "

@@ -6,6 +6,7 @@ byte for byte so that the official clients see exactly what the engine sent.
 """
 
 import asyncio
+import contextvars
 import json
 import logging
 import time
@@ -179,7 +180,9 @@ async def _record(exchange: Exchange, *, stream: bool, status: int, usage: dict 
 
 
 def _in_background(coroutine) -> None:
-    task = asyncio.create_task(coroutine)
+    # A fresh context: the view's context carries asgiref's per-request executor, which is shut down by the time
+    # the task reaches the database, and would lose the row.
+    task = asyncio.create_task(coroutine, context=contextvars.Context())
     _background.add(task)
     task.add_done_callback(_background.discard)
 

@@ -175,3 +175,17 @@ def _tolerant(check, *args) -> bool:
         return check(*args)
     except AssertionError:
         return False
+
+
+def test_a_non_streaming_request_is_measured_and_found_by_its_request_id(stack, live_db):
+    auth = {"Authorization": f"Bearer {stack['key']}"}
+    response = httpx.post(f"{stack['url']}/v1/chat/completions", headers=auth, timeout=60, json={
+        "model": SMOLLM2, "messages": [{"role": "user", "content": "Say yes."}], "max_tokens": 6})
+    assert response.status_code == 200
+    request_id = response.headers["X-Request-Id"]
+
+    record = wait_for(lambda: RequestRecord.objects.filter(request_id=request_id).first(), what="the row")
+    assert (record.stream, record.status) == (False, 200)
+    assert record.output_tokens == response.json()["usage"]["completion_tokens"]
+    looked_up = httpx.get(f"{stack['url']}/api/serving/requests/{request_id}/", headers=auth).json()
+    assert looked_up["e2e_ms"] == pytest.approx(record.e2e_ms)
