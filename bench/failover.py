@@ -147,6 +147,7 @@ def _report_routing(bench: BenchDeployment, kill: Kill, back_at: datetime | None
     print(f"Target: no request routed to the dead replica after its first failure besides the in-flight ones: "
           f"{beyond_in_flight} -> {'met' if beyond_in_flight == 0 else 'NOT met'}")
 
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=200)
