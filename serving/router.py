@@ -93,8 +93,5 @@ class Router:
     def cool_down(self, route: Route, seconds: float) -> None:
         self._cooling_until[route.replica_id] = time.monotonic() + seconds
 
-    def cooling(self, replica_id: int) -> bool:
-        return self._cooling_until.get(replica_id, 0.0) > time.monotonic()
-
 
 router = Router()
