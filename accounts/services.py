@@ -191,6 +191,32 @@ def authenticate_api_key(*, raw: str) -> ApiKey:
     return api_key
 
 
+SERVICE_TOKEN_PREFIX = "afs_"
+
+
+def _service_signature(workspace_id: int) -> str:
+    from django.conf import settings
+    from django.utils.crypto import salted_hmac
+
+    return salted_hmac("accounts.service-token", str(workspace_id), secret=settings.SECRET_KEY,
+                       algorithm="sha256").hexdigest()
+
+
+def service_token(*, workspace_id: int) -> str:
+    """A credential the platform's own processes use to call its APIs (the gateway, from RAG and agents) for a
+    workspace. Derived from the secret key, so nothing is stored and rotating the key revokes every token."""
+    return f"{SERVICE_TOKEN_PREFIX}{workspace_id}.{_service_signature(workspace_id)}"
+
+
+def authenticate_service_token(*, raw: str) -> int:
+    """The workspace id a service token acts for."""
+    workspace_id, _, signature = raw[len(SERVICE_TOKEN_PREFIX):].partition(".")
+    if not raw.startswith(SERVICE_TOKEN_PREFIX) or not workspace_id.isdigit() or not secrets.compare_digest(
+            signature, _service_signature(int(workspace_id))):
+        raise Unauthenticated("Invalid service token.")
+    return int(workspace_id)
+
+
 @transaction.atomic
 def ensure_admin(*, username: str, password: str | None, workspace_name: str) -> tuple[User, str | None]:
     """Make the first superuser and default workspace. Returns the user and the password if one was generated."""

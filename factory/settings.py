@@ -6,6 +6,8 @@ FACTORY_DATA_DIR       files, indexes, the SQLite database and engine logs (defa
 DATABASE_URL           Postgres in a cluster (default: SQLite in the data dir, WAL mode)
 REDIS_URL              Celery broker, result backend and cache (default redis://127.0.0.1:6379/0)
 FACTORY_NODE_NAME      this machine's name in the GPU pool; its worker listens on queue node.<name>
+FACTORY_GATEWAY_URL    where workers reach the OpenAI-compatible gateway (default http://127.0.0.1:$FACTORY_PORT/v1)
+FACTORY_RAG_*          ingestion limits and tuning, below
 """
 
 import os
@@ -154,6 +156,17 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
 }
 
+GATEWAY_URL = os.environ.get("FACTORY_GATEWAY_URL") or f"http://127.0.0.1:{os.environ.get('FACTORY_PORT', '8000')}/v1"
+
+# RAG ingestion. Embedding batches are sent `RAG_EMBED_CONCURRENCY` at a time to an embedding deployment; a local
+# sentence-transformers model uses that many torch threads instead.
+RAG_UPLOAD_MAX_BYTES = int(os.environ.get("FACTORY_RAG_UPLOAD_MAX_BYTES", str(50 * 1024 * 1024)))
+RAG_EMBED_BATCH_SIZE = int(os.environ.get("FACTORY_RAG_EMBED_BATCH_SIZE", "32"))
+RAG_EMBED_CONCURRENCY = int(os.environ.get("FACTORY_RAG_EMBED_CONCURRENCY", "2"))
+# A worker holds a document for this long after each step; a document whose lease ran out is resumed elsewhere.
+RAG_INGEST_LEASE_S = float(os.environ.get("FACTORY_RAG_INGEST_LEASE_S", "60"))
+RAG_STALLED_CHECK_INTERVAL_S = float(os.environ.get("FACTORY_RAG_STALLED_CHECK_INTERVAL_S", "15"))
+
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_TASK_DEFAULT_QUEUE = "default"
@@ -175,6 +188,10 @@ CELERY_BEAT_SCHEDULE = {
     "serving-replica-health": {
         "task": "serving.tasks.check_replicas",
         "schedule": float(os.environ.get("FACTORY_REPLICA_CHECK_INTERVAL_S", "5")),
+    },
+    "rag-resume-stalled-documents": {
+        "task": "rag_studio.tasks.resume_stalled_documents",
+        "schedule": RAG_STALLED_CHECK_INTERVAL_S,
     },
 }
 

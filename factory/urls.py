@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 import accounts.urls
 import cluster.urls
+import rag_studio.urls
 import serving.urls
 from factory import views
 
@@ -12,6 +13,7 @@ api_urlpatterns = [
     *accounts.urls.api_urlpatterns,
     *cluster.urls.api_urlpatterns,
     *serving.urls.api_urlpatterns,
+    *rag_studio.urls.api_urlpatterns,
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     # Unknown API paths answer in the API's JSON error format, whatever DEBUG says.
@@ -29,6 +31,7 @@ urlpatterns = [
     path("", include(accounts.urls.urlpatterns)),
     path("", include(cluster.urls.urlpatterns)),
     path("", include(serving.urls.urlpatterns)),
+    path("", include(rag_studio.urls.urlpatterns)),
 ]
 
 handler404 = views.api_not_found

@@ -12,7 +12,6 @@ from accounts.selectors import api_keys_visible_to, audit_entries, effective_rol
 from cluster.selectors import nodes, pool_summary
 
 SECTIONS = {
-    "rag": ("RAG Studio", "Knowledge bases from your documents, hybrid retrieval, hit testing and evaluation."),
     "agents": ("Agent Studio", "Agents with tools, memory, planning and multi-agent teams."),
     "tools": ("Work Bridge", "Tools from HTTP endpoints, OpenAPI specs, sandboxed code and MCP servers."),
     "apps": ("Apps", "Published apps with API keys, traces, feedback and monitoring."),

@@ -75,7 +75,19 @@ def _database_env() -> dict:
 
 
 @pytest.fixture(scope="session")
-def celery_worker_process(django_db_setup, django_db_blocker):
+def web_port() -> int:
+    """Chosen before any process starts, so that workers know where the gateway will answer."""
+    return free_port()
+
+
+def platform_env(web_port: int) -> dict:
+    """What the worker and web processes share: the test database, the node, and the gateway's URL."""
+    return {**_database_env(), "FACTORY_NODE_NAME": WORKER_NODE,
+            "FACTORY_GATEWAY_URL": f"http://127.0.0.1:{web_port}/v1"}
+
+
+@pytest.fixture(scope="session")
+def celery_worker_process(django_db_setup, django_db_blocker, web_port):
     """A real `celery worker` process on the test database and the Redis that `make test` started, listening on
     the default queues and on the queue of node `pytest-node`."""
     from celery import current_app
@@ -83,7 +95,7 @@ def celery_worker_process(django_db_setup, django_db_blocker):
     node = WORKER_NODE
     log = Path(os.environ["FACTORY_DATA_DIR"]) / f"worker-{os.getpid()}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **_database_env(), "FACTORY_NODE_NAME": node}
+    env = {**os.environ, **platform_env(web_port)}
     hostname = f"pytest@{node}"
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "factory", "worker", "--queues", f"default,ingest,node.{node}",
@@ -137,15 +149,14 @@ def running_server(argv: list[str], *, health_url: str, log: Path, env: dict | N
 
 
 @pytest.fixture(scope="session")
-def web_server(django_db_setup):
+def web_server(django_db_setup, web_port):
     """The real ASGI web process (uvicorn), on the test database, as `make run` starts it."""
-    port = free_port()
+    port = web_port
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "uvicorn", "factory.asgi:application", "--host", "127.0.0.1", "--port", str(port),
             "--lifespan", "off", "--no-access-log"]
     # Same node as the test worker, as web and worker share a node on the appliance.
-    env = {**_database_env(), "FACTORY_NODE_NAME": WORKER_NODE}
-    with running_server(argv, health_url=f"{url}/healthz", env=env,
+    with running_server(argv, health_url=f"{url}/healthz", env=platform_env(port),
                         log=Path(os.environ["FACTORY_DATA_DIR"]) / f"web-{os.getpid()}.log"):
         yield url
 

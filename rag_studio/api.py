@@ -1,0 +1,387 @@
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.response import Response
+
+from accounts.permissions import WorkspaceScopedMixin
+from rag_studio import evaluation, selectors, services
+from rag_studio.models import (Chunk, Document, DocumentEvent, EvalItem, EvalResult, EvalRun, EvalSet, Finding,
+                               KnowledgeBase, RagConfig, RagConfigVersion, RagTemplate)
+from rag_studio.retrieval import retrieve
+
+
+class KnowledgeBaseSerializer(serializers.ModelSerializer):
+    embedding_model = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    embedding_deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    document_count = serializers.IntegerField(read_only=True)
+    indexed_count = serializers.IntegerField(read_only=True)
+    needs_reindex = serializers.SerializerMethodField()
+
+    class Meta:
+        model = KnowledgeBase
+        fields = ["id", "name", "description", "embedding_model", "embedding_deployment", "embedding_dimensions",
+                  "chunking", "screening", "retrieval", "index_key", "building_key", "needs_reindex",
+                  "document_count", "indexed_count", "created_at", "updated_at"]
+
+    def get_needs_reindex(self, obj) -> bool:
+        return services.needs_reindex(obj)
+
+
+class KnowledgeBaseWriteSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=96, required=False)
+    description = serializers.CharField(required=False, allow_blank=True)
+    embedding_model = serializers.CharField(required=False, allow_blank=True)
+    embedding_deployment = serializers.CharField(required=False, allow_blank=True)
+    chunking = serializers.JSONField(required=False)
+    screening = serializers.JSONField(required=False)
+    retrieval = serializers.JSONField(required=False)
+    reindex = serializers.BooleanField(required=False, default=False,
+                                       help_text="Start the re-index at once if the change needs one")
+
+
+class DocumentSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Document
+        fields = ["id", "knowledge_base", "filename", "kind", "size_bytes", "sha256", "status", "stage", "progress",
+                  "error_code", "error", "page_count", "char_count", "chunk_count", "attempts", "created_at",
+                  "indexed_at"]
+
+
+class FindingSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Finding
+        fields = ["category", "kind", "action", "page", "start", "end", "preview"]
+
+
+class DocumentEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = DocumentEvent
+        fields = ["stage", "message", "worker", "created_at"]
+
+
+class DocumentDetailSerializer(DocumentSerializer):
+    findings = FindingSerializer(many=True, read_only=True)
+    events = DocumentEventSerializer(many=True, read_only=True)
+
+    class Meta(DocumentSerializer.Meta):
+        fields = DocumentSerializer.Meta.fields + ["findings", "events"]
+
+
+class UploadOutcomeSerializer(serializers.Serializer):
+    filename = serializers.CharField()
+    status = serializers.CharField()
+    document = DocumentSerializer()
+    duplicate_of = serializers.IntegerField(source="duplicate_of.pk", allow_null=True, default=None)
+
+
+class ChunkSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Chunk
+        fields = ["id", "ordinal", "text", "page", "start", "end", "heading", "parent", "searchable"]
+
+
+class HitTestSerializer(serializers.Serializer):
+    query = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    retrieval = serializers.JSONField(required=False, help_text="Overrides of the knowledge base's defaults")
+
+
+def upload_files(request) -> list:
+    uploads = request.FILES.getlist("files") or request.FILES.getlist("file")
+    if not uploads:
+        raise serializers.ValidationError({"files": ["Send one or more files as multipart field 'files'."]})
+    return uploads
+
+
+class KnowledgeBaseViewSet(WorkspaceScopedMixin, viewsets.GenericViewSet, mixins.ListModelMixin,
+                           mixins.RetrieveModelMixin):
+    """Knowledge bases of the workspace. Documents are uploaded to one and ingested in the background."""
+
+    serializer_class = KnowledgeBaseSerializer
+    parser_classes = [JSONParser, MultiPartParser, FormParser]
+
+    def get_queryset(self):
+        return selectors.knowledge_bases(workspace=self.workspace)
+
+    def get_object(self) -> KnowledgeBase:
+        return selectors.scoped(self.get_queryset(), self.kwargs["pk"], "Knowledge base")
+
+    def _write_data(self) -> dict:
+        data = KnowledgeBaseWriteSerializer(data=self.request.data)
+        data.is_valid(raise_exception=True)
+        return dict(data.validated_data)
+
+    @extend_schema(request=KnowledgeBaseWriteSerializer, responses={201: KnowledgeBaseSerializer})
+    def create(self, request):
+        data = self._write_data()
+        data.pop("reindex")
+        if not data.get("name"):
+            raise serializers.ValidationError({"name": ["This field is required."]})
+        kb = services.create_knowledge_base(actor=self.actor, workspace=self.workspace, **data)
+        return Response(KnowledgeBaseSerializer(self.get_queryset().get(pk=kb.pk)).data,
+                        status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=KnowledgeBaseWriteSerializer, responses=KnowledgeBaseSerializer)
+    def partial_update(self, request, pk=None):
+        services.update_knowledge_base(actor=self.actor, kb=self.get_object(), **self._write_data())
+        return Response(KnowledgeBaseSerializer(self.get_object()).data)
+
+    def destroy(self, request, pk=None):
+        services.delete_knowledge_base(actor=self.actor, kb=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses=KnowledgeBaseSerializer)
+    @action(detail=True, methods=["post"])
+    def reindex(self, request, pk=None):
+        services.start_reindex(actor=self.actor, kb=self.get_object())
+        return Response(KnowledgeBaseSerializer(self.get_object()).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(methods=["GET"], responses=DocumentSerializer(many=True))
+    @extend_schema(methods=["POST"], request={"multipart/form-data": {"type": "object", "properties": {
+        "files": {"type": "array", "items": {"type": "string", "format": "binary"}}}}},
+        responses={201: UploadOutcomeSerializer(many=True)})
+    @action(detail=True, methods=["get", "post"])
+    def documents(self, request, pk=None):
+        """GET lists the documents with status and progress; POST uploads files (multipart field `files`)."""
+        kb = self.get_object()
+        if request.method == "GET":
+            return Response(DocumentSerializer(kb.documents.all(), many=True).data)
+        outcomes = services.upload_documents(actor=self.actor, kb=kb, uploads=upload_files(request))
+        return Response(UploadOutcomeSerializer(outcomes, many=True).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=HitTestSerializer, responses=dict)
+    @action(detail=True, methods=["post"], url_path="hit-test")
+    def hit_test(self, request, pk=None):
+        """Retrieve for a query and return every hit with its dense, keyword, fused and rerank scores."""
+        data = HitTestSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        result = retrieve(self.get_object(), data.validated_data["query"], data.validated_data.get("retrieval"))
+        return Response({"query": result.query, "settings": result.settings, "timings_ms": result.timings_ms,
+                         "rerank_unparseable": result.rerank_unparseable,
+                         "hits": [hit.as_dict() for hit in result.hits]})
+
+
+class DocumentViewSet(WorkspaceScopedMixin, mixins.RetrieveModelMixin, mixins.ListModelMixin,
+                      viewsets.GenericViewSet):
+    serializer_class = DocumentDetailSerializer
+
+    def get_queryset(self):
+        return selectors.documents(workspace=self.workspace).prefetch_related("findings", "events")
+
+    def get_object(self) -> Document:
+        return selectors.scoped(self.get_queryset(), self.kwargs["pk"], "Document")
+
+    def destroy(self, request, pk=None):
+        services.delete_document(actor=self.actor, document=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses=DocumentDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def retry(self, request, pk=None):
+        return Response(DocumentDetailSerializer(services.retry_document(actor=self.actor,
+                                                                         document=self.get_object())).data)
+
+    @extend_schema(responses=ChunkSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def chunks(self, request, pk=None):
+        return Response(ChunkSerializer(self.get_object().chunks.all()[:1000], many=True).data)
+
+
+class RagConfigVersionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RagConfigVersion
+        fields = ["number", "settings", "checksum", "created_at"]
+
+
+class RagConfigSerializer(serializers.ModelSerializer):
+    knowledge_base = serializers.PrimaryKeyRelatedField(queryset=KnowledgeBase.objects.none())
+    template = serializers.ChoiceField(choices=RagTemplate.choices, default=RagTemplate.CITATIONS)
+    retrieval = serializers.JSONField(required=False, default=dict)
+    generation = serializers.JSONField(required=False, default=dict)
+
+    class Meta:
+        model = RagConfig
+        fields = ["id", "name", "knowledge_base", "template", "model", "prompt", "retrieval", "generation",
+                  "version", "created_at", "updated_at"]
+        read_only_fields = ["version", "created_at", "updated_at"]
+
+    def __init__(self, *args, workspace=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if workspace is not None:
+            self.fields["knowledge_base"].queryset = KnowledgeBase.objects.filter(workspace=workspace)
+
+
+class RunSerializer(serializers.Serializer):
+    query = serializers.CharField(allow_blank=True)
+    history = serializers.ListField(child=serializers.DictField(), required=False, default=list)
+    version = serializers.IntegerField(required=False, help_text="Defaults to the latest version")
+
+
+class RagConfigViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
+    """RAG configs. Every save that changes settings is a new version; `run` answers with citations."""
+
+    serializer_class = RagConfigSerializer
+
+    def get_queryset(self):
+        return selectors.rag_configs(workspace=self.workspace)
+
+    def get_object(self) -> RagConfig:
+        return selectors.scoped(self.get_queryset(), self.kwargs["pk"], "RAG config")
+
+    def get_serializer(self, *args, **kwargs):
+        return RagConfigSerializer(*args, workspace=self.workspace, **kwargs)
+
+    def _save(self, config: RagConfig | None, partial: bool = False) -> RagConfig:
+        data = self.get_serializer(config, data=self.request.data, partial=partial)
+        data.is_valid(raise_exception=True)
+        values = {field: data.validated_data.get(field, getattr(config, field, None))
+                  for field in ("name", "knowledge_base", "template", "model", "prompt", "retrieval", "generation")}
+        return services.save_rag_config(actor=self.actor, workspace=self.workspace, config=config, **values)
+
+    def create(self, request):
+        config = self._save(None)
+        return Response(self.get_serializer(config).data, status=status.HTTP_201_CREATED)
+
+    def update(self, request, pk=None, partial=False):
+        return Response(self.get_serializer(self._save(self.get_object(), partial=partial)).data)
+
+    def partial_update(self, request, pk=None):
+        return self.update(request, pk, partial=True)
+
+    def destroy(self, request, pk=None):
+        services.delete_rag_config(actor=self.actor, config=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses=RagConfigVersionSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def versions(self, request, pk=None):
+        return Response(RagConfigVersionSerializer(self.get_object().versions.all(), many=True).data)
+
+    @extend_schema(request=RunSerializer, responses=dict)
+    @action(detail=True, methods=["post"])
+    def run(self, request, pk=None):
+        """Answer one question with this config (the latest version unless `version` is given)."""
+        data = RunSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        version = services.config_version(self.get_object(), data.validated_data.get("version"))
+        result = services.pipeline_for(version).run(data.validated_data["query"], data.validated_data["history"])
+        return Response({"answer": result.answer, "citations": result.citations(), "queries": result.queries,
+                         "usage": result.usage, "timings_ms": result.timings_ms, "version": version.number})
+
+
+class EvalItemSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = EvalItem
+        fields = ["id", "question", "expected_answer", "expected_sources", "source_chunk"]
+
+
+class EvalSetSerializer(serializers.ModelSerializer):
+    item_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = EvalSet
+        fields = ["id", "name", "knowledge_base", "source", "status", "generator", "requested_items", "error",
+                  "item_count", "created_at"]
+
+
+class EvalSetCreateSerializer(serializers.Serializer):
+    knowledge_base = serializers.IntegerField()
+    name = serializers.CharField(required=False, allow_blank=True, default="")
+    file = serializers.FileField(required=False, help_text="CSV or JSONL: question, expected_answer, "
+                                                           "expected_sources")
+    generator = serializers.CharField(required=False, help_text="Generate from the corpus with this deployment")
+    count = serializers.IntegerField(required=False, default=20)
+
+
+class EvalSetViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                     mixins.DestroyModelMixin, viewsets.GenericViewSet):
+    """Eval sets: upload a file, or name a `generator` deployment to write questions from sampled chunks."""
+
+    serializer_class = EvalSetSerializer
+    parser_classes = [JSONParser, MultiPartParser, FormParser]
+
+    def get_queryset(self):
+        return selectors.eval_sets(workspace=self.workspace)
+
+    def get_object(self) -> EvalSet:
+        return selectors.scoped(self.get_queryset(), self.kwargs["pk"], "Eval set")
+
+    @extend_schema(request=EvalSetCreateSerializer, responses={201: EvalSetSerializer})
+    def create(self, request):
+        data = EvalSetCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        spec = data.validated_data
+        kb = selectors.scoped(selectors.knowledge_bases(workspace=self.workspace), spec["knowledge_base"],
+                              "Knowledge base")
+        if spec.get("file"):
+            eval_set = evaluation.upload_eval_set(actor=self.actor, kb=kb, name=spec["name"],
+                                                  filename=spec["file"].name, content=spec["file"].read())
+        elif spec.get("generator"):
+            eval_set = evaluation.start_generation(actor=self.actor, kb=kb, name=spec["name"],
+                                                   generator=spec["generator"], count=spec["count"])
+        else:
+            raise serializers.ValidationError({"file": ["Upload a file, or name a generator deployment."]})
+        return Response(EvalSetSerializer(self.get_queryset().get(pk=eval_set.pk)).data,
+                        status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=EvalItemSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def items(self, request, pk=None):
+        return Response(EvalItemSerializer(self.get_object().items.all(), many=True).data)
+
+
+class EvalResultSerializer(serializers.ModelSerializer):
+    question = serializers.CharField(source="item.question")
+    expected_answer = serializers.CharField(source="item.expected_answer")
+    expected_sources = serializers.JSONField(source="item.expected_sources")
+
+    class Meta:
+        model = EvalResult
+        fields = ["id", "question", "expected_answer", "expected_sources", "answer", "retrieved", "metrics",
+                  "judge_output", "error", "latency_ms"]
+
+
+class EvalRunSerializer(serializers.ModelSerializer):
+    config = serializers.CharField(source="config_version.config.name", read_only=True)
+    config_version = serializers.IntegerField(source="config_version.number", read_only=True)
+
+    class Meta:
+        model = EvalRun
+        fields = ["id", "eval_set", "config", "config_version", "judge", "top_k", "status", "progress", "metrics",
+                  "judge_unparseable", "error", "created_at", "finished_at"]
+
+
+class EvalRunCreateSerializer(serializers.Serializer):
+    eval_set = serializers.IntegerField()
+    config = serializers.IntegerField()
+    version = serializers.IntegerField(required=False)
+    judge = serializers.CharField(required=False, allow_blank=True, default="")
+    top_k = serializers.IntegerField(required=False, default=5)
+
+
+class EvalRunViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                     viewsets.GenericViewSet):
+    serializer_class = EvalRunSerializer
+
+    def get_queryset(self):
+        return selectors.eval_runs(workspace=self.workspace)
+
+    def get_object(self) -> EvalRun:
+        return selectors.scoped(self.get_queryset(), self.kwargs["pk"], "Eval run")
+
+    @extend_schema(request=EvalRunCreateSerializer, responses={201: EvalRunSerializer})
+    def create(self, request):
+        data = EvalRunCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        spec = data.validated_data
+        eval_set = selectors.scoped(selectors.eval_sets(workspace=self.workspace), spec["eval_set"], "Eval set")
+        config = selectors.scoped(selectors.rag_configs(workspace=self.workspace), spec["config"], "RAG config")
+        run = evaluation.start_run(actor=self.actor, eval_set=eval_set,
+                                   version=services.config_version(config, spec.get("version")),
+                                   judge=spec["judge"], top_k=spec["top_k"])
+        return Response(EvalRunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=EvalResultSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def results(self, request, pk=None):
+        return Response(EvalResultSerializer(self.get_object().results.select_related("item"), many=True).data)

@@ -1,0 +1,246 @@
+"""Eval sets (uploaded, or generated from the corpus by an LLM) and eval runs of a RAG config version over them.
+
+Runs are resumable: each item's result is saved as it completes, and a re-run of the task skips what is done.
+"""
+
+import logging
+import random
+import re
+import time
+
+from celery import current_app
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.errors import Conflict, ValidationFailed
+from accounts.models import Role
+from accounts.services import Actor, record_audit, require_role
+from rag_studio import eval_metrics
+from rag_studio.eval_files import EvalFileError, parse_eval_file
+from rag_studio.gateway_client import openai_client
+from rag_studio.models import (Chunk, DocumentStatus, EvalItem, EvalResult, EvalRun, EvalSet, EvalSetSource,
+                               JobStatus, KnowledgeBase, RagConfigVersion)
+from rag_studio.services import _chat_deployment, pipeline_for
+
+logger = logging.getLogger(__name__)
+MAX_GENERATED_ITEMS = 200
+GENERATE_PROMPT = (
+    "Read the passage and write one question that it answers, and the answer, taken from the passage.\n"
+    "Use exactly this format:\nQuestion: <question>\nAnswer: <answer>\n\nPassage:\n{passage}\n")
+QA_FORMAT = re.compile(r"question\s*[:：]\s*(?P<q>.+?)\s*answer\s*[:：]\s*(?P<a>.+)", re.IGNORECASE | re.DOTALL)
+FAITHFULNESS_PROMPT = (
+    "Is every claim in the answer supported by the context? Rate from 1 (not supported) to 5 (fully supported). "
+    "Reply with the number only.\n\nContext:\n{context}\n\nAnswer: {answer}\n\nRating:")
+RELEVANCE_PROMPT = (
+    "Does the answer address the question? Rate from 1 (not at all) to 5 (completely). Reply with the number "
+    "only.\n\nQuestion: {question}\n\nAnswer: {answer}\n\nRating:")
+RATING = re.compile(r"\b([1-5])\b")
+METRIC_NAMES = ("hit@k", "recall@k", "mrr", "ndcg@k", "token_f1", "exact_match", "faithfulness", "relevance")
+
+
+def upload_eval_set(*, actor: Actor, kb: KnowledgeBase, name: str, filename: str, content: bytes) -> EvalSet:
+    require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
+    try:
+        drafts = parse_eval_file(content, filename)
+    except EvalFileError as exc:
+        raise ValidationFailed(f"{filename}: {exc}", fields={"file": [str(exc)]})
+    with transaction.atomic():
+        eval_set = EvalSet.objects.create(workspace=kb.workspace, knowledge_base=kb, name=name.strip() or filename,
+                                          source=EvalSetSource.UPLOADED)
+        EvalItem.objects.bulk_create([EvalItem(eval_set=eval_set, question=d.question,
+                                               expected_answer=d.expected_answer,
+                                               expected_sources=d.expected_sources) for d in drafts])
+        record_audit(actor=actor, workspace=kb.workspace, action="rag.evalset.upload", target=eval_set,
+                     detail={"items": len(drafts)})
+    return eval_set
+
+
+def start_generation(*, actor: Actor, kb: KnowledgeBase, name: str, generator: str, count: int) -> EvalSet:
+    require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
+    _chat_deployment(kb.workspace, generator, "generator")
+    if not 1 <= count <= MAX_GENERATED_ITEMS:
+        raise ValidationFailed(f"count must be between 1 and {MAX_GENERATED_ITEMS}.", fields={"count": ["range"]})
+    if not Chunk.objects.filter(knowledge_base=kb, searchable=True,
+                                document__status=DocumentStatus.INDEXED).exists():
+        raise Conflict("The knowledge base has no indexed chunks to generate questions from.")
+    with transaction.atomic():
+        eval_set = EvalSet.objects.create(
+            workspace=kb.workspace, knowledge_base=kb, name=name.strip() or f"Generated from {kb.name}",
+            source=EvalSetSource.GENERATED, status=JobStatus.QUEUED, generator=generator, requested_items=count)
+        record_audit(actor=actor, workspace=kb.workspace, action="rag.evalset.generate", target=eval_set,
+                     detail={"generator": generator, "count": count})
+        transaction.on_commit(lambda: current_app.send_task("rag_studio.tasks.generate_eval_set",
+                                                            args=[eval_set.pk]))
+    return eval_set
+
+
+def _sample_chunks(eval_set: EvalSet) -> list[Chunk]:
+    """Chunks spread over the documents, the same ones for the same set (seeded by its id)."""
+    chunks = list(Chunk.objects.filter(knowledge_base=eval_set.knowledge_base, searchable=True,
+                                       document__status=DocumentStatus.INDEXED).select_related("document", "parent")
+                  .order_by("pk"))
+    random.Random(eval_set.pk).shuffle(chunks)
+    chunks.sort(key=lambda c: sum(1 for other in chunks[:chunks.index(c)] if other.document_id == c.document_id))
+    return chunks[:eval_set.requested_items]
+
+
+def parse_generated(text: str) -> tuple[str, str] | None:
+    match = QA_FORMAT.search(text or "")
+    if match is None:
+        return None
+    question, answer = match.group("q").strip(), match.group("a").strip().splitlines()[0].strip()
+    return (question, answer) if question and answer else None
+
+
+def generate_items(eval_set_id: int) -> None:
+    eval_set = EvalSet.objects.select_related("knowledge_base").get(pk=eval_set_id)
+    if eval_set.status == JobStatus.DONE:
+        return
+    EvalSet.objects.filter(pk=eval_set_id).update(status=JobStatus.RUNNING)
+    client = openai_client(eval_set.workspace_id)
+    done = set(eval_set.items.values_list("source_chunk_id", flat=True))
+    unparseable = 0
+    try:
+        for chunk in _sample_chunks(eval_set):
+            if chunk.pk in done:
+                continue
+            passage = (chunk.parent or chunk).text[:2000]
+            reply = client.chat.completions.create(
+                model=eval_set.generator, temperature=0.3, max_tokens=160,
+                messages=[{"role": "user", "content": GENERATE_PROMPT.format(passage=passage)}])
+            parsed = parse_generated(reply.choices[0].message.content or "")
+            if parsed is None:
+                unparseable += 1
+                continue
+            EvalItem.objects.create(eval_set=eval_set, question=parsed[0], expected_answer=parsed[1],
+                                    expected_sources=[f"chunk:{chunk.pk}", chunk.document.filename],
+                                    source_chunk=chunk)
+    except Exception as exc:
+        logger.exception("Generating eval set %s failed", eval_set_id)
+        EvalSet.objects.filter(pk=eval_set_id).update(status=JobStatus.FAILED, error=f"Generation failed: {exc}")
+        return
+    note = f"{unparseable} of the generator's outputs could not be parsed and were skipped." if unparseable else ""
+    EvalSet.objects.filter(pk=eval_set_id).update(status=JobStatus.DONE, error=note)
+
+
+def start_run(*, actor: Actor, eval_set: EvalSet, version: RagConfigVersion, judge: str = "",
+              top_k: int = 5) -> EvalRun:
+    require_role(actor=actor, workspace=eval_set.workspace, role=Role.DEVELOPER)
+    if version.config.workspace_id != eval_set.workspace_id:
+        raise ValidationFailed("The config and the eval set belong to different workspaces.")
+    if judge:
+        _chat_deployment(eval_set.workspace, judge, "judge")
+    if not 1 <= top_k <= 50:
+        raise ValidationFailed("top_k must be between 1 and 50.", fields={"top_k": ["range"]})
+    if eval_set.status != JobStatus.DONE or not eval_set.items.exists():
+        raise Conflict(f"Eval set '{eval_set.name}' has no items yet.")
+    with transaction.atomic():
+        run = EvalRun.objects.create(eval_set=eval_set, config_version=version, judge=judge, top_k=top_k)
+        record_audit(actor=actor, workspace=eval_set.workspace, action="rag.eval.run", target=run,
+                     detail={"config": str(version), "set": eval_set.name, "judge": judge})
+        transaction.on_commit(lambda: current_app.send_task("rag_studio.tasks.run_eval", args=[run.pk]))
+    return run
+
+
+def hit_keys(hits, relevant: set[str]) -> list[str]:
+    """Each hit as the key it matches in the expected sources: its chunk, its parent chunk, or its document."""
+    keys = []
+    for hit in hits:
+        candidates = [f"chunk:{hit.chunk_id}", f"chunk:{hit.parent_id}", hit.filename, str(hit.chunk_id)]
+        keys.append(next((key for key in candidates if key in relevant), f"chunk:{hit.chunk_id}"))
+    return keys
+
+
+def score_retrieval(hits, expected_sources: list[str], k: int) -> dict:
+    if not expected_sources:
+        return {}
+    relevant = set(expected_sources)
+    # A generated item names both its chunk and its document; the chunk is the stricter target, so use it.
+    chunk_sources = {s for s in relevant if s.startswith("chunk:")}
+    relevant = chunk_sources or relevant
+    keys = hit_keys(hits, relevant)
+    return {"hit@k": eval_metrics.hit_at_k(keys, relevant, k), "recall@k": eval_metrics.recall_at_k(keys, relevant, k),
+            "mrr": eval_metrics.reciprocal_rank(keys, relevant), "ndcg@k": eval_metrics.ndcg_at_k(keys, relevant, k)}
+
+
+def _judge(client, judge: str, prompt: str) -> tuple[float | None, str]:
+    reply = client.chat.completions.create(model=judge, temperature=0, max_tokens=4,
+                                           messages=[{"role": "user", "content": prompt}])
+    text = reply.choices[0].message.content or ""
+    match = RATING.search(text)
+    return (None if match is None else (int(match.group(1)) - 1) / 4), text
+
+
+def _evaluate_item(run: EvalRun, pipeline, item: EvalItem, client) -> EvalResult:
+    started = time.perf_counter()
+    outcome = pipeline.run(item.question)
+    metrics = score_retrieval(outcome.hits, item.expected_sources, run.top_k)
+    if item.expected_answer:
+        metrics["token_f1"] = eval_metrics.token_f1(outcome.answer, item.expected_answer)
+        metrics["exact_match"] = eval_metrics.exact_match(outcome.answer, item.expected_answer)
+    judge_output = []
+    if run.judge:
+        from rag_studio.rag import format_context
+
+        for name, prompt in (("faithfulness", FAITHFULNESS_PROMPT.format(context=format_context(outcome.hits)[:4000],
+                                                                         answer=outcome.answer)),
+                             ("relevance", RELEVANCE_PROMPT.format(question=item.question, answer=outcome.answer))):
+            score, raw = _judge(client, run.judge, prompt)
+            judge_output.append(f"{name}: {raw!r}")
+            if score is None:
+                metrics[f"{name}_unparseable"] = 1
+            else:
+                metrics[name] = score
+    return EvalResult(run=run, item=item, answer=outcome.answer, metrics=metrics,
+                      judge_output="\n".join(judge_output),
+                      retrieved=[{"chunk_id": h.chunk_id, "document": h.filename, "score": h.rerank or h.fused}
+                                 for h in outcome.hits],
+                      latency_ms=round((time.perf_counter() - started) * 1000, 1))
+
+
+def execute_run(run_id: int) -> None:
+    run = EvalRun.objects.select_related("eval_set", "config_version").get(pk=run_id)
+    if run.status in (JobStatus.DONE, JobStatus.FAILED):
+        return
+    EvalRun.objects.filter(pk=run_id).update(status=JobStatus.RUNNING)
+    try:
+        pipeline = pipeline_for(run.config_version)
+        client = openai_client(run.eval_set.workspace_id)
+        items = list(run.eval_set.items.all())
+        done = set(run.results.values_list("item_id", flat=True))
+        for position, item in enumerate(items, start=1):
+            if item.pk in done:
+                continue
+            try:
+                result = _evaluate_item(run, pipeline, item, client)
+            except Exception as exc:  # one failing question is recorded and the run goes on
+                logger.warning("Eval run %s item %s failed: %s", run_id, item.pk, exc)
+                result = EvalResult(run=run, item=item, error=str(exc)[:2000])
+            result.save()
+            EvalRun.objects.filter(pk=run_id).update(progress=100 * position // len(items))
+    except Exception as exc:
+        logger.exception("Eval run %s failed", run_id)
+        EvalRun.objects.filter(pk=run_id).update(status=JobStatus.FAILED, error=str(exc)[:2000],
+                                                 finished_at=timezone.now())
+        return
+    summary, unparseable = summarise(run)
+    EvalRun.objects.filter(pk=run_id).update(status=JobStatus.DONE, progress=100, metrics=summary,
+                                             judge_unparseable=unparseable, finished_at=timezone.now())
+
+
+def summarise(run: EvalRun) -> tuple[dict, int]:
+    """Means over the items that have each metric, with the count behind each, and the judge's unparseable
+    outputs (counted, never folded into the means)."""
+    results = list(run.results.all())
+    summary = {}
+    for name in METRIC_NAMES:
+        values = [r.metrics[name] for r in results if name in r.metrics]
+        if values:
+            summary[name] = {"mean": round(sum(values) / len(values), 4), "n": len(values)}
+    latencies = sorted(r.latency_ms for r in results if r.latency_ms is not None)
+    if latencies:
+        summary["latency_ms_p50"] = {"mean": latencies[len(latencies) // 2], "n": len(latencies)}
+    summary["errors"] = {"mean": sum(1 for r in results if r.error), "n": len(results)}
+    unparseable = sum(r.metrics.get("faithfulness_unparseable", 0) + r.metrics.get("relevance_unparseable", 0)
+                      for r in results)
+    return summary, unparseable

@@ -1,0 +1,43 @@
+"""Where a knowledge base's files live under FACTORY_DATA_DIR: uploads by content hash, each document's
+intermediate stage output, and the indexes."""
+
+import json
+import os
+from pathlib import Path
+
+from django.conf import settings
+
+
+def kb_dir(kb_id: int) -> Path:
+    return settings.DATA_DIR / "rag" / f"kb-{kb_id}"
+
+
+def uploads_dir(kb_id: int) -> Path:
+    return kb_dir(kb_id) / "uploads"
+
+
+def upload_path(kb_id: int, sha256: str) -> Path:
+    return uploads_dir(kb_id) / sha256
+
+
+def index_dir(kb_id: int, key: str) -> Path:
+    return kb_dir(kb_id) / "indexes" / key
+
+
+def work_dir(document_id: int) -> Path:
+    return settings.DATA_DIR / "rag" / "work" / f"doc-{document_id}"
+
+
+def write_json_atomic(path: Path, value) -> None:
+    """Write beside, fsync, then rename: a worker killed mid-write leaves the previous file whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    with partial.open("w", encoding="utf-8") as out:
+        json.dump(value, out, ensure_ascii=False)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(partial, path)
+
+
+def read_json(path: Path):
+    return json.loads(path.read_text(encoding="utf-8"))

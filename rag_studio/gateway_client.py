@@ -1,0 +1,20 @@
+"""How RAG Studio calls models: through the platform's own OpenAI-compatible gateway, with the workspace's
+service token, so every call is routed, failed over and measured like any other."""
+
+from django.conf import settings
+from openai import OpenAI
+
+from accounts.services import service_token
+
+
+def openai_client(workspace_id: int, *, timeout: float = 120) -> OpenAI:
+    return OpenAI(base_url=settings.GATEWAY_URL, api_key=service_token(workspace_id=workspace_id), timeout=timeout,
+                  max_retries=0)
+
+
+def chat_model(workspace_id: int, model: str, *, temperature: float = 0.2, max_tokens: int = 256):
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(base_url=settings.GATEWAY_URL, api_key=service_token(workspace_id=workspace_id),
+                      model=model, temperature=temperature, max_tokens=max_tokens, max_retries=0, timeout=300,
+                      stream_usage=True)

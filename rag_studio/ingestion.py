@@ -1,0 +1,287 @@
+"""The ingestion pipeline: parse → clean → screen → chunk → embed → index, one document at a time.
+
+Each stage writes its output (a file in the document's work dir, or rows) before the document's `stage` moves on,
+and the embed stage saves each batch of vectors as it goes. A worker holds a document through a lease it renews
+at every step; when a worker dies, the lease runs out and another worker continues from the recorded stage and
+batch. The index write replaces the document's whole entry, so however often the last stage runs, each chunk is
+in the index exactly once.
+"""
+
+import logging
+from dataclasses import asdict
+from datetime import timedelta
+
+import numpy as np
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from rag_studio import files
+from rag_studio.chunking import chunk_pages
+from rag_studio.cleaning import clean_pages
+from rag_studio.embedding import Embedder, EmbeddingFailed
+from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, Stage
+from rag_studio.parsing import ParsedPage, ParseError, parse_document
+from rag_studio.screening import screen_text
+from rag_studio.services import dispatch_ingest, index_store
+
+logger = logging.getLogger(__name__)
+ORDER = [Stage.PARSE, Stage.CLEAN, Stage.SCREEN, Stage.CHUNK, Stage.EMBED, Stage.INDEX, Stage.DONE]
+# Progress shown when each stage starts; embedding takes most of the time, so it spans most of the bar.
+PROGRESS_AT = {Stage.PARSE: 0, Stage.CLEAN: 10, Stage.SCREEN: 15, Stage.CHUNK: 20, Stage.EMBED: 25,
+               Stage.INDEX: 92, Stage.DONE: 100}
+
+
+class LeaseLost(Exception):
+    """Another worker owns the document now (or it was deleted or re-queued): stop without touching it."""
+
+
+class DocumentFailed(Exception):
+    def __init__(self, code: str, reason: str):
+        super().__init__(reason)
+        self.code, self.reason = code, reason
+
+
+def _lease_until():
+    return timezone.now() + timedelta(seconds=settings.RAG_INGEST_LEASE_S)
+
+
+def claim(document_id: int, worker: str) -> tuple[Document | None, str]:
+    """Take the document if it is waiting, or if the worker that had it stopped renewing its lease. Returns it
+    and that previous worker, if any."""
+    now = timezone.now()
+    previous_owner = Document.objects.filter(pk=document_id).values_list("lease_owner", flat=True).first() or ""
+    claimed = Document.objects.filter(
+        Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=worker),
+        pk=document_id, status__in=[DocumentStatus.QUEUED, DocumentStatus.PROCESSING],
+    ).update(status=DocumentStatus.PROCESSING, lease_owner=worker, lease_until=_lease_until(), updated_at=now)
+    if not claimed:
+        return None, ""
+    document = Document.objects.select_related("knowledge_base__embedding_model",
+                                               "knowledge_base__embedding_deployment").get(pk=document_id)
+    Document.objects.filter(pk=document_id).update(attempts=document.attempts + 1)
+    return document, previous_owner if previous_owner != worker else ""
+
+
+def _advance(document: Document, worker: str, **fields) -> None:
+    """Record progress and renew the lease, but only while this worker still holds it."""
+    fields.setdefault("progress", document.progress)
+    fields.setdefault("lease_until", _lease_until())
+    updated = Document.objects.filter(pk=document.pk, lease_owner=worker,
+                                      status=DocumentStatus.PROCESSING).update(updated_at=timezone.now(), **fields)
+    if not updated:
+        raise LeaseLost()
+    for name, value in fields.items():
+        setattr(document, name, value)
+
+
+def _event(document: Document, worker: str, message: str) -> None:
+    DocumentEvent.objects.create(document=document, stage=document.stage, message=message[:500], worker=worker)
+
+
+def ingest(document_id: int, worker: str) -> str:
+    """Run the document's remaining stages. Returns its final status, or 'skipped' when another worker has it."""
+    document, previous_owner = claim(document_id, worker)
+    if document is None:
+        return "skipped"
+    if previous_owner:
+        _event(document, worker, f"Resumed at the {document.stage} stage: {previous_owner} stopped renewing its "
+                                 f"lease")
+    try:
+        while document.stage != Stage.DONE:
+            stage = document.stage
+            STAGES[stage](document, worker)
+            next_stage = ORDER[ORDER.index(stage) + 1]
+            if next_stage != Stage.DONE:
+                _advance(document, worker, stage=next_stage, progress=PROGRESS_AT[next_stage])
+            else:
+                document.stage = Stage.DONE
+    except LeaseLost:
+        return "skipped"
+    except DocumentFailed as exc:
+        _fail(document, worker, exc.code, exc.reason)
+    except ParseError as exc:
+        _fail(document, worker, exc.code, exc.reason)
+    except EmbeddingFailed as exc:
+        _fail(document, worker, "embedding_failed", str(exc))
+    except Exception as exc:  # any other bug must still end in a readable failure, not "processing" forever
+        logger.exception("Ingestion of document %s failed in %s", document_id, document.stage)
+        _fail(document, worker, "internal_error", f"Unexpected error in the {document.stage} stage: {exc}")
+    return Document.objects.filter(pk=document_id).values_list("status", flat=True).first() or "deleted"
+
+
+def _fail(document: Document, worker: str, code: str, reason: str) -> None:
+    updated = Document.objects.filter(pk=document.pk, lease_owner=worker).update(
+        status=DocumentStatus.FAILED, error_code=code, error=reason, lease_owner="", lease_until=None,
+        updated_at=timezone.now())
+    if updated:
+        _event(document, worker, f"Failed: {reason}")
+
+
+def _pages_path(document: Document):
+    return files.work_dir(document.pk) / "pages.json"
+
+
+def _load_pages(document: Document) -> list[ParsedPage]:
+    return [ParsedPage(**page) for page in files.read_json(_pages_path(document))]
+
+
+def _save_pages(document: Document, pages: list[ParsedPage]) -> None:
+    files.write_json_atomic(_pages_path(document), [asdict(page) for page in pages])
+
+
+def run_parse(document: Document, worker: str) -> None:
+    kb = document.knowledge_base
+    pages = parse_document(files.upload_path(kb.pk, document.sha256), document.filename)
+    _save_pages(document, pages)
+    _advance(document, worker, page_count=len(pages))
+
+
+def run_clean(document: Document, worker: str) -> None:
+    pages = clean_pages(_load_pages(document))
+    if not pages:
+        raise DocumentFailed("no_text", "Nothing was left after cleaning: the document has no readable text.")
+    _save_pages(document, pages)
+    _advance(document, worker, char_count=sum(len(p.text) for p in pages))
+
+
+def run_screen(document: Document, worker: str) -> None:
+    policy = document.knowledge_base.screening
+    screened, findings, reasons = [], [], []
+    for page in _load_pages(document):
+        result = screen_text(page.text, policy)
+        screened.append(ParsedPage(text=result.text, page=page.page))
+        findings += [Finding(document=document, category=f.category, kind=f.kind, action=f.action, page=page.page,
+                             start=f.start, end=f.end, preview=f.preview[:200]) for f in result.findings]
+        if result.rejected:
+            reasons.append(result.reject_reason())
+    with transaction.atomic():
+        document.findings.all().delete()
+        Finding.objects.bulk_create(findings)
+    if reasons:
+        raise DocumentFailed("rejected_by_screening", reasons[0])
+    _save_pages(document, screened)
+    if findings:
+        _event(document, worker, f"Screening: {len(findings)} finding(s)")
+    _advance(document, worker)
+
+
+def run_chunk(document: Document, worker: str) -> None:
+    drafts = chunk_pages(_load_pages(document), document.knowledge_base.chunking)
+    if not any(d.searchable for d in drafts):
+        raise DocumentFailed("no_text", "The document produced no chunks to index.")
+    with transaction.atomic():
+        document.chunks.all().delete()
+        rows = Chunk.objects.bulk_create([
+            Chunk(knowledge_base_id=document.knowledge_base_id, document=document, ordinal=ordinal, text=d.text,
+                  page=d.page, start=d.start, end=d.end, heading=d.heading[:500], searchable=d.searchable)
+            for ordinal, d in enumerate(drafts)])
+        children = []
+        for row, draft in zip(rows, drafts):
+            if draft.parent is not None:
+                row.parent = rows[draft.parent]
+                children.append(row)
+        Chunk.objects.bulk_update(children, ["parent"])
+    _clear_vectors(document)
+    _advance(document, worker, chunk_count=sum(d.searchable for d in drafts))
+
+
+def _clear_vectors(document: Document) -> None:
+    for stale in [*files.work_dir(document.pk).glob("vectors-*.npy"), _embed_plan_path(document)]:
+        stale.unlink(missing_ok=True)
+
+
+def _embed_plan_path(document: Document):
+    return files.work_dir(document.pk) / "embed.json"
+
+
+def _batch_size(document: Document) -> int:
+    """The batch size the document's embedding started with: saved batches are only valid for it, even if a
+    worker with another configuration resumes the work."""
+    plan = _embed_plan_path(document)
+    if plan.exists():
+        return files.read_json(plan)["batch_size"]
+    files.write_json_atomic(plan, {"batch_size": settings.RAG_EMBED_BATCH_SIZE})
+    return settings.RAG_EMBED_BATCH_SIZE
+
+
+def _searchable(document: Document) -> list[tuple[int, str]]:
+    return list(document.chunks.filter(searchable=True).order_by("ordinal").values_list("id", "text"))
+
+
+def _batch_path(document: Document, index: int):
+    return files.work_dir(document.pk) / f"vectors-{index:05d}.npy"
+
+
+def run_embed(document: Document, worker: str) -> None:
+    chunks = _searchable(document)
+    size = _batch_size(document)
+    batches = [[text for _, text in chunks[i:i + size]] for i in range(0, len(chunks), size)]
+    todo = [i for i in range(len(batches)) if not _batch_path(document, i).exists()]
+    if len(todo) < len(batches):
+        _event(document, worker, f"Embedding resumes at batch {todo[0] + 1 if todo else len(batches)} "
+                                 f"of {len(batches)}; {len(batches) - len(todo)} batch(es) were already saved")
+    embedder = Embedder.for_knowledge_base(document.knowledge_base)
+    span = PROGRESS_AT[Stage.INDEX] - PROGRESS_AT[Stage.EMBED]
+    done = len(batches) - len(todo)
+    for index, vectors in embedder.embed_batches([batches[i] for i in todo]):
+        path = _batch_path(document, todo[index])
+        partial = path.with_name(f".{path.name}.partial")
+        with partial.open("wb") as out:
+            np.save(out, vectors)
+        partial.replace(path)
+        done += 1
+        _advance(document, worker, progress=PROGRESS_AT[Stage.EMBED] + span * done // max(1, len(batches)))
+
+
+def run_index(document: Document, worker: str) -> None:
+    chunks = _searchable(document)
+    size = _batch_size(document)
+    vectors = np.concatenate([np.load(_batch_path(document, i)) for i in range(0, (len(chunks) + size - 1) // size)])
+    if len(vectors) != len(chunks):
+        raise DocumentFailed("internal_error", f"{len(vectors)} vectors for {len(chunks)} chunks; re-index it.")
+    kb = KnowledgeBase.objects.select_related("embedding_model").get(pk=document.knowledge_base_id)
+    store = index_store(kb, kb.building_key or kb.index_key)
+    store.apply(upserts={str(document.pk): ([pk for pk, _ in chunks], vectors, [text for _, text in chunks])})
+    finish_document(document, worker)
+
+
+def finish_document(document: Document, worker: str) -> None:
+    with transaction.atomic():
+        _advance(document, worker, stage=Stage.DONE, progress=100, status=DocumentStatus.INDEXED, lease_owner="",
+                 lease_until=None, indexed_at=timezone.now(), error="", error_code="")
+        DocumentEvent.objects.create(document=document, stage=Stage.DONE, worker=worker,
+                                     message=f"Indexed {document.chunk_count} chunk(s)")
+    _clear_vectors(document)
+    switch_to_built_index(document.knowledge_base_id)
+
+
+def switch_to_built_index(kb_id: int) -> bool:
+    """Once no document of a re-indexing knowledge base is still waiting, retrieval moves to the new index."""
+    import shutil
+
+    with transaction.atomic():
+        kb = KnowledgeBase.objects.select_for_update().get(pk=kb_id)
+        pending = kb.documents.filter(status__in=[DocumentStatus.QUEUED, DocumentStatus.PROCESSING]).exists()
+        if not kb.building_key or pending:
+            return False
+        old_key = kb.index_key
+        kb.index_key, kb.indexed_with = kb.building_key, kb.building_with
+        kb.building_key, kb.building_with = "", {}
+        kb.save(update_fields=["index_key", "indexed_with", "building_key", "building_with", "updated_at"])
+    shutil.rmtree(files.index_dir(kb_id, old_key), ignore_errors=True)
+    return True
+
+
+def resume_stalled() -> list[int]:
+    """Queue again every document whose worker stopped renewing its lease (killed, or its machine lost)."""
+    stalled = list(Document.objects.filter(status=DocumentStatus.PROCESSING, lease_until__lt=timezone.now())
+                   .values_list("pk", flat=True))
+    for document_id in stalled:
+        dispatch_ingest(document_id)
+    return stalled
+
+
+STAGES = {Stage.PARSE: run_parse, Stage.CLEAN: run_clean, Stage.SCREEN: run_screen, Stage.CHUNK: run_chunk,
+          Stage.EMBED: run_embed, Stage.INDEX: run_index}

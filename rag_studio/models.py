@@ -1,0 +1,253 @@
+from django.db import models
+
+from accounts.models import Workspace
+from serving.models import Deployment, Model
+
+
+class KnowledgeBase(models.Model):
+    """Documents indexed with one embedding model and one chunking mode. `index_key` names the on-disk index that
+    retrieval reads; a re-index builds `building_key` beside it and swaps when every document is done."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="knowledge_bases")
+    name = models.CharField(max_length=96)
+    description = models.TextField(blank=True)
+    embedding_model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="+")
+    embedding_deployment = models.ForeignKey(Deployment, on_delete=models.SET_NULL, null=True, blank=True,
+                                             related_name="+")
+    embedding_dimensions = models.PositiveIntegerField()
+    chunking = models.JSONField(default=dict)
+    screening = models.JSONField(default=dict)
+    retrieval = models.JSONField(default=dict)
+    index_key = models.CharField(max_length=64)
+    indexed_with = models.JSONField(default=dict, help_text="The embedding model and chunking of the live index")
+    building_key = models.CharField(max_length=64, blank=True)
+    building_with = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="unique_kb_name_per_workspace")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DocumentStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    PROCESSING = "processing", "Processing"
+    INDEXED = "indexed", "Indexed"
+    FAILED = "failed", "Failed"
+
+
+class Stage(models.TextChoices):
+    PARSE = "parse", "Parse"
+    CLEAN = "clean", "Clean"
+    SCREEN = "screen", "Screen"
+    CHUNK = "chunk", "Chunk"
+    EMBED = "embed", "Embed"
+    INDEX = "index", "Index"
+    DONE = "done", "Done"
+
+
+class Document(models.Model):
+    """An uploaded file and where its ingestion stands. The stage is the next one to run, so a worker that picks
+    the document up again continues there."""
+
+    knowledge_base = models.ForeignKey(KnowledgeBase, on_delete=models.CASCADE, related_name="documents")
+    filename = models.CharField(max_length=255)
+    kind = models.CharField(max_length=16)
+    size_bytes = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=DocumentStatus.choices, default=DocumentStatus.QUEUED)
+    stage = models.CharField(max_length=16, choices=Stage.choices, default=Stage.PARSE)
+    progress = models.PositiveSmallIntegerField(default=0)
+    error_code = models.CharField(max_length=32, blank=True)
+    error = models.TextField(blank=True)
+    page_count = models.PositiveIntegerField(default=0)
+    char_count = models.PositiveIntegerField(default=0)
+    chunk_count = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    lease_owner = models.CharField(max_length=128, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    indexed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["knowledge_base", "sha256"], name="unique_document_content")]
+
+    def __str__(self) -> str:
+        return self.filename
+
+
+class DocumentEvent(models.Model):
+    """Stage transitions, resumptions and failures: the document's ingestion log."""
+
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="events")
+    stage = models.CharField(max_length=16, choices=Stage.choices)
+    message = models.CharField(max_length=500)
+    worker = models.CharField(max_length=128, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+
+class Finding(models.Model):
+    """One screening finding. `preview` is masked for PII and secrets, so it is safe to show."""
+
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="findings")
+    category = models.CharField(max_length=16)
+    kind = models.CharField(max_length=48)
+    action = models.CharField(max_length=16)
+    page = models.PositiveIntegerField(null=True, blank=True)
+    start = models.PositiveIntegerField()
+    end = models.PositiveIntegerField()
+    preview = models.CharField(max_length=200)
+
+    class Meta:
+        ordering = ["id"]
+
+
+class Chunk(models.Model):
+    """A piece of a document. Parent chunks (parent-child mode) are returned by retrieval but never indexed."""
+
+    knowledge_base = models.ForeignKey(KnowledgeBase, on_delete=models.CASCADE, related_name="chunks")
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="chunks")
+    ordinal = models.PositiveIntegerField()
+    text = models.TextField()
+    page = models.PositiveIntegerField(null=True, blank=True)
+    start = models.PositiveIntegerField()
+    end = models.PositiveIntegerField()
+    heading = models.CharField(max_length=500, blank=True)
+    parent = models.ForeignKey("self", on_delete=models.CASCADE, null=True, blank=True, related_name="children")
+    searchable = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["document_id", "ordinal"]
+        constraints = [models.UniqueConstraint(fields=["document", "ordinal"], name="unique_chunk_ordinal")]
+
+    @property
+    def location(self) -> str:
+        where = f"p. {self.page}" if self.page else f"chars {self.start}–{self.end}"
+        return f"{self.document.filename}, {where}"
+
+
+class RagTemplate(models.TextChoices):
+    BASIC = "basic", "Basic QA"
+    CITATIONS = "citations", "QA with inline citations"
+    CONVERSATIONAL = "conversational", "Conversational (rewrites the question from history)"
+    MULTI_QUERY = "multi_query", "Multi-query (several rewrites, fused)"
+
+
+class RagConfig(models.Model):
+    """A runnable RAG assistant. Every save writes a new RagConfigVersion; runs and apps use a version."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="rag_configs")
+    knowledge_base = models.ForeignKey(KnowledgeBase, on_delete=models.CASCADE, related_name="rag_configs")
+    name = models.CharField(max_length=96)
+    template = models.CharField(max_length=32, choices=RagTemplate.choices, default=RagTemplate.CITATIONS)
+    model = models.CharField(max_length=96, help_text="A deployment or model name the gateway serves")
+    prompt = models.TextField(blank=True)
+    retrieval = models.JSONField(default=dict)
+    generation = models.JSONField(default=dict)
+    version = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="unique_rag_config_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RagConfigVersion(models.Model):
+    config = models.ForeignKey(RagConfig, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    settings = models.JSONField()
+    checksum = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-number"]
+        constraints = [models.UniqueConstraint(fields=["config", "number"], name="unique_rag_config_version")]
+
+    def __str__(self) -> str:
+        return f"{self.config.name} v{self.number}"
+
+
+class EvalSetSource(models.TextChoices):
+    UPLOADED = "uploaded", "Uploaded"
+    GENERATED = "generated", "Generated from the corpus"
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+
+
+class EvalSet(models.Model):
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="eval_sets")
+    knowledge_base = models.ForeignKey(KnowledgeBase, on_delete=models.CASCADE, related_name="eval_sets")
+    name = models.CharField(max_length=96)
+    source = models.CharField(max_length=16, choices=EvalSetSource.choices)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.DONE)
+    generator = models.CharField(max_length=96, blank=True)
+    requested_items = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class EvalItem(models.Model):
+    eval_set = models.ForeignKey(EvalSet, on_delete=models.CASCADE, related_name="items")
+    question = models.TextField()
+    expected_answer = models.TextField(blank=True)
+    expected_sources = models.JSONField(default=list, help_text="Document filenames or chunk ids")
+    source_chunk = models.ForeignKey(Chunk, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+
+    class Meta:
+        ordering = ["id"]
+
+
+class EvalRun(models.Model):
+    eval_set = models.ForeignKey(EvalSet, on_delete=models.CASCADE, related_name="runs")
+    config_version = models.ForeignKey(RagConfigVersion, on_delete=models.CASCADE, related_name="eval_runs")
+    judge = models.CharField(max_length=96, blank=True)
+    top_k = models.PositiveSmallIntegerField(default=5)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    progress = models.PositiveSmallIntegerField(default=0)
+    metrics = models.JSONField(default=dict)
+    judge_unparseable = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+
+class EvalResult(models.Model):
+    run = models.ForeignKey(EvalRun, on_delete=models.CASCADE, related_name="results")
+    item = models.ForeignKey(EvalItem, on_delete=models.CASCADE, related_name="+")
+    answer = models.TextField(blank=True)
+    retrieved = models.JSONField(default=list, help_text="[{chunk_id, document, score}] in rank order")
+    metrics = models.JSONField(default=dict)
+    judge_output = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    latency_ms = models.FloatField(null=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["run", "item"], name="unique_eval_result")]

@@ -1,0 +1,164 @@
+"""RAG templates as LangChain runnables, built from a config version's stored settings.
+
+A pipeline is two runnables: `context` (question and history → the queries it searched and the hits) and
+`answer` (prompt → chat model through the gateway). They are kept apart, not piped into one, so that callers can
+show the cited chunks before the first token and stream the answer after them.
+"""
+
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from asgiref.sync import sync_to_async
+from langchain_core.messages import HumanMessage
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import RunnableLambda
+
+from rag_studio.gateway_client import chat_model
+from rag_studio.models import KnowledgeBase, RagTemplate
+from rag_studio.retrieval import Hit, retrieve
+
+DEFAULT_PROMPTS = {
+    RagTemplate.BASIC: (
+        "Answer the question using only the context below. If the context does not contain the answer, say that "
+        "you don't know.\n\nContext:\n{context}\n\nQuestion: {question}"),
+    RagTemplate.CITATIONS: (
+        "Answer the question using only the numbered passages below. After each sentence, cite the passage it "
+        "comes from as [n]. If the passages do not contain the answer, say that you don't know.\n\n"
+        "Passages:\n{context}\n\nQuestion: {question}"),
+}
+DEFAULT_PROMPTS[RagTemplate.CONVERSATIONAL] = DEFAULT_PROMPTS[RagTemplate.CITATIONS]
+DEFAULT_PROMPTS[RagTemplate.MULTI_QUERY] = DEFAULT_PROMPTS[RagTemplate.CITATIONS]
+REWRITE_PROMPT = (
+    "Rewrite the last question as a standalone question that can be understood without the conversation. "
+    "Reply with the question only.\n\nConversation:\n{history}\n\nLast question: {question}\n\nStandalone question:")
+MULTI_QUERY_PROMPT = (
+    "Write {count} different search queries that would find information to answer the question. One per line, "
+    "no numbering.\n\nQuestion: {question}\n\nQueries:")
+MULTI_QUERY_COUNT = 3
+RRF_K = 60
+CITATION = re.compile(r"\[(\d{1,2})\]")
+
+
+@dataclass
+class RagResult:
+    question: str
+    queries: list[str]
+    hits: list[Hit]
+    answer: str = ""
+    usage: dict = field(default_factory=dict)
+    timings_ms: dict = field(default_factory=dict)
+
+    def citations(self) -> list[dict]:
+        """The passages the answer cites as [n], in order of first citation; with no [n] in the answer (basic
+        template, or a model that ignored the instruction), every retrieved passage counts as a source."""
+        cited = []
+        for number in CITATION.findall(self.answer):
+            n = int(number)
+            if 1 <= n <= len(self.hits) and n not in cited:
+                cited.append(n)
+        numbers = cited or range(1, len(self.hits) + 1)
+        return [citation(n, self.hits[n - 1], cited=bool(cited)) for n in numbers]
+
+
+def citation(n: int, hit: Hit, *, cited: bool) -> dict:
+    return {"n": n, "chunk_id": hit.chunk_id, "document": hit.filename, "document_id": hit.document_id,
+            "page": hit.page, "heading": hit.heading, "score": hit.rerank if hit.rerank is not None else hit.fused,
+            "text": hit.text, "cited": cited}
+
+
+def format_context(hits: list[Hit]) -> str:
+    return "\n\n".join(f"[{n}] ({hit.filename}) {hit.text}" for n, hit in enumerate(hits, start=1))
+
+
+def _history_text(history: list[dict]) -> str:
+    return "\n".join(f"{turn['role']}: {turn['content']}" for turn in history[-6:])
+
+
+def _rrf(lists: list[list[Hit]], top_k: int) -> list[Hit]:
+    """Fuse the hit lists of several queries by reciprocal rank; a chunk keeps its best-scored copy."""
+    scores, best = {}, {}
+    for hits in lists:
+        for rank, hit in enumerate(hits, start=1):
+            scores[hit.chunk_id] = scores.get(hit.chunk_id, 0.0) + 1 / (RRF_K + rank)
+            if hit.chunk_id not in best or hit.fused > best[hit.chunk_id].fused:
+                best[hit.chunk_id] = hit
+    order = sorted(scores, key=lambda chunk_id: (-scores[chunk_id], chunk_id))[:top_k]
+    fused = [best[chunk_id] for chunk_id in order]
+    for rank, hit in enumerate(fused, start=1):
+        hit.rank = rank
+    return fused
+
+
+class RagPipeline:
+    def __init__(self, kb: KnowledgeBase, settings: dict):
+        self.kb, self.settings = kb, settings
+        generation = settings.get("generation") or {}
+        self.llm = chat_model(kb.workspace_id, settings["model"], temperature=generation.get("temperature", 0.2),
+                              max_tokens=generation.get("max_tokens", 256))
+        self.helper_llm = chat_model(kb.workspace_id, settings["model"], temperature=0, max_tokens=96)
+        template = settings["template"]
+        self.prompt = ChatPromptTemplate.from_messages(
+            [("human", settings.get("prompt") or DEFAULT_PROMPTS[template])])
+        self.context = RunnableLambda(self._queries) | RunnableLambda(self._search)
+        self.answer = self.prompt | self.llm
+
+    def _queries(self, inputs: dict) -> dict:
+        question, history = inputs["question"], inputs.get("history") or []
+        template = self.settings["template"]
+        queries = [question]
+        if template == RagTemplate.CONVERSATIONAL and history:
+            rewritten = self._ask(REWRITE_PROMPT.format(history=_history_text(history), question=question))
+            queries = [rewritten.splitlines()[0] if rewritten else question]
+        elif template == RagTemplate.MULTI_QUERY:
+            reply = self._ask(MULTI_QUERY_PROMPT.format(count=MULTI_QUERY_COUNT, question=question))
+            rewrites = [line.strip(" -*0123456789.").strip() for line in reply.splitlines()]
+            queries += [q for q in rewrites if q and q.lower() != question.lower()][:MULTI_QUERY_COUNT]
+        return {**inputs, "queries": queries}
+
+    def _ask(self, text: str) -> str:
+        return str(self.helper_llm.invoke([HumanMessage(text)]).content).strip()
+
+    def _search(self, inputs: dict) -> dict:
+        overrides = self.settings.get("retrieval") or {}
+        results = [retrieve(self.kb, query, overrides) for query in inputs["queries"]]
+        top_k = results[0].settings["rerank"]["top_k"] if results[0].settings["rerank"]["kind"] != "none" else \
+            results[0].settings["top_k"]
+        hits = results[0].hits if len(results) == 1 else _rrf([r.hits for r in results], top_k)
+        return {**inputs, "hits": hits}
+
+    def _prompt_inputs(self, question: str, hits: list[Hit]) -> dict:
+        return {"question": question, "context": format_context(hits) or "(no passages found)"}
+
+    def retrieve(self, question: str, history: list[dict] | None = None) -> RagResult:
+        started = time.perf_counter()
+        found = self.context.invoke({"question": question, "history": history or []})
+        return RagResult(question=question, queries=found["queries"], hits=found["hits"],
+                         timings_ms={"retrieval": round((time.perf_counter() - started) * 1000, 2)})
+
+    def run(self, question: str, history: list[dict] | None = None) -> RagResult:
+        result = self.retrieve(question, history)
+        started = time.perf_counter()
+        message = self.answer.invoke(self._prompt_inputs(question, result.hits))
+        result.answer = str(message.content)
+        result.usage = dict(message.usage_metadata or {})
+        result.timings_ms["generation"] = round((time.perf_counter() - started) * 1000, 2)
+        return result
+
+    async def astream(self, question: str, history: list[dict] | None = None) -> AsyncIterator[tuple[str, object]]:
+        result = await sync_to_async(self.retrieve, thread_sensitive=False)(question, history)
+        yield "hits", result
+        started, parts = time.perf_counter(), []
+        async for chunk in self.answer.astream(self._prompt_inputs(result.question, result.hits)):
+            if chunk.content:
+                if not parts:
+                    result.timings_ms["ttft"] = round((time.perf_counter() - started) * 1000, 2)
+                parts.append(str(chunk.content))
+                yield "token", str(chunk.content)
+            if chunk.usage_metadata:
+                result.usage = dict(chunk.usage_metadata)
+        result.answer = "".join(parts)
+        result.timings_ms["generation"] = round((time.perf_counter() - started) * 1000, 2)
+        yield "done", result
+

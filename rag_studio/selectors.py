@@ -1,0 +1,45 @@
+from django.db.models import Count, Q
+
+from accounts.errors import NotFound
+from accounts.models import Workspace
+from rag_studio.models import Document, EvalRun, EvalSet, KnowledgeBase, RagConfig
+
+
+def knowledge_bases(*, workspace: Workspace):
+    return (KnowledgeBase.objects.filter(workspace=workspace).select_related("embedding_model",
+                                                                             "embedding_deployment")
+            .annotate(document_count=Count("documents", distinct=True),
+                      indexed_count=Count("documents", filter=Q(documents__status="indexed"), distinct=True)))
+
+
+def documents(*, workspace: Workspace):
+    return Document.objects.filter(knowledge_base__workspace=workspace).select_related("knowledge_base")
+
+
+def document_progress(*, kb: KnowledgeBase) -> list[dict]:
+    """What the GUI polls: each document's status, stage and progress."""
+    return list(kb.documents.annotate(finding_count=Count("findings")).values(
+        "id", "filename", "kind", "size_bytes", "status", "stage", "progress", "error", "error_code",
+        "chunk_count", "page_count", "finding_count"))
+
+
+def rag_configs(*, workspace: Workspace):
+    return RagConfig.objects.filter(workspace=workspace).select_related("knowledge_base")
+
+
+def eval_sets(*, workspace: Workspace):
+    return EvalSet.objects.filter(workspace=workspace).select_related("knowledge_base").annotate(
+        item_count=Count("items"))
+
+
+def eval_runs(*, workspace: Workspace):
+    return EvalRun.objects.filter(eval_set__workspace=workspace).select_related("eval_set",
+                                                                                "config_version__config")
+
+
+def scoped(queryset, pk, what: str):
+    """One object of a workspace-filtered queryset; anything else, another workspace's included, is a 404."""
+    found = queryset.filter(pk=pk).first() if str(pk).isdigit() else None
+    if found is None:
+        raise NotFound(f"{what} {pk} not found in this workspace.")
+    return found

@@ -1,0 +1,418 @@
+"""Knowledge bases and their documents: create and configure, upload, delete, re-index. The ingestion stages
+themselves live in `ingestion`, retrieval in `retrieval`."""
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from accounts.errors import Conflict, NotFound, ValidationFailed
+from accounts.models import Role, Workspace
+from accounts.services import Actor, record_audit, require_role
+from rag_studio import files
+from rag_studio.chunking import DEFAULT_CHUNKING, validate_chunking
+from rag_studio.embedding import check_local_model
+from rag_studio.index_store import IndexStore
+from rag_studio.models import (Document, DocumentEvent, DocumentStatus, KnowledgeBase, RagConfig, RagConfigVersion,
+                               RagTemplate, Stage)
+from rag_studio.parsing import ParseError, file_kind
+from rag_studio.retrieval_config import validate_retrieval
+from rag_studio.screening import DEFAULT_POLICY, validate_policy
+from serving.models import Deployment, Model, RoleHint, ServingState
+
+INGEST_TASK = "rag_studio.tasks.ingest_document"
+DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
+
+
+def _fields_error(field: str, message: str) -> ValidationFailed:
+    return ValidationFailed(message, fields={field: [message]})
+
+
+def _embedding_model(workspace: Workspace, name: str) -> Model:
+    model = Model.objects.filter(Q(workspace=workspace) | Q(workspace__isnull=True), name=name).first()
+    if model is None:
+        raise _fields_error("embedding_model", f"No model named '{name}' is registered.")
+    if model.role_hint != RoleHint.EMBEDDING:
+        raise _fields_error("embedding_model", f"Model '{name}' is not an embedding model.")
+    return model
+
+
+def _embedding_deployment(workspace: Workspace, model: Model, name: str) -> Deployment:
+    deployment = Deployment.objects.filter(Q(workspace=workspace) | Q(workspace__isnull=True), name=name).first()
+    if deployment is None:
+        raise _fields_error("embedding_deployment", f"No deployment named '{name}'.")
+    if deployment.model_id != model.pk:
+        raise _fields_error("embedding_deployment",
+                            f"Deployment '{name}' serves '{deployment.model.name}', not '{model.name}'.")
+    return deployment
+
+
+def _validated(validate, field: str, value: dict):
+    try:
+        return validate(value)
+    except ValueError as exc:
+        raise _fields_error(field, str(exc))
+
+
+def _index_key(model: Model, generation: int) -> str:
+    return f"{model.name}.v{generation}"
+
+
+def _next_index_key(kb: KnowledgeBase) -> str:
+    generation = int(kb.index_key.rsplit(".v", 1)[1]) + 1
+    return _index_key(kb.embedding_model, generation)
+
+
+def index_store(kb: KnowledgeBase, key: str | None = None) -> IndexStore:
+    return IndexStore(files.index_dir(kb.pk, key or kb.index_key), kb.embedding_dimensions)
+
+
+@transaction.atomic
+def create_knowledge_base(*, actor: Actor, workspace: Workspace, name: str, description: str = "",
+                          embedding_model: str = "", embedding_deployment: str = "", chunking: dict | None = None,
+                          screening: dict | None = None, retrieval: dict | None = None) -> KnowledgeBase:
+    require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    name = name.strip()
+    if not name:
+        raise _fields_error("name", "A knowledge base needs a name.")
+    if KnowledgeBase.objects.filter(workspace=workspace, name=name).exists():
+        raise Conflict(f"A knowledge base named '{name}' already exists in this workspace.")
+    model = _embedding_model(workspace, embedding_model or DEFAULT_EMBEDDING_MODEL)
+    deployment = _embedding_deployment(workspace, model, embedding_deployment) if embedding_deployment else None
+    kb = KnowledgeBase.objects.create(
+        workspace=workspace, name=name, description=description, embedding_model=model,
+        embedding_deployment=deployment, embedding_dimensions=_dimensions(model),
+        chunking=_validated(validate_chunking, "chunking", chunking or dict(DEFAULT_CHUNKING)),
+        screening=_validated(validate_policy, "screening", screening or dict(DEFAULT_POLICY)),
+        retrieval=_validated(validate_retrieval, "retrieval", retrieval or {}),
+        index_key=_index_key(model, 1),
+    )
+    kb.indexed_with = index_settings(kb)
+    kb.save(update_fields=["indexed_with"])
+    record_audit(actor=actor, workspace=workspace, action="rag.kb.create", target=kb, detail={"name": name})
+    return kb
+
+
+def _dimensions(model: Model) -> int:
+    return model.embedding_dimensions or check_local_model(model.path)
+
+
+def update_knowledge_base(*, actor: Actor, kb: KnowledgeBase, reindex: bool = False, **changes) -> bool:
+    """Save settings. Returns whether the index no longer matches them (the embedding model or the chunking
+    changed); with `reindex` the re-index starts at once, otherwise the GUI offers it."""
+    require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
+    with transaction.atomic():
+        if "name" in changes:
+            name = changes["name"].strip()
+            if not name:
+                raise _fields_error("name", "A knowledge base needs a name.")
+            if KnowledgeBase.objects.filter(workspace=kb.workspace, name=name).exclude(pk=kb.pk).exists():
+                raise Conflict(f"A knowledge base named '{name}' already exists in this workspace.")
+            kb.name = name
+        if "description" in changes:
+            kb.description = changes["description"]
+        if changes.get("embedding_model"):
+            model = _embedding_model(kb.workspace, changes["embedding_model"])
+            if model.pk != kb.embedding_model_id:
+                kb.embedding_model = model
+                kb.embedding_dimensions = _dimensions(model)
+        if "embedding_deployment" in changes:
+            name = changes["embedding_deployment"]
+            kb.embedding_deployment = _embedding_deployment(kb.workspace, kb.embedding_model, name) if name else None
+        for field, validate in (("chunking", validate_chunking), ("screening", validate_policy),
+                                ("retrieval", validate_retrieval)):
+            if changes.get(field) is not None:
+                setattr(kb, field, _validated(validate, field, changes[field]))
+        kb.save()
+        stale = needs_reindex(kb)
+        record_audit(actor=actor, workspace=kb.workspace, action="rag.kb.update", target=kb,
+                     detail={"fields": sorted(changes), "reindex": bool(reindex and stale)})
+    if reindex and stale:
+        start_reindex(actor=actor, kb=kb)
+    return stale
+
+
+def index_settings(kb: KnowledgeBase) -> dict:
+    """What the index content depends on: a change to either means every chunk must be rebuilt."""
+    return {"embedding_model": kb.embedding_model.name, "chunking": kb.chunking}
+
+
+def needs_reindex(kb: KnowledgeBase) -> bool:
+    target = kb.building_with if kb.building_key else kb.indexed_with
+    return target != index_settings(kb)
+
+
+def start_reindex(*, actor: Actor, kb: KnowledgeBase) -> str:
+    """Rebuild every document's chunks and vectors into a new index beside the live one; retrieval keeps using
+    the live index until the last document is done, then switches (see `ingestion.finish_document`)."""
+    require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
+    with transaction.atomic():
+        kb = KnowledgeBase.objects.select_for_update().get(pk=kb.pk)
+        previous_build = kb.building_key
+        kb.building_key = _next_index_key(kb) if not previous_build else _bump(previous_build)
+        kb.building_with = index_settings(kb)
+        kb.save(update_fields=["building_key", "building_with", "updated_at"])
+        # Documents not yet past screening reach the chunk stage anyway, and index into the new key then.
+        documents = list(kb.documents.filter(stage__in=[Stage.CHUNK, Stage.EMBED, Stage.INDEX, Stage.DONE]))
+        kb.documents.filter(pk__in=[d.pk for d in documents]).update(
+            status=DocumentStatus.QUEUED, stage=Stage.CHUNK, progress=0, lease_owner="", lease_until=None,
+            error="", error_code="")
+        DocumentEvent.objects.bulk_create(
+            [DocumentEvent(document=d, stage=Stage.CHUNK, message=f"Re-index into {kb.building_key}")
+             for d in documents])
+        record_audit(actor=actor, workspace=kb.workspace, action="rag.kb.reindex", target=kb,
+                     detail={"index": kb.building_key, "documents": len(documents)})
+        transaction.on_commit(lambda: [dispatch_ingest(d.pk) for d in documents])
+    if previous_build:
+        shutil.rmtree(files.index_dir(kb.pk, previous_build), ignore_errors=True)
+    if not documents:
+        from rag_studio.ingestion import switch_to_built_index
+
+        switch_to_built_index(kb.pk)
+    return kb.building_key
+
+
+def _bump(key: str) -> str:
+    base, generation = key.rsplit(".v", 1)
+    return f"{base}.v{int(generation) + 1}"
+
+
+def delete_knowledge_base(*, actor: Actor, kb: KnowledgeBase) -> None:
+    require_role(actor=actor, workspace=kb.workspace, role=Role.ADMIN)
+    record_audit(actor=actor, workspace=kb.workspace, action="rag.kb.delete", target=kb, detail={"name": kb.name})
+    kb_id = kb.pk
+    kb.delete()
+    shutil.rmtree(files.kb_dir(kb_id), ignore_errors=True)
+
+
+def dispatch_ingest(document_id: int) -> None:
+    current_app.send_task(INGEST_TASK, args=[document_id])
+
+
+@dataclass
+class UploadOutcome:
+    filename: str
+    document: Document | None
+    duplicate_of: Document | None = None
+
+    @property
+    def status(self) -> str:
+        return "duplicate" if self.duplicate_of else self.document.status
+
+
+class UploadedFile:
+    """What an upload needs from Django's UploadedFile (or a file the tests or benchmarks open themselves)."""
+
+    def __init__(self, name: str, stream, size: int):
+        self.name, self.stream, self.size = name, stream, size
+
+    def chunks(self, chunk_size: int = 1 << 20):
+        while block := self.stream.read(chunk_size):
+            yield block
+
+
+def upload_documents(*, actor: Actor, kb: KnowledgeBase, uploads) -> list[UploadOutcome]:
+    """Store each file (hashed while it streams to disk) and queue its ingestion. A file that cannot be ingested
+    becomes a failed document with its reason; a file already in the knowledge base is reported as a duplicate.
+    Either way the rest of the batch goes on."""
+    require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
+    if not uploads:
+        raise _fields_error("files", "Choose at least one file to upload.")
+    outcomes = [_store_upload(kb, upload) for upload in uploads]
+    record_audit(actor=actor, workspace=kb.workspace, action="rag.document.upload", target=kb,
+                 detail={"files": [o.filename for o in outcomes], "statuses": [o.status for o in outcomes]})
+    return outcomes
+
+
+def _store_upload(kb: KnowledgeBase, upload) -> UploadOutcome:
+    filename = Path(upload.name or "unnamed").name[:255]
+    staging = files.uploads_dir(kb.pk) / f".incoming-{os.getpid()}-{id(upload)}"
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    digest, size, too_large = hashlib.sha256(), 0, False
+    with staging.open("wb") as out:
+        for block in upload.chunks():
+            size += len(block)
+            digest.update(block)
+            if size > settings.RAG_UPLOAD_MAX_BYTES:
+                too_large = True
+                continue
+            out.write(block)
+        out.flush()
+        os.fsync(out.fileno())
+    sha256 = digest.hexdigest()
+    existing = kb.documents.filter(sha256=sha256).first()
+    if existing is not None:
+        staging.unlink()
+        return UploadOutcome(filename=filename, document=existing, duplicate_of=existing)
+    failure = _upload_failure(filename, size, too_large)
+    if failure is None:
+        os.replace(staging, files.upload_path(kb.pk, sha256))
+    else:
+        staging.unlink()
+    with transaction.atomic():
+        document = Document.objects.create(
+            knowledge_base=kb, filename=filename, kind=_kind_or_blank(filename), size_bytes=size, sha256=sha256,
+            status=DocumentStatus.FAILED if failure else DocumentStatus.QUEUED,
+            error_code=failure[0] if failure else "", error=failure[1] if failure else "")
+        DocumentEvent.objects.create(document=document, stage=Stage.PARSE,
+                                     message=f"Rejected: {failure[1]}" if failure else "Uploaded and queued")
+        if failure is None:
+            transaction.on_commit(lambda: dispatch_ingest(document.pk))
+    return UploadOutcome(filename=filename, document=document)
+
+
+def _kind_or_blank(filename: str) -> str:
+    try:
+        return file_kind(filename)
+    except ParseError:
+        return ""
+
+
+def _upload_failure(filename: str, size: int, too_large: bool) -> tuple[str, str] | None:
+    if too_large:
+        limit = settings.RAG_UPLOAD_MAX_BYTES / (1024 * 1024)
+        return "too_large", f"The file is {size / (1024 * 1024):.1f} MiB; the limit is {limit:.0f} MiB."
+    try:
+        file_kind(filename)
+    except ParseError as exc:
+        return exc.code, exc.reason
+    if size == 0:
+        return "empty_file", "The file is empty (0 bytes)."
+    return None
+
+
+def retry_document(*, actor: Actor, document: Document) -> Document:
+    """Queue a failed document again from the stage where it stopped."""
+    kb = document.knowledge_base
+    require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
+    if document.status != DocumentStatus.FAILED:
+        raise Conflict(f"'{document.filename}' is {document.status}; only failed documents can be retried.")
+    if not files.upload_path(kb.pk, document.sha256).exists():
+        raise Conflict(f"'{document.filename}' was never stored ({document.error}); upload a fixed file instead.")
+    with transaction.atomic():
+        Document.objects.filter(pk=document.pk).update(status=DocumentStatus.QUEUED, error="", error_code="",
+                                                       lease_owner="", lease_until=None, updated_at=timezone.now())
+        DocumentEvent.objects.create(document=document, stage=document.stage, message="Retry requested")
+        record_audit(actor=actor, workspace=kb.workspace, action="rag.document.retry", target=document)
+        transaction.on_commit(lambda: dispatch_ingest(document.pk))
+    document.refresh_from_db()
+    return document
+
+
+def delete_document(*, actor: Actor, document: Document) -> None:
+    """Remove the document, its chunks from both indexes (live and any being built), and its files."""
+    kb = document.knowledge_base
+    require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
+    for key in filter(None, [kb.index_key, kb.building_key]):
+        index_store(kb, key).apply(removals=[str(document.pk)])
+    record_audit(actor=actor, workspace=kb.workspace, action="rag.document.delete", target=document,
+                 detail={"filename": document.filename})
+    document_id, sha256 = document.pk, document.sha256
+    document.delete()
+    shutil.rmtree(files.work_dir(document_id), ignore_errors=True)
+    files.upload_path(kb.pk, sha256).unlink(missing_ok=True)
+
+
+def ready_embedding_deployments(workspace: Workspace):
+    return Deployment.objects.filter(Q(workspace=workspace) | Q(workspace__isnull=True),
+                                     model__role_hint=RoleHint.EMBEDDING, state=ServingState.READY)
+
+
+def _chat_deployment(workspace: Workspace, name: str, field: str) -> Deployment:
+    deployment = Deployment.objects.select_related("model").filter(
+        Q(workspace=workspace) | Q(workspace__isnull=True), name=name).first()
+    if deployment is None:
+        raise _fields_error(field, f"No deployment named '{name}'. Deploy a model on the Models page first.")
+    if not deployment.model.supports_chat:
+        raise _fields_error(field, f"'{name}' cannot chat (it is an embedding or completion-only model).")
+    return deployment
+
+
+def _config_settings(config: RagConfig) -> dict:
+    return {"knowledge_base_id": config.knowledge_base_id, "template": config.template, "model": config.model,
+            "prompt": config.prompt, "retrieval": config.retrieval, "generation": config.generation}
+
+
+def _generation(value: dict | None) -> dict:
+    value = {"temperature": 0.2, "max_tokens": 256, **(value or {})}
+    try:
+        temperature, max_tokens = float(value["temperature"]), int(value["max_tokens"])
+    except (TypeError, ValueError):
+        raise _fields_error("generation", "temperature must be a number and max_tokens an integer.")
+    if not 0 <= temperature <= 2 or not 1 <= max_tokens <= 4096:
+        raise _fields_error("generation", "temperature must be 0–2 and max_tokens 1–4096.")
+    return {"temperature": temperature, "max_tokens": max_tokens}
+
+
+def save_rag_config(*, actor: Actor, workspace: Workspace, config: RagConfig | None = None, name: str,
+                    knowledge_base: KnowledgeBase, template: str, model: str, prompt: str = "",
+                    retrieval: dict | None = None, generation: dict | None = None) -> RagConfig:
+    """Create or update a config. A save that changes its settings writes the next version; runs and published
+    apps keep using the version they were given."""
+    require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    name = name.strip()
+    if not name:
+        raise _fields_error("name", "A RAG config needs a name.")
+    if knowledge_base.workspace_id != workspace.pk:
+        raise NotFound("Knowledge base not found in this workspace.")
+    if template not in RagTemplate.values:
+        raise _fields_error("template", f"template must be one of {', '.join(RagTemplate.values)}.")
+    _chat_deployment(workspace, model, "model")
+    # Only the settings a config overrides are stored; the knowledge base's defaults fill in the rest.
+    overrides = retrieval or {}
+    _validated(validate_retrieval, "retrieval", {**knowledge_base.retrieval, **overrides})
+    with transaction.atomic():
+        clash = RagConfig.objects.filter(workspace=workspace, name=name)
+        if config is not None:
+            clash = clash.exclude(pk=config.pk)
+        if clash.exists():
+            raise Conflict(f"A RAG config named '{name}' already exists in this workspace.")
+        config = config or RagConfig(workspace=workspace, version=0)
+        config.name, config.knowledge_base, config.template, config.model = name, knowledge_base, template, model
+        config.prompt, config.retrieval, config.generation = prompt, overrides, _generation(generation)
+        latest = config.versions.first() if config.pk else None
+        settings_now = _config_settings(config)
+        if latest is None or latest.settings != settings_now:
+            config.version += 1
+            config.save()
+            RagConfigVersion.objects.create(config=config, number=config.version, settings=settings_now,
+                                            checksum=_checksum(settings_now))
+        else:
+            config.save()
+        record_audit(actor=actor, workspace=workspace, action="rag.config.save", target=config,
+                     detail={"version": config.version})
+    return config
+
+
+def _checksum(value: dict) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def delete_rag_config(*, actor: Actor, config: RagConfig) -> None:
+    require_role(actor=actor, workspace=config.workspace, role=Role.DEVELOPER)
+    record_audit(actor=actor, workspace=config.workspace, action="rag.config.delete", target=config,
+                 detail={"name": config.name})
+    config.delete()
+
+
+def config_version(config: RagConfig, number: int | None = None) -> RagConfigVersion:
+    version = config.versions.filter(number=number).first() if number else config.versions.first()
+    if version is None:
+        raise NotFound(f"Version {number} of '{config.name}' not found.")
+    return version
+
+
+def pipeline_for(version: RagConfigVersion):
+    from rag_studio.rag import RagPipeline
+
+    kb = KnowledgeBase.objects.select_related("embedding_model", "embedding_deployment").get(
+        pk=version.settings["knowledge_base_id"])
+    return RagPipeline(kb, version.settings)

@@ -1,0 +1,336 @@
+import json
+
+from asgiref.sync import sync_to_async
+from django.contrib import messages
+from django.http import JsonResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from accounts.errors import ApplicationError, ValidationFailed, error_body
+from accounts.gui import gui_actor, workspace_page
+from rag_studio import evaluation, selectors, services
+from rag_studio.chunking import CHUNK_MODES
+from rag_studio.evaluation import METRIC_NAMES
+from rag_studio.models import JobStatus, RagTemplate
+from rag_studio.rag import DEFAULT_PROMPTS
+from rag_studio.retrieval import retrieve
+from rag_studio.retrieval_config import FUSION_METHODS, RERANK_KINDS, RETRIEVAL_MODES
+from rag_studio.screening import ACTIONS, CATEGORIES
+from serving.models import RoleHint
+from serving.selectors import deployments_visible_to, models_visible_to
+
+
+def _kb(request, kb_id):
+    return selectors.scoped(selectors.knowledge_bases(workspace=request.workspace), kb_id, "Knowledge base")
+
+
+def _config(request, config_id):
+    return selectors.scoped(selectors.rag_configs(workspace=request.workspace), config_id, "RAG config")
+
+
+def _chat_deployments(workspace):
+    return [d for d in deployments_visible_to(workspace=workspace).select_related("model")
+            if d.model.supports_chat]
+
+
+def _embedding_models(workspace):
+    return models_visible_to(workspace=workspace).filter(role_hint=RoleHint.EMBEDDING)
+
+
+def _int(value: str, field: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValidationFailed(f"{field} must be a whole number, not '{value}'.")
+
+
+def _float(value: str, field: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValidationFailed(f"{field} must be a number, not '{value}'.")
+
+
+def _chunking_from(post) -> dict:
+    """The chunking form sends every mode's fields; validation keeps only the chosen mode's."""
+    config = {"mode": post.get("chunk_mode", "recursive")}
+    for field in ("chunk_size", "chunk_overlap", "parent_size", "child_size", "child_overlap"):
+        if post.get(field):
+            config[field] = _int(post[field], field.replace("_", " "))
+    if post.get("delimiter"):
+        config["delimiter"] = post["delimiter"].encode().decode("unicode_escape")
+    return config
+
+
+def _retrieval_from(post) -> dict:
+    config = {"mode": post.get("mode", "hybrid"), "fusion": post.get("fusion", "weighted")}
+    for field in ("top_k", "candidates"):
+        if post.get(field):
+            config[field] = _int(post[field], field)
+    for field in ("dense_weight", "keyword_weight", "score_threshold"):
+        if post.get(field):
+            config[field] = _float(post[field], field)
+    kind = post.get("rerank_kind", "none")
+    config["rerank"] = {"kind": kind, "model": post.get("rerank_model", "") if kind != "none" else ""}
+    if post.get("rerank_top_k"):
+        config["rerank"]["top_k"] = _int(post["rerank_top_k"], "rerank top_k")
+    if post.get("rerank_threshold"):
+        config["rerank"]["threshold"] = _float(post["rerank_threshold"], "rerank threshold")
+    return config
+
+
+def _form_choices(workspace) -> dict:
+    return {
+        "chunk_modes": CHUNK_MODES, "retrieval_modes": RETRIEVAL_MODES, "fusion_methods": FUSION_METHODS,
+        "rerank_kinds": RERANK_KINDS, "screening_categories": CATEGORIES, "screening_actions": ACTIONS,
+        "embedding_models": _embedding_models(workspace),
+        "embedding_deployments": services.ready_embedding_deployments(workspace),
+        "chat_deployments": _chat_deployments(workspace),
+        "cross_encoders": models_visible_to(workspace=workspace).exclude(role_hint=RoleHint.EMBEDDING)
+        .filter(kind="hf"),
+    }
+
+
+@workspace_page
+def rag_home(request):
+    if request.method == "POST":
+        kb = services.create_knowledge_base(
+            actor=gui_actor(request), workspace=request.workspace, name=request.POST.get("name", ""),
+            description=request.POST.get("description", ""),
+            embedding_model=request.POST.get("embedding_model", ""),
+            chunking=_chunking_from(request.POST))
+        messages.success(request, f"Created knowledge base '{kb.name}'. Upload documents to it below.")
+        return redirect("rag-kb", kb_id=kb.pk)
+    return render(request, "rag/home.html", {
+        "knowledge_bases": selectors.knowledge_bases(workspace=request.workspace),
+        "configs": selectors.rag_configs(workspace=request.workspace),
+        **_form_choices(request.workspace),
+    })
+
+
+@workspace_page
+def kb_page(request, kb_id):
+    kb = _kb(request, kb_id)
+    return render(request, "rag/kb.html", {
+        "kb": kb, "documents": selectors.document_progress(kb=kb), "needs_reindex": services.needs_reindex(kb),
+        "policy": [(category, kb.screening.get(category)) for category in CATEGORIES],
+        **_form_choices(request.workspace),
+    })
+
+
+@workspace_page
+def kb_progress(request, kb_id):
+    kb = _kb(request, kb_id)
+    return JsonResponse({"documents": selectors.document_progress(kb=kb), "building": bool(kb.building_key),
+                         "index_key": kb.index_key})
+
+
+@workspace_page
+@require_POST
+def kb_upload(request, kb_id):
+    """The drag-and-drop zone posts here with fetch and gets each file's outcome back."""
+    kb = _kb(request, kb_id)
+    try:
+        outcomes = services.upload_documents(actor=gui_actor(request), kb=kb,
+                                             uploads=request.FILES.getlist("files"))
+    except ApplicationError as exc:
+        return JsonResponse(error_body(exc.code, exc.message), status=exc.status)
+    return JsonResponse({"outcomes": [
+        {"filename": o.filename, "status": o.status, "error": o.document.error if o.document else "",
+         "duplicate_of": o.duplicate_of.filename if o.duplicate_of else None} for o in outcomes]})
+
+
+@workspace_page
+@require_POST
+def kb_settings(request, kb_id):
+    kb = _kb(request, kb_id)
+    post = request.POST
+    if post.get("action") == "reindex":
+        key = services.start_reindex(actor=gui_actor(request), kb=kb)
+        messages.success(request, f"Re-indexing into {key}; searches use the current index until it is done.")
+        return redirect("rag-kb", kb_id=kb.pk)
+    if post.get("action") == "delete":
+        services.delete_knowledge_base(actor=gui_actor(request), kb=kb)
+        messages.success(request, f"Deleted knowledge base '{kb.name}'.")
+        return redirect("rag")
+    stale = services.update_knowledge_base(
+        actor=gui_actor(request), kb=kb, reindex=post.get("reindex") == "on",
+        name=post.get("name", kb.name), description=post.get("description", ""),
+        embedding_model=post.get("embedding_model", ""), embedding_deployment=post.get("embedding_deployment", ""),
+        chunking=_chunking_from(post), retrieval=_retrieval_from(post),
+        screening={category: post.get(f"screen_{category}", "flag") for category in CATEGORIES})
+    if stale and post.get("reindex") != "on":
+        messages.info(request, "Saved. The index was built with other settings: re-index to apply them.")
+    else:
+        messages.success(request, "Saved." + (" Re-indexing in the background." if stale else ""))
+    return redirect("rag-kb", kb_id=kb.pk)
+
+
+@workspace_page
+def hit_test(request, kb_id):
+    kb = _kb(request, kb_id)
+    result, query = None, request.GET.get("query", "")
+    settings = {**kb.retrieval}
+    if query:
+        overrides = _retrieval_from(request.GET)
+        result = retrieve(kb, query, overrides)
+        settings = result.settings
+    return render(request, "rag/hit_test.html", {"kb": kb, "query": query, "result": result,
+                                                 "settings": settings, **_form_choices(request.workspace)})
+
+
+def _document(request, document_id):
+    return selectors.scoped(selectors.documents(workspace=request.workspace), document_id, "Document")
+
+
+@workspace_page
+def document_page(request, document_id):
+    document = _document(request, document_id)
+    return render(request, "rag/document.html", {
+        "document": document, "findings": document.findings.all(), "events": document.events.all(),
+        "chunks": document.chunks.select_related("parent")[:200]})
+
+
+@workspace_page
+@require_POST
+def document_action(request, document_id):
+    document = _document(request, document_id)
+    kb_id = document.knowledge_base_id
+    if request.POST.get("action") == "delete":
+        services.delete_document(actor=gui_actor(request), document=document)
+        messages.success(request, f"Deleted '{document.filename}' and its chunks from the index.")
+    elif request.POST.get("action") == "retry":
+        services.retry_document(actor=gui_actor(request), document=document)
+        messages.success(request, f"Queued '{document.filename}' again.")
+    return redirect("rag-kb", kb_id=kb_id)
+
+
+@workspace_page
+def config_edit(request, config_id=None):
+    config = _config(request, config_id) if config_id else None
+    if request.method == "POST":
+        post = request.POST
+        kb = _kb(request, post.get("knowledge_base"))
+        retrieval = _retrieval_from(post) if post.get("override_retrieval") == "on" else {}
+        config = services.save_rag_config(
+            actor=gui_actor(request), workspace=request.workspace, config=config, name=post.get("name", ""),
+            knowledge_base=kb, template=post.get("template", ""), model=post.get("model", ""),
+            prompt=post.get("prompt", "").strip(), retrieval=retrieval,
+            generation={"temperature": post.get("temperature") or 0.2,
+                        "max_tokens": post.get("max_tokens") or 256})
+        messages.success(request, f"Saved '{config.name}' (version {config.version}).")
+        return redirect("rag-config", config_id=config.pk)
+    kbs = selectors.knowledge_bases(workspace=request.workspace)
+    selected_kb = config.knowledge_base if config else kbs.first()
+    return render(request, "rag/config.html", {
+        "config": config, "knowledge_bases": kbs, "templates": RagTemplate.choices,
+        "versions": config.versions.all() if config else [],
+        "settings": {**(selected_kb.retrieval if selected_kb else {}), **(config.retrieval if config else {})},
+        "default_prompts": DEFAULT_PROMPTS,
+        **_form_choices(request.workspace)})
+
+
+@workspace_page
+def config_chat(request, config_id):
+    return redirect(reverse("rag-config", kwargs={"config_id": config_id}) + "#chat")
+
+
+def _sse(event: str, data) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _pipeline_for_request(workspace, config_id):
+    config = selectors.scoped(selectors.rag_configs(workspace=workspace), config_id, "RAG config")
+    return services.pipeline_for(services.config_version(config))
+
+
+async def config_chat_stream(request, config_id):
+    """The studio chat: server-sent events `hits` (the cited chunks), `token`… and `done` (citations, usage)."""
+    user = await request.auser()
+    if not user.is_authenticated or request.workspace is None:
+        return JsonResponse(error_body("unauthenticated", "Sign in to chat."), status=401)
+    try:
+        body = json.loads(request.body or b"{}")
+        question = str(body.get("query", "")).strip()
+        history = [t for t in body.get("history") or [] if isinstance(t, dict) and t.get("role") in
+                   ("user", "assistant")]
+        if not question:
+            raise ValidationFailed("Type a question first.")
+        pipeline = await sync_to_async(_pipeline_for_request)(request.workspace, config_id)
+    except json.JSONDecodeError:
+        return JsonResponse(error_body("invalid", "The body must be JSON."), status=400)
+    except ApplicationError as exc:
+        return JsonResponse(error_body(exc.code, exc.message), status=exc.status)
+
+    async def events():
+        try:
+            async for kind, value in pipeline.astream(question, history):
+                if kind == "hits":
+                    yield _sse("hits", {"queries": value.queries, "hits": [
+                        {"n": n, **hit.as_dict()} for n, hit in enumerate(value.hits, start=1)]})
+                elif kind == "token":
+                    yield _sse("token", {"text": value})
+                else:
+                    yield _sse("done", {"answer": value.answer, "citations": value.citations(),
+                                        "usage": value.usage, "timings_ms": value.timings_ms})
+        except ApplicationError as exc:
+            yield _sse("error", {"message": exc.message})
+        except Exception as exc:  # the stream has started: report in-band rather than cut the connection
+            yield _sse("error", {"message": f"The answer failed: {exc}"})
+
+    response = StreamingHttpResponse(events(), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    return response
+
+
+@workspace_page
+def evals_page(request):
+    workspace, actor, post = request.workspace, gui_actor(request), request.POST
+    if request.method == "POST":
+        action = post.get("action")
+        if action == "upload":
+            kb = _kb(request, post.get("knowledge_base"))
+            upload = request.FILES.get("file")
+            if upload is None:
+                raise ValidationFailed("Choose a CSV or JSONL file to upload.")
+            eval_set = evaluation.upload_eval_set(actor=actor, kb=kb, name=post.get("name", ""),
+                                                  filename=upload.name, content=upload.read())
+            messages.success(request, f"Uploaded '{eval_set.name}' with {eval_set.items.count()} questions.")
+        elif action == "generate":
+            kb = _kb(request, post.get("knowledge_base"))
+            eval_set = evaluation.start_generation(actor=actor, kb=kb, name=post.get("name", ""),
+                                                   generator=post.get("generator", ""),
+                                                   count=_int(post.get("count", "10"), "count"))
+            messages.success(request, f"Generating '{eval_set.name}' in the background.")
+        elif action == "run":
+            eval_set = selectors.scoped(selectors.eval_sets(workspace=workspace), post.get("eval_set"), "Eval set")
+            config = _config(request, post.get("config"))
+            run = evaluation.start_run(actor=actor, eval_set=eval_set, version=services.config_version(config),
+                                       judge=post.get("judge", ""), top_k=_int(post.get("top_k", "5"), "top_k"))
+            messages.success(request, f"Eval run #{run.pk} started.")
+            return redirect(f"{reverse('rag-evals')}?set={eval_set.pk}")
+        return redirect("rag-evals")
+    eval_sets = selectors.eval_sets(workspace=workspace)
+    runs = selectors.eval_runs(workspace=workspace)
+    if request.GET.get("set"):
+        runs = runs.filter(eval_set_id=_int(request.GET["set"], "set"))
+    runs = list(runs[:50])
+    for run in runs:
+        run.metric_values = [(name, run.metrics.get(name, {}).get("mean")) for name in METRIC_NAMES]
+    busy = any(s.status in (JobStatus.QUEUED, JobStatus.RUNNING) for s in eval_sets) or any(
+        r.status in (JobStatus.QUEUED, JobStatus.RUNNING) for r in runs)
+    return render(request, "rag/evals.html", {
+        "eval_sets": eval_sets, "runs": runs, "metric_names": METRIC_NAMES, "busy": busy,
+        "knowledge_bases": selectors.knowledge_bases(workspace=workspace),
+        "configs": selectors.rag_configs(workspace=workspace), "chat_deployments": _chat_deployments(workspace),
+        "chart": [{"label": f"#{r.pk} {r.config_version}", "metrics": dict(r.metric_values)} for r in runs
+                  if r.status == JobStatus.DONE][:6],
+        "selected_set": request.GET.get("set", "")})
+
+
+@workspace_page
+def eval_run_page(request, run_id):
+    run = selectors.scoped(selectors.eval_runs(workspace=request.workspace), run_id, "Eval run")
+    return render(request, "rag/eval_run.html", {
+        "run": run, "results": run.results.select_related("item"), "metric_names": METRIC_NAMES})

@@ -1,0 +1,169 @@
+// RAG Studio pages: drag-and-drop upload with live progress, the streaming chat with citations, and the eval
+// comparison chart. Plain DOM code and SVG, so the appliance works offline.
+const csrf = () => document.querySelector("[name=csrfmiddlewaretoken]")?.value;
+
+function el(tag, attrs = {}, text = "") {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
+  if (text) node.textContent = text;
+  return node;
+}
+
+// ---- documents: upload and progress ----
+const uploadForm = document.getElementById("upload");
+const documentsTable = document.getElementById("documents");
+
+async function uploadFiles(files) {
+  const outcomes = document.getElementById("upload-outcomes");
+  const data = new FormData();
+  for (const file of files) data.append("files", file);
+  const response = await fetch(uploadForm.action, {
+    method: "POST", body: data, credentials: "same-origin", headers: { "X-CSRFToken": csrf() },
+  });
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    outcomes.replaceChildren(el("li", { class: "error-text" }, body.error?.message || `Upload failed (${response.status})`));
+    return;
+  }
+  outcomes.replaceChildren(...body.outcomes.map((o) => el("li", { "data-outcome": o.status },
+    o.status === "duplicate" ? `${o.filename}: already in this knowledge base (as ${o.duplicate_of})`
+      : o.status === "failed" ? `${o.filename}: failed: ${o.error}` : `${o.filename}: ${o.status}`)));
+  refreshDocuments(true);
+}
+
+if (uploadForm) {
+  const input = document.getElementById("upload-files");
+  input.addEventListener("change", () => input.files.length && uploadFiles(input.files));
+  for (const name of ["dragenter", "dragover"]) {
+    uploadForm.addEventListener(name, (event) => { event.preventDefault(); uploadForm.classList.add("over"); });
+  }
+  for (const name of ["dragleave", "drop"]) {
+    uploadForm.addEventListener(name, (event) => { event.preventDefault(); uploadForm.classList.remove("over"); });
+  }
+  uploadForm.addEventListener("drop", (event) => uploadFiles(event.dataTransfer.files));
+}
+
+async function refreshDocuments(reloadOnNew = false) {
+  const response = await fetch(documentsTable.dataset.url, { credentials: "same-origin" });
+  if (!response.ok) return;
+  const live = await response.json();
+  let unknown = false;
+  for (const d of live.documents) {
+    const row = documentsTable.querySelector(`tr[data-document="${d.id}"]`);
+    if (!row) { unknown = true; continue; }
+    const badge = row.querySelector('[data-field="status"]');
+    badge.textContent = d.status; badge.className = `badge ${d.status}`;
+    row.querySelector('[data-field="stage"]').textContent = d.stage;
+    row.querySelector('[data-field="error"]').textContent = d.error;
+    row.querySelector('[data-field="progress"]').value = d.progress;
+    row.querySelector('[data-field="percent"]').textContent = `${d.progress}%`;
+    row.querySelector('[data-field="chunks"]').textContent = d.chunk_count;
+    row.querySelector('[data-field="findings"]').textContent = d.finding_count;
+  }
+  // New rows carry server-rendered actions, so a new document reloads the page rather than building them here.
+  if (unknown && reloadOnNew) window.location.reload();
+}
+
+if (documentsTable) setInterval(() => refreshDocuments(true), 1500);
+
+// ---- chat ----
+const chat = document.getElementById("chat");
+const history = [];
+
+function showSources(hits, cited) {
+  const list = document.getElementById("chat-sources");
+  list.replaceChildren(...hits.map((hit) => {
+    const item = el("li", { "data-chunk": hit.chunk_id, value: hit.n });
+    if (cited && cited.length && !cited.includes(hit.n)) item.classList.add("uncited");
+    const where = hit.page ? `p. ${hit.page}` : `chars ${hit.start}–${hit.end}`;
+    const score = hit.rerank ?? hit.fused;
+    item.append(el("strong", {}, `[${hit.n}] ${hit.filename}`), ` ${where} · score ${Number(score).toFixed(3)}`,
+      el("div", { class: "muted" }, hit.text.slice(0, 280)));
+    return item;
+  }));
+}
+
+async function ask(question) {
+  const log = document.getElementById("chat-log");
+  const error = document.getElementById("chat-error");
+  error.textContent = "";
+  log.append(el("p", { class: "turn user" }, question));
+  const answer = el("p", { class: "turn assistant answer" });
+  log.append(answer);
+  const response = await fetch(chat.dataset.url, {
+    method: "POST", credentials: "same-origin",
+    headers: { "Content-Type": "application/json", "X-CSRFToken": csrf() },
+    body: JSON.stringify({ query: question, history }),
+  });
+  if (!response.ok) {
+    const body = await response.json().catch(() => ({}));
+    error.textContent = body.error?.message || `The chat failed (${response.status}).`;
+    return;
+  }
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "", hits = [];
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    const events = buffer.split("\n\n");
+    buffer = events.pop();
+    for (const raw of events) {
+      const kind = raw.match(/^event: (.*)$/m)?.[1];
+      const data = JSON.parse(raw.match(/^data: (.*)$/m)?.[1] ?? "{}");
+      if (kind === "hits") { hits = data.hits; showSources(hits, null); }
+      if (kind === "token") answer.textContent += data.text;
+      if (kind === "error") error.textContent = data.message;
+      if (kind === "done") {
+        answer.dataset.done = "1";
+        const cited = data.citations.filter((c) => c.cited).map((c) => c.n);
+        showSources(hits, cited);
+        history.push({ role: "user", content: question }, { role: "assistant", content: data.answer });
+      }
+    }
+  }
+}
+
+document.getElementById("chat-form")?.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = document.getElementById("chat-input");
+  const question = input.value.trim();
+  if (question) { input.value = ""; ask(question); }
+});
+
+// ---- eval comparison ----
+const SVG_NS = "http://www.w3.org/2000/svg";
+const RUN_COLOURS = ["#3b5bdb", "#e67700", "#2b8a3e", "#c92a2a", "#7048e8", "#0c8599"];
+
+function compareChart(svg, runs) {
+  if (!runs.length) return;
+  const names = Object.keys(runs[0].metrics).filter((n) => runs.some((r) => r.metrics[n] !== null));
+  const width = 720, height = 190, pad = 24, group = (width - pad) / names.length;
+  const bar = Math.min(18, (group - 10) / runs.length);
+  names.forEach((name, i) => {
+    runs.forEach((run, j) => {
+      const value = run.metrics[name] ?? 0;
+      const rect = document.createElementNS(SVG_NS, "rect");
+      rect.setAttribute("x", pad + i * group + j * bar); rect.setAttribute("width", bar - 2);
+      rect.setAttribute("y", height - value * (height - pad)); rect.setAttribute("height", value * (height - pad));
+      rect.setAttribute("fill", RUN_COLOURS[j % RUN_COLOURS.length]);
+      rect.append(Object.assign(document.createElementNS(SVG_NS, "title"), { textContent: `${run.label}: ${name} ${value.toFixed(3)}` }));
+      svg.append(rect);
+    });
+    const label = document.createElementNS(SVG_NS, "text");
+    label.setAttribute("x", pad + i * group); label.setAttribute("y", height + 16); label.setAttribute("class", "chart-axis");
+    label.textContent = name;
+    svg.append(label);
+  });
+  runs.forEach((run, j) => {
+    const key = document.createElementNS(SVG_NS, "text");
+    key.setAttribute("x", width - 220); key.setAttribute("y", 14 + j * 14); key.setAttribute("fill", RUN_COLOURS[j % RUN_COLOURS.length]);
+    key.setAttribute("font-size", "12"); key.textContent = run.label;
+    svg.append(key);
+  });
+}
+
+const compareData = document.getElementById("compare-data");
+if (compareData) compareChart(document.getElementById("compare-chart"), JSON.parse(compareData.textContent));
+if (document.querySelector("[data-busy]")) setTimeout(() => window.location.reload(), 3000);

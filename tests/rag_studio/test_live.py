@@ -1,0 +1,168 @@
+"""RAG Studio on the real platform: ingestion on Celery workers (one of them killed mid-way), and RAG answers,
+generated eval sets and eval runs with SmolLM2 through the gateway."""
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.utils import timezone
+
+from accounts.services import SYSTEM, Actor, create_workspace
+from cluster import inventory
+from cluster.services import register_node
+from rag_studio import evaluation, files, ingestion, services
+from rag_studio.models import Document, DocumentStatus, EvalRun, EvalSet, JobStatus, Stage
+from rag_studio.tasks import ingest_document
+from serving import services as serving_services
+from serving.engines import process
+from serving.models import Deployment, Replica, ServingState
+from serving.presets import SMOLLM2, register_presets
+from tests.conftest import ROOT, WORKER_NODE, platform_env, wait_for
+from tests.rag_studio.conftest import SAMPLE_FILES, sample
+
+pytestmark = pytest.mark.worker
+
+
+@pytest.fixture(scope="module")
+def platform(celery_worker_process, web_server, django_db_blocker):
+    with django_db_blocker.unblock():
+        node = register_node(name=WORKER_NODE, resources=inventory.probe())
+        models = register_presets(lambda line: None)
+        deployment = serving_services.create_deployment(actor=SYSTEM, workspace=None, model=models[SMOLLM2],
+                                                        name=SMOLLM2, replicas=[(node, 1.0)])
+        serving_services.start_deployment(actor=SYSTEM, deployment=deployment)
+        owner = get_user_model().objects.create_user(username="rag-owner", password="x" * 12)
+        workspace = create_workspace(actor=Actor(user=owner), name="Northwind")
+        wait_for(lambda: Deployment.objects.get(name=SMOLLM2).state == ServingState.READY, timeout=180,
+                 what="SmolLM2 to be ready")
+        yield {"url": web_server, "workspace": workspace, "actor": Actor(user=owner)}
+        for replica in Replica.objects.exclude(pid=None):
+            process.terminate(replica.pid)
+        call_command("flush", interactive=False, verbosity=0)
+
+
+@pytest.fixture
+def live_db(django_db_blocker):
+    with django_db_blocker.unblock():
+        yield
+
+
+@pytest.fixture(scope="module")
+def northwind(platform, django_db_blocker):
+    """The sample documents, uploaded and ingested by the platform's Celery worker."""
+    with django_db_blocker.unblock():
+        kb = services.create_knowledge_base(actor=platform["actor"], workspace=platform["workspace"],
+                                            name="Northwind docs")
+        services.upload_documents(actor=platform["actor"], kb=kb, uploads=[sample(n) for n in SAMPLE_FILES])
+        wait_for(lambda: kb.documents.filter(status=DocumentStatus.INDEXED).count() == 3, timeout=120,
+                 what="the worker to index the samples")
+        config = services.save_rag_config(actor=platform["actor"], workspace=platform["workspace"],
+                                          name="Cited answers", knowledge_base=kb, template="citations",
+                                          model=SMOLLM2, generation={"max_tokens": 64})
+        yield {"kb": kb, "config": config}
+
+
+def _killable_worker(name: str, env: dict) -> subprocess.Popen:
+    log = Path(os.environ["FACTORY_DATA_DIR"]) / f"{name}.log"
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "factory", "worker", "--queues", name, "--hostname",
+         f"{name}@{WORKER_NODE}", "--concurrency", "1", "--without-gossip", "--without-mingle"],
+        cwd=ROOT, env={**os.environ, **env}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+
+
+def _long_document(kb) -> Document:
+    """About 150 chunks, stored as an upload would store it, but queued only for the killable worker."""
+    paragraphs = [f"Section {i}. The NW-7 maintenance log entry {i} records a lidar check, a battery test at "
+                  f"{i % 90} percent and a firmware note for warehouse aisle {i * 7 % 113}. " * 4
+                  for i in range(300)]
+    content = "\n\n".join(paragraphs).encode()
+    sha256 = hashlib.sha256(content).hexdigest()
+    path = files.upload_path(kb.pk, sha256)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return Document.objects.create(knowledge_base=kb, filename="maintenance-log.txt", kind="text",
+                                   size_bytes=len(content), sha256=sha256)
+
+
+def test_a_worker_killed_mid_ingestion_is_resumed_and_indexes_exactly_once(platform, web_port, live_db):
+    kb = services.create_knowledge_base(actor=platform["actor"], workspace=platform["workspace"], name="Logs")
+    document = _long_document(kb)
+    env = {**platform_env(web_port), "FACTORY_RAG_EMBED_BATCH_SIZE": "4", "FACTORY_RAG_INGEST_LEASE_S": "3"}
+    worker = _killable_worker("kill-test", env)
+    ingest_document.apply_async(args=[document.pk], queue="kill-test")
+
+    def embedding_half_done() -> bool:
+        document.refresh_from_db()
+        assert document.status != DocumentStatus.FAILED, document.error
+        return document.stage == Stage.EMBED and document.progress >= 45
+
+    wait_for(embedding_half_done, timeout=120, interval=0.05, what="embedding to be under way")
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=10)
+    document.refresh_from_db()
+    assert document.status == DocumentStatus.PROCESSING and document.stage == Stage.EMBED
+    saved_batches = len(list(files.work_dir(document.pk).glob("vectors-*.npy")))
+    assert saved_batches > 0
+
+    # What the beat schedule does every few seconds: resume documents whose worker stopped renewing its lease.
+    wait_for(lambda: timezone.now() > Document.objects.get(pk=document.pk).lease_until, timeout=10,
+             what="the dead worker's lease to run out")
+    assert ingestion.resume_stalled() == [document.pk]
+    wait_for(lambda: Document.objects.get(pk=document.pk).status == DocumentStatus.INDEXED, timeout=180,
+             what="the platform worker to finish the document")
+
+    messages = list(document.events.values_list("message", flat=True))
+    assert any(m.startswith("Resumed at the embed stage") for m in messages), messages
+    assert any(m.startswith("Embedding resumes at batch") for m in messages), messages
+    chunk_ids = sorted(document.chunks.filter(searchable=True).values_list("pk", flat=True))
+    store = services.index_store(kb)
+    assert sorted(store.chunk_ids(str(document.pk))) == chunk_ids
+    assert store.count() == len(chunk_ids)
+    assert len({hit[0] for hit in store.search_keyword("lidar battery firmware", 1000)}) == len(chunk_ids)
+
+
+def test_a_rag_config_answers_with_citations_through_the_gateway(northwind, live_db):
+    version = services.config_version(northwind["config"])
+    result = services.pipeline_for(version).run("How many days of annual leave do employees get?")
+    assert result.answer.strip()
+    assert result.hits[0].filename == "northwind-employee-handbook.pdf"
+    citations = result.citations()
+    assert citations and {"n", "chunk_id", "document", "page", "score"} <= set(citations[0])
+    assert result.usage.get("output_tokens", 0) > 0
+
+
+def test_an_eval_set_is_generated_from_the_corpus_and_two_configs_are_compared(platform, northwind, live_db):
+    actor, kb = platform["actor"], northwind["kb"]
+    generated = evaluation.start_generation(actor=actor, kb=kb, name="From the corpus", generator=SMOLLM2, count=4)
+    wait_for(lambda: EvalSet.objects.get(pk=generated.pk).status in (JobStatus.DONE, JobStatus.FAILED),
+             timeout=180, what="the eval set to be generated")
+    generated.refresh_from_db()
+    assert generated.status == JobStatus.DONE, generated.error
+    items = list(generated.items.all())
+    assert items, generated.error
+    assert all(i.source_chunk_id and f"chunk:{i.source_chunk_id}" in i.expected_sources for i in items)
+
+    keyword = services.save_rag_config(actor=actor, workspace=platform["workspace"], name="Keyword only",
+                                       knowledge_base=kb, template="basic", model=SMOLLM2,
+                                       retrieval={"mode": "keyword"}, generation={"max_tokens": 48})
+    runs = [evaluation.start_run(actor=actor, eval_set=generated, version=services.config_version(config),
+                                 judge=SMOLLM2 if config == keyword else "")
+            for config in (northwind["config"], keyword)]
+    for run in runs:
+        wait_for(lambda: EvalRun.objects.get(pk=run.pk).status in (JobStatus.DONE, JobStatus.FAILED),
+                 timeout=300, what=f"eval run {run.pk}")
+        run.refresh_from_db()
+        assert run.status == JobStatus.DONE, run.error
+        assert {"hit@k", "recall@k", "mrr", "ndcg@k", "token_f1"} <= set(run.metrics)
+        assert run.results.count() == len(items)
+    judged = runs[1]
+    judged_items = judged.metrics.get("faithfulness", {}).get("n", 0) + judged.judge_unparseable
+    assert judged_items >= len(items), "every judge output is either scored or counted as unparseable"
