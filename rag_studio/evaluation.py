@@ -5,6 +5,8 @@ Runs are resumable: each item's result is saved as it completes, and a re-run of
 
 import logging
 import random
+from collections import defaultdict
+from itertools import zip_longest
 import re
 import time
 
@@ -80,8 +82,11 @@ def _sample_chunks(eval_set: EvalSet) -> list[Chunk]:
                                        document__status=DocumentStatus.INDEXED).select_related("document", "parent")
                   .order_by("pk"))
     random.Random(eval_set.pk).shuffle(chunks)
-    chunks.sort(key=lambda c: sum(1 for other in chunks[:chunks.index(c)] if other.document_id == c.document_id))
-    return chunks[:eval_set.requested_items]
+    by_document = defaultdict(list)
+    for chunk in chunks:
+        by_document[chunk.document_id].append(chunk)
+    round_robin = [c for group in zip_longest(*by_document.values()) for c in group if c is not None]
+    return round_robin[:eval_set.requested_items]
 
 
 def parse_generated(text: str) -> tuple[str, str] | None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.test import override_settings
 from rest_framework.test import APIClient
 
 from accounts import services
@@ -156,8 +157,10 @@ def web_server(django_db_setup, web_port):
     argv = [sys.executable, "-m", "uvicorn", "factory.asgi:application", "--host", "127.0.0.1", "--port", str(port),
             "--lifespan", "off", "--no-access-log"]
     # Same node as the test worker, as web and worker share a node on the appliance.
+    # The test process itself (RAG pipelines run in tests) reaches the gateway there too.
     with running_server(argv, health_url=f"{url}/healthz", env=platform_env(port),
-                        log=Path(os.environ["FACTORY_DATA_DIR"]) / f"web-{os.getpid()}.log"):
+                        log=Path(os.environ["FACTORY_DATA_DIR"]) / f"web-{os.getpid()}.log"), \
+            override_settings(GATEWAY_URL=f"{url}/v1"):
         yield url
 
 

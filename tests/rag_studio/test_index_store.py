@@ -3,12 +3,14 @@
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from rag_studio import index_store
 from rag_studio.index_store import IndexStore, generation_name, read_current
 
 DIMENSION = 8
@@ -122,6 +124,15 @@ def test_an_upsert_replaces_every_chunk_the_owner_had(root):
     assert dense_ids == {900, 901, *range(200, 205)}
 
 
+def test_an_empty_upsert_leaves_the_owner_without_chunks(root):
+    store = IndexStore(root, DIMENSION)
+    store.apply(upserts={"1": owner_upsert(1), "2": owner_upsert(2)})
+    store.apply(upserts={"1": ([], np.empty((0, DIMENSION)), [])})
+
+    assert_consistent(store, owners=[2], chunks=5)
+    assert store.chunk_ids("1") == []
+
+
 def test_removals_drop_the_owners_chunks_from_both_indexes(root):
     store = IndexStore(root, DIMENSION)
     store.apply(upserts={"1": owner_upsert(1), "2": owner_upsert(2), "3": owner_upsert(3)})
@@ -159,6 +170,7 @@ def test_a_chunk_upserted_under_another_owner_moves_there(root):
     (([1, 2], np.zeros((3, DIMENSION), np.float32), ["a", "b"]), "expected one 8-dimension vector"),
     (([1, 2], np.zeros((2, DIMENSION), np.float32), ["a"]), "expected one 8-dimension vector"),
     (([1, 1], np.zeros((2, DIMENSION), np.float32), ["a", "b"]), "more than once"),
+    (([1], np.full((1, DIMENSION), np.nan), ["a"]), "NaN"),
 ])
 def test_invalid_upserts_are_refused_before_anything_is_written(root, upsert, message):
     with pytest.raises(ValueError, match=message):
@@ -178,6 +190,48 @@ def test_a_second_instance_sees_writes_made_through_the_first(root):
     assert reader.count() == 5
     writer.apply(upserts={"2": owner_upsert(2)})
     assert_consistent(reader, owners=[1, 2], chunks=5)
+
+
+def test_searches_in_threads_while_the_index_changes(root):
+    store = IndexStore(root, DIMENSION)
+    store.apply(upserts={"1": owner_upsert(1)})
+    errors, done = [], threading.Event()
+
+    def search_until_done():
+        try:
+            while not done.is_set():
+                assert store.search_dense(unit(0), 100) and store.search_keyword("common", 100)
+        except Exception as exc:  # noqa: BLE001 - reported to the main thread
+            errors.append(exc)
+
+    searchers = [threading.Thread(target=search_until_done) for _ in range(3)]
+    for searcher in searchers:
+        searcher.start()
+    for owner in range(2, 7):
+        IndexStore(root, DIMENSION).apply(upserts={str(owner): owner_upsert(owner)})
+    done.set()
+    for searcher in searchers:
+        searcher.join()
+
+    assert errors == []
+    assert_consistent(store, owners=list(range(1, 7)), chunks=5)
+
+
+def test_a_reader_follows_current_when_its_generation_is_deleted_under_it(root, monkeypatch):
+    IndexStore(root, DIMENSION).apply(upserts={"1": owner_upsert(1)})
+    load = index_store._Generation.load
+
+    def load_after_two_more_writes(root_, number, dimension):
+        monkeypatch.setattr(index_store._Generation, "load", load)
+        IndexStore(root, DIMENSION).apply(upserts={"2": owner_upsert(2)})
+        IndexStore(root, DIMENSION).apply(upserts={"3": owner_upsert(3)})  # deletes generation `number`
+        return load(root_, number, dimension)
+
+    monkeypatch.setattr(index_store._Generation, "load", load_after_two_more_writes)
+    store = IndexStore(root, DIMENSION)
+
+    assert_consistent(store, owners=[1, 2, 3], chunks=5)
+    assert not (root / generation_name(1)).exists()
 
 
 def test_only_the_current_and_previous_generations_stay_on_disk(root):
