@@ -1,0 +1,109 @@
+"""The RAG Studio tour in a real browser: upload the sample documents, watch them index, hit test, chat with a
+cited answer, generate an eval set, and run and compare two configs."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from playwright.sync_api import expect
+
+from accounts.services import SYSTEM, Actor, create_workspace
+from cluster import inventory
+from cluster.services import register_node
+from serving import services as serving_services
+from serving.engines import process
+from serving.models import Deployment, Replica, ServingState
+from serving.presets import SMOLLM2, register_presets
+from tests.conftest import WORKER_NODE, wait_for
+from tests.e2e.conftest import sign_in
+from tests.rag_studio.conftest import SAMPLE_FILES, SAMPLES
+
+pytestmark = [pytest.mark.browser, pytest.mark.worker]
+
+
+@pytest.fixture
+def platform(celery_worker_process, web_server, django_db_blocker):
+    with django_db_blocker.unblock():
+        node = register_node(name=WORKER_NODE, resources=inventory.probe())
+        models = register_presets(lambda line: None)
+        deployment = serving_services.create_deployment(actor=SYSTEM, workspace=None, model=models[SMOLLM2],
+                                                        name=SMOLLM2, replicas=[(node, 1.0)])
+        serving_services.start_deployment(actor=SYSTEM, deployment=deployment)
+        ann = get_user_model().objects.create_user(username="ann", password="correct-horse-battery")
+        create_workspace(actor=Actor(user=ann), name="Acme")
+        wait_for(lambda: Deployment.objects.get(name=SMOLLM2).state == ServingState.READY, timeout=180,
+                 what="SmolLM2 to be ready")
+        yield web_server
+        for replica in Replica.objects.exclude(pid=None):
+            process.terminate(replica.pid)
+        call_command("flush", interactive=False, verbosity=0)
+
+
+def _save_config(page, name: str, template: str, retrieval_mode: str | None = None):
+    page.goto("/rag/configs/new/")
+    page.get_by_label("Name", exact=True).fill(name)
+    page.get_by_label("Template", exact=True).select_option(template)
+    page.locator("input[name=max_tokens]").fill("48")
+    if retrieval_mode:
+        page.get_by_label("Override the knowledge base's retrieval settings").check()
+        page.locator("select[name=mode]").select_option(retrieval_mode)
+    page.get_by_role("button", name="Save").click()
+    expect(page.locator(".msg.success")).to_contain_text(f"Saved '{name}' (version 1)")
+
+
+def test_the_rag_studio_tour(platform, open_page):
+    page = open_page(platform)
+    page.set_default_timeout(30_000)
+    sign_in(page)
+
+    page.get_by_role("link", name="RAG Studio").click()
+    page.get_by_label("Name", exact=True).fill("Northwind")
+    page.get_by_role("button", name="Create").click()
+    expect(page.get_by_role("heading", name="Northwind")).to_be_visible()
+
+    page.locator("#upload-files").set_input_files([str(SAMPLES / name) for name in SAMPLE_FILES])
+    rows = page.locator("#documents tbody tr[data-document]")
+    expect(rows).to_have_count(3)
+    for name in SAMPLE_FILES:
+        row = page.locator(f"tr[data-filename='{name}']")
+        expect(row.locator("[data-field=status]")).to_have_text("indexed", timeout=120_000)
+        expect(row.locator("progress")).to_have_attribute("value", "100")
+    expect(page.locator("tr[data-filename='northwind-support-faq.md'] [data-field=findings]")).not_to_have_text("0")
+
+    page.get_by_role("link", name="Hit testing").click()
+    page.get_by_label("Query").fill("How many days of annual leave?")
+    page.get_by_role("button", name="Search").click()
+    first = page.locator("#hits tbody tr").first
+    expect(first).to_contain_text("northwind-employee-handbook.pdf")
+    for score in ("dense", "keyword", "fused"):
+        expect(first.locator(f"[data-score={score}]")).not_to_have_text("—")
+
+    _save_config(page, "Cited answers", "citations")
+    page.get_by_placeholder("Ask your documents…").fill("What does error code E204 mean?")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#chat-sources li").first).to_contain_text("northwind-product-guide.docx")
+    expect(page.locator(".turn.assistant[data-done='1']")).not_to_be_empty(timeout=60_000)
+    _save_config(page, "Keyword only", "basic", retrieval_mode="keyword")
+
+    page.get_by_role("link", name="Evaluation").click()
+    generate = page.locator("#generate-form")
+    generate.get_by_label("Name").fill("Generated")
+    generate.get_by_label("Questions").fill("3")
+    generate.get_by_role("button", name="Generate").click()
+    generated = page.locator("tr[data-set='Generated']")
+    expect(generated.locator(".badge")).to_have_text("done", timeout=120_000)
+    expect(generated.locator("[data-field=items]")).not_to_have_text("0")
+
+    run_form = page.locator("#run-form")
+    for config in ("Cited answers", "Keyword only"):
+        run_form.get_by_label("Config").select_option(label=f"{config} (v1)")
+        run_form.get_by_role("button", name="Run").click()
+        expect(page.locator(".msg.success")).to_contain_text("started")
+    runs = page.locator("#runs tbody tr[data-run]")
+    expect(runs).to_have_count(2)
+    for index in range(2):
+        expect(runs.nth(index).locator(".badge")).to_have_text("done", timeout=180_000)
+    expect(runs.first.locator("[data-metric='hit@k']")).not_to_be_empty()
+    expect(page.locator("#compare-chart rect")).not_to_have_count(0)
+
+    runs.first.get_by_role("link").click()
+    expect(page.locator("#results tbody tr")).not_to_have_count(0)
