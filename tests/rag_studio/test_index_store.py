@@ -12,6 +12,7 @@ import pytest
 
 from rag_studio import index_store
 from rag_studio.index_store import IndexStore, generation_name, read_current
+from rag_studio.keywords import keyword_tokens
 
 DIMENSION = 8
 
@@ -79,6 +80,12 @@ def test_upserted_chunks_are_found_by_vector_and_by_keyword(root):
     assert [chunk_id for chunk_id, _ in store.search_dense(unit(1) + 0.1 * unit(2), 3)] == [71, 72, 70]
     keyword = store.search_keyword("How long is the WARRANTY?", 10)
     assert [chunk_id for chunk_id, _ in keyword] == [70] and keyword[0][1] > 0
+
+
+def test_keyword_tokens_of_mixed_chinese_and_english_text():
+    assert keyword_tokens("NW-7 机器人的保修期为两年") == ["nw", "7", "nw-7", "机器", "机器人", "保修", "保修期", "两年"]
+    assert keyword_tokens("The ＧＰＵ driver v1.2, of course!") == ["gpu", "driver", "v1", "2", "course", "v1.2"]
+    assert keyword_tokens("，。！ ... 的了是") == []
 
 
 def test_chinese_keyword_search_finds_the_chinese_chunk(root):
