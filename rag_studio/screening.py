@@ -256,7 +256,8 @@ def _real_connection_password(match: re.Match) -> bool:
 # starts with an assertion or is case-insensitive. So most patterns start with their literal text, the left boundary
 # is checked in code (not_after), and case-insensitive patterns are written in lower case and run on a lowercased copy
 # of the text. Email and connection strings keep a leading lookbehind: it makes them start only at the beginning of a
-# run of characters, which keeps a long unbroken run (a base64 blob) linear instead of quadratic.
+# run of characters, which keeps a long unbroken run (a base64 blob) linear instead of quadratic; for the same reason
+# the other open-ended repetitions have an upper bound.
 
 @dataclass(frozen=True)
 class _Detector:
@@ -294,10 +295,11 @@ def _instruction(kind: str, pattern: str, not_after: str = "") -> _Detector:
 
 # Printable ASCII except space, quotes and backtick: what an unquoted config value is made of.
 VALUE_CHAR = r"""[!#-&(-_a-~]"""
-# A key ending in one of {keys}, an optional closing quote (JSON), a separator, the value (optionally quoted), then
-# trailing sentence punctuation, which is not part of the value. Lower case: it runs on the lowercased text.
+# A key ending in one of {keys}, an optional closing quote (JSON), a separator, then the value: either quoted, or
+# running to the next space or quote less any trailing sentence punctuation. Lower case: it runs on the lowercased text.
 CONFIG_VALUE = (r"""(?:{keys}) ["']? \s* (?:=>|:=|[:=：]) \s*
-                    (?P<quote>["']?) (?P<value>""" + VALUE_CHAR + r"""+?) (?P=quote) [.,;]* (?!""" + VALUE_CHAR + ")")
+                    (?P<quote>["'])? (?P<value>""" + VALUE_CHAR + r"""+?)
+                    (?(quote) (?P=quote) | [.,;]* (?!""" + VALUE_CHAR + "))")
 PASSWORD_KEYS = "password|passwd|pwd|_pass|-pass|密码|口令"
 CONFIG_SECRET_KEYS = ("secret|secret_key|secret-key|secretkey|api_key|api-key|apikey|access_token|access-token"
                       "|auth_token|auth-token|token|client_secret|client-secret|private_key|private-key|密钥")
@@ -305,22 +307,27 @@ TOKEN_EDGE = WORD_CHARS + "-"
 
 SECRET_DETECTORS = [
     _secret("private_key",
-            # the body may hold PEM headers (Proc-Type: 4,ENCRYPTED) and JSON-escaped line breaks (\n)
-            r"-----BEGIN[ A-Z0-9]*PRIVATE\ KEY----- [A-Za-z0-9+/=\s:,.\\-]*? -----END[ A-Z0-9]*PRIVATE\ KEY-----",
+            # The body may hold PEM headers (Proc-Type: 4,ENCRYPTED) and JSON-escaped line breaks (\n), but never
+            # "-----": a BEGIN without an END stops at the next marker instead of rescanning the rest of the text.
+            r"""-----BEGIN[ A-Z0-9]*PRIVATE\ KEY----- (?:[A-Za-z0-9+/=\s:,.\\] | -(?!----))*?
+                -----END[ A-Z0-9]*PRIVATE\ KEY-----""",
             _mask_private_key),
-    _secret("jwt", r"eyJ[\w-]{10,} \. [\w-]{10,} \. [\w-]{10,}", _mask_token, not_after=TOKEN_EDGE),
+    # The boundary check sits in the pattern, right after "eyJ": base64 of JSON repeats "eyJ" inside one long run, and
+    # each of those would otherwise scan thousands of characters looking for the dot.
+    _secret("jwt", r"eyJ (?<![\w-]eyJ) [\w-]{10,4096} \. [\w-]{10,8192} \. [\w-]{10,1024}", _mask_token),
     _secret("aws_access_key", r"(?:AKIA|ASIA)[A-Z0-9]{16} (?![A-Z0-9])", _mask_aws_access_key, not_after=ALNUM),
     _secret("aws_secret_key", r"""aws_secret_access_key ["']? \s* [:=] \s* ["']? (?P<value>[a-z0-9/+=]{40})
                                   (?![a-z0-9/+=])""", _mask_value, lowercase=True, span_group="value"),
     _secret("github_token", r"(?:gh[pousr]_[A-Za-z0-9]{20,255} | github_pat_\w{22,255})", _mask_token,
             not_after=TOKEN_EDGE),
-    _secret("stripe_key", r"[sr]k_live_[A-Za-z0-9]{16,}", _mask_token, not_after=TOKEN_EDGE),
-    _secret("slack_token", r"xox[baprs]-[A-Za-z0-9-]{10,}", _mask_token, not_after=TOKEN_EDGE),
+    _secret("stripe_key", r"[sr]k_live_[A-Za-z0-9]{16,255}", _mask_token, not_after=TOKEN_EDGE),
+    _secret("slack_token", r"xox[baprs]-[A-Za-z0-9-]{10,255}", _mask_token, not_after=TOKEN_EDGE),
     _secret("google_api_key", r"AIza[\w-]{35} (?![\w-])", _mask_token, not_after=TOKEN_EDGE),
-    _secret("openai_key", r"sk-(?:proj-|svcacct-|admin-)?[\w-]{20,}", _mask_token, accepts=_contains_digit,
+    _secret("openai_key", r"sk-(?:proj-|svcacct-|admin-)?[\w-]{20,512}", _mask_token, accepts=_contains_digit,
             not_after=TOKEN_EDGE),
     _secret("connection_string",
-            r"(?<![\w+.-]) [A-Za-z][\w+.-]*:// [^\s:/@]+ : (?P<password>[^\s:/@]+) @ [A-Za-z0-9.-]*[A-Za-z0-9]",
+            r"""(?<![\w+.-]) [A-Za-z][\w+.-]{0,30}:// [^\s:/@]{1,256} : (?P<password>[^\s:/@]{1,256})
+                @ [A-Za-z0-9.-]{0,252}[A-Za-z0-9]""",
             _mask_connection_string, accepts=_real_connection_password),
     _secret("password", CONFIG_VALUE.format(keys=PASSWORD_KEYS), _mask_value, accepts=_looks_like_secret_value,
             lowercase=True, span_group="value"),
@@ -332,7 +339,7 @@ DIGIT_EDGE = ALNUM + "-"
 
 PII_DETECTORS = [
     # region (6 digits), birth date (YYYYMMDD), sequence (3), check character
-    _pii("cn_id", r"[1-9]\d{5} (?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01]) \d{3} [\dXx] (?![A-Za-z0-9])",
+    _pii("cn_id", r"[1-9]\d{5} (?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01]) \d{3} [\dXx] (?![A-Za-z\d])",
          _mask_cn_id, accepts=_valid_cn_id, not_after=ALNUM),
     _pii("card", r"""[2-6] (?: \d{12,18}                                                    # contiguous
                              | \d{3} (?P<sep>[ -]) \d{4} (?P=sep) \d{4} (?P=sep) \d{1,4} (?:(?P=sep)\d{1,3})?
@@ -448,14 +455,10 @@ def _lowercased(text: str) -> str:
 
 
 def _matches(detector: _Detector, subject: str) -> Iterator[re.Match]:
-    position = 0
-    while match := detector.pattern.search(subject, position):
+    for match in detector.pattern.finditer(subject):
         start = match.start()
         if (start == 0 or subject[start - 1] not in detector.not_after) and detector.accepts(match):
             yield match
-            position = match.end()
-        else:
-            position = start + 1    # a rejected match may hide an acceptable one that starts inside it
 
 
 def _without_overlaps(hits: list[_Hit]) -> list[_Hit]:
