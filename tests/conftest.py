@@ -180,3 +180,48 @@ def wait_for(predicate, *, timeout: float = 30.0, interval: float = 0.2, what: s
             return value
         time.sleep(interval)
     raise AssertionError(f"Timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def live_db(django_db_blocker):
+    """The test database outside a test transaction, as the worker and web processes see it."""
+    with django_db_blocker.unblock():
+        yield
+
+
+def deploy_presets(replicas: dict[str, int], *, cooldown_s: float = 30.0) -> None:
+    """Register the preset models, start `replicas` of each named one on the test node, and wait until ready."""
+    from cluster import inventory
+    from cluster.services import register_node
+    from serving import services as serving_services
+    from serving.models import Deployment, ServingState
+    from serving.presets import register_presets
+
+    node = register_node(name=WORKER_NODE, resources=inventory.probe())
+    models = register_presets(lambda line: None)
+    for name, count in replicas.items():
+        deployment = serving_services.create_deployment(actor=services.SYSTEM, workspace=None, model=models[name],
+                                                        name=name, replicas=[(node, 1.0)] * count,
+                                                        cooldown_s=cooldown_s)
+        serving_services.start_deployment(actor=services.SYSTEM, deployment=deployment)
+
+    def ready(name: str) -> bool:
+        deployment = Deployment.objects.get(name=name)
+        if deployment.state == ServingState.FAILED:
+            pytest.fail(f"{name} failed: {deployment.replicas.first().last_error}")
+        return deployment.state == ServingState.READY
+
+    for name in replicas:
+        wait_for(lambda: ready(name), timeout=180, what=f"{name} to be ready")
+
+
+def stop_engines_and_flush() -> None:
+    """Stop every engine process the tests started and empty the database for the next module."""
+    from django.core.management import call_command
+
+    from serving.engines import process
+    from serving.models import Replica
+
+    for replica in Replica.objects.exclude(pid=None):
+        process.terminate(replica.pid)
+    call_command("flush", interactive=False, verbosity=0)

@@ -43,22 +43,9 @@ form?.addEventListener("submit", async (event) => {
     error.textContent = body.error?.message || `The gateway answered ${response.status}.`;
     return;
   }
-  const reader = response.body.getReader();
-  const decoder = new TextDecoder();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += decoder.decode(value, { stream: true });
-    const events = buffer.split("\n\n");
-    buffer = events.pop();
-    for (const event of events) {
-      const line = event.split("\n").find((l) => l.startsWith("data:"));
-      if (!line || line.slice(5).trim() === "[DONE]") continue;
-      const chunk = JSON.parse(line.slice(5));
-      if (chunk.error) error.textContent = chunk.error.message;
-      answer.textContent += chunk.choices?.[0]?.delta?.content ?? "";
-    }
+  for await (const { data: chunk } of readEvents(response)) {
+    if (chunk.error) error.textContent = chunk.error.message;
+    answer.textContent += chunk.choices?.[0]?.delta?.content ?? "";
   }
   const record = await readFigures(response.headers.get("X-Request-Id"));
   if (record) showFigures(record);

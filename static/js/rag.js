@@ -68,7 +68,7 @@ if (documentsTable) setInterval(() => refreshDocuments(true), 1500);
 
 // ---- chat ----
 const chat = document.getElementById("chat");
-const history = [];
+const chatHistory = [];
 
 function showSources(hits, cited) {
   const list = document.getElementById("chat-sources");
@@ -93,34 +93,23 @@ async function ask(question) {
   const response = await fetch(chat.dataset.url, {
     method: "POST", credentials: "same-origin",
     headers: { "Content-Type": "application/json", "X-CSRFToken": csrf() },
-    body: JSON.stringify({ query: question, history }),
+    body: JSON.stringify({ query: question, history: chatHistory }),
   });
   if (!response.ok) {
     const body = await response.json().catch(() => ({}));
     error.textContent = body.error?.message || `The chat failed (${response.status}).`;
     return;
   }
-  const reader = response.body.getReader();
-  const decoder = new TextDecoder();
-  let buffer = "", hits = [];
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += decoder.decode(value, { stream: true });
-    const events = buffer.split("\n\n");
-    buffer = events.pop();
-    for (const raw of events) {
-      const kind = raw.match(/^event: (.*)$/m)?.[1];
-      const data = JSON.parse(raw.match(/^data: (.*)$/m)?.[1] ?? "{}");
-      if (kind === "hits") { hits = data.hits; showSources(hits, null); }
-      if (kind === "token") answer.textContent += data.text;
-      if (kind === "error") error.textContent = data.message;
-      if (kind === "done") {
-        answer.dataset.done = "1";
-        const cited = data.citations.filter((c) => c.cited).map((c) => c.n);
-        showSources(hits, cited);
-        history.push({ role: "user", content: question }, { role: "assistant", content: data.answer });
-      }
+  let hits = [];
+  for await (const { event, data } of readEvents(response)) {
+    if (event === "hits") { hits = data.hits; showSources(hits, null); }
+    if (event === "token") answer.textContent += data.text;
+    if (event === "error") error.textContent = data.message;
+    if (event === "done") {
+      answer.dataset.done = "1";
+      const cited = data.citations.filter((c) => c.cited).map((c) => c.n);
+      showSources(hits, cited);
+      chatHistory.push({ role: "user", content: question }, { role: "assistant", content: data.answer });
     }
   }
 }

@@ -3,17 +3,11 @@ cited answer, generate an eval set, and run and compare two configs."""
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
 from playwright.sync_api import expect
 
-from accounts.services import SYSTEM, Actor, create_workspace
-from cluster import inventory
-from cluster.services import register_node
-from serving import services as serving_services
-from serving.engines import process
-from serving.models import Deployment, Replica, ServingState
-from serving.presets import SMOLLM2, register_presets
-from tests.conftest import WORKER_NODE, wait_for
+from accounts.services import Actor, create_workspace
+from serving.presets import SMOLLM2
+from tests.conftest import deploy_presets, stop_engines_and_flush
 from tests.e2e.conftest import sign_in
 from tests.rag_studio.conftest import SAMPLE_FILES, SAMPLES
 
@@ -23,19 +17,11 @@ pytestmark = [pytest.mark.browser, pytest.mark.worker]
 @pytest.fixture
 def platform(celery_worker_process, web_server, django_db_blocker):
     with django_db_blocker.unblock():
-        node = register_node(name=WORKER_NODE, resources=inventory.probe())
-        models = register_presets(lambda line: None)
-        deployment = serving_services.create_deployment(actor=SYSTEM, workspace=None, model=models[SMOLLM2],
-                                                        name=SMOLLM2, replicas=[(node, 1.0)])
-        serving_services.start_deployment(actor=SYSTEM, deployment=deployment)
+        deploy_presets({SMOLLM2: 1})
         ann = get_user_model().objects.create_user(username="ann", password="correct-horse-battery")
         create_workspace(actor=Actor(user=ann), name="Acme")
-        wait_for(lambda: Deployment.objects.get(name=SMOLLM2).state == ServingState.READY, timeout=180,
-                 what="SmolLM2 to be ready")
         yield web_server
-        for replica in Replica.objects.exclude(pid=None):
-            process.terminate(replica.pid)
-        call_command("flush", interactive=False, verbosity=0)
+        stop_engines_and_flush()
 
 
 def _save_config(page, name: str, template: str, retrieval_mode: str | None = None):

@@ -6,25 +6,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
 from django.utils import timezone
 
-from accounts.services import SYSTEM, Actor, create_workspace
-from cluster import inventory
-from cluster.services import register_node
+from accounts.services import Actor, create_workspace
 from rag_studio import evaluation, files, ingestion, services
 from rag_studio.models import Document, DocumentStatus, EvalRun, EvalSet, JobStatus, Stage
 from rag_studio.tasks import ingest_document
-from serving import services as serving_services
-from serving.engines import process
-from serving.models import Deployment, Replica, ServingState
-from serving.presets import SMOLLM2, register_presets
-from tests.conftest import ROOT, WORKER_NODE, platform_env, wait_for
+from serving.presets import SMOLLM2
+from tests.conftest import ROOT, WORKER_NODE, deploy_presets, platform_env, stop_engines_and_flush, wait_for
 from tests.rag_studio.conftest import SAMPLE_FILES, sample
 
 pytestmark = pytest.mark.worker
@@ -33,25 +26,11 @@ pytestmark = pytest.mark.worker
 @pytest.fixture(scope="module")
 def platform(celery_worker_process, web_server, django_db_blocker):
     with django_db_blocker.unblock():
-        node = register_node(name=WORKER_NODE, resources=inventory.probe())
-        models = register_presets(lambda line: None)
-        deployment = serving_services.create_deployment(actor=SYSTEM, workspace=None, model=models[SMOLLM2],
-                                                        name=SMOLLM2, replicas=[(node, 1.0)])
-        serving_services.start_deployment(actor=SYSTEM, deployment=deployment)
+        deploy_presets({SMOLLM2: 1})
         owner = get_user_model().objects.create_user(username="rag-owner", password="x" * 12)
         workspace = create_workspace(actor=Actor(user=owner), name="Northwind")
-        wait_for(lambda: Deployment.objects.get(name=SMOLLM2).state == ServingState.READY, timeout=180,
-                 what="SmolLM2 to be ready")
         yield {"url": web_server, "workspace": workspace, "actor": Actor(user=owner)}
-        for replica in Replica.objects.exclude(pid=None):
-            process.terminate(replica.pid)
-        call_command("flush", interactive=False, verbosity=0)
-
-
-@pytest.fixture
-def live_db(django_db_blocker):
-    with django_db_blocker.unblock():
-        yield
+        stop_engines_and_flush()
 
 
 @pytest.fixture(scope="module")
