@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from accounts.errors import Unauthenticated
-from accounts.services import authenticate_api_key
+from accounts.services import SERVICE_TOKEN_PREFIX, authenticate_api_key, authenticate_service_token
 from serving import metrics
 from serving.engines.base import CHAT, COMPLETION, EMBEDDING
 from serving.models import RequestRecord, ServingState
@@ -67,8 +67,12 @@ async def _authenticate(request: HttpRequest) -> Caller:
     header = request.headers.get("Authorization", "")
     if not header.lower().startswith("bearer "):
         raise GatewayError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="invalid_api_key")
+    raw = header[7:].strip()
     try:
-        api_key = await sync_to_async(authenticate_api_key)(raw=header[7:].strip())
+        if raw.startswith(SERVICE_TOKEN_PREFIX):  # the platform's own RAG and agent calls: no database needed
+            return Caller(workspace_id=authenticate_service_token(raw=raw))
+        # Not thread-sensitive: a sync view of this same process may be waiting on this very request.
+        api_key = await sync_to_async(authenticate_api_key, thread_sensitive=False)(raw=raw)
     except Unauthenticated as exc:
         raise GatewayError(401, exc.message, code="invalid_api_key")
     return Caller(workspace_id=api_key.workspace_id)

@@ -1,6 +1,7 @@
 """Picks a replica for each gateway request: a weighted random choice over the ready replicas that are not
 cooling down after a failure. The routing table is cached for a second so that the hot path rarely touches
-the database; cooldowns live in this process (the gateway runs as one ASGI process per node)."""
+the database; cooldowns live in this process (the gateway runs as one ASGI process per node). Database reads
+run off Django's one sync thread, which a sync view calling the gateway in this same process may be holding."""
 
 import random
 import time
@@ -75,12 +76,12 @@ class Router:
         cached = self._table.get(name)
         if cached is not None and cached[0] > time.monotonic():
             return cached[1]
-        target = await sync_to_async(_load)(name)
+        target = await sync_to_async(_load, thread_sensitive=False)(name)
         self._table[name] = (time.monotonic() + TABLE_TTL_S, target)
         return target
 
     async def visible_targets(self, workspace_id: int) -> list[Target]:
-        return await sync_to_async(_load_visible)(workspace_id)
+        return await sync_to_async(_load_visible, thread_sensitive=False)(workspace_id)
 
     def pick(self, target: Target, *, exclude: set[int]) -> Route | None:
         now = time.monotonic()

@@ -118,6 +118,22 @@ def test_a_rag_config_answers_with_citations_through_the_gateway(northwind, live
     assert result.usage.get("output_tokens", 0) > 0
 
 
+def test_the_run_api_answers_over_http_while_the_same_process_serves_the_gateway(platform, northwind, live_db):
+    """A sync API view calling the gateway in its own web process must not wait on itself."""
+    import httpx
+
+    from accounts.services import create_api_key
+
+    key = create_api_key(actor=platform["actor"], workspace=platform["workspace"], name="run").secret
+    response = httpx.post(f"{platform['url']}/api/rag/configs/{northwind['config'].pk}/run/",
+                          json={"query": "What does error code E204 mean?"},
+                          headers={"Authorization": f"Bearer {key}"}, timeout=120)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["answer"].strip() and body["version"] == 1
+    assert body["citations"][0]["document"] == "northwind-product-guide.docx"
+
+
 def test_an_eval_set_is_generated_from_the_corpus_and_two_configs_are_compared(platform, northwind, live_db):
     actor, kb = platform["actor"], northwind["kb"]
     generated = evaluation.start_generation(actor=actor, kb=kb, name="From the corpus", generator=SMOLLM2, count=4)
