@@ -98,6 +98,26 @@ def test_chinese_keyword_search_finds_the_chinese_chunk(root):
     assert {chunk_id for chunk_id, _ in store.search_keyword("nw-7", 10)} == {1, 3}
 
 
+def test_keyword_ranking_favours_rare_words_repeated_words_and_short_chunks(root):
+    store = IndexStore(root, DIMENSION)
+    texts = {
+        1: "robot arm",  # both words, one of them rare
+        2: "robot robot robot wheel",  # the common word, often
+        3: "robot wheel",  # the common word, once, in a short chunk
+        4: "robot " + " ".join(f"filler{i}" for i in range(40)),  # the common word, once, in a long chunk
+        5: "nothing relevant here",
+    }
+    store.apply(upserts={"1": (list(texts), random_vectors(1, len(texts)), list(texts.values()))})
+
+    ranked = [chunk_id for chunk_id, _ in store.search_keyword("robot arm", 10)]
+    assert ranked == [1, 2, 3, 4]
+    # After a write that leaves a word unused, a query for it finds nothing, and the other scores still hold.
+    store.apply(removals=["1"])
+    store.apply(upserts={"2": ([9], random_vectors(2, 1), ["robot"])})
+    assert store.search_keyword("arm", 10) == []
+    assert [chunk_id for chunk_id, _ in store.search_keyword("robot", 10)] == [9]
+
+
 def test_keyword_search_edge_cases(root):
     store = IndexStore(root, DIMENSION)
     store.apply(upserts={"1": ([5], unit(0)[None, :], ["a lonely document about robots"])})
