@@ -59,7 +59,7 @@ class Embedder:
         return cls(model_path=kb.embedding_model.path, deployment=deployment, workspace_id=kb.workspace_id)
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        """One batch. Callers split work into batches of RAG_EMBED_BATCH_SIZE."""
+        """One batch, in one model call or request (queries, small batches)."""
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
         if self.deployment:
@@ -67,17 +67,18 @@ class Embedder:
         return _normalised(_local_model(self.model_path).encode(texts, batch_size=len(texts),
                                                                  convert_to_numpy=True))
 
-    def embed_batches(self, batches: list[list[str]]):
-        """Yields (batch index, vectors) in order, `RAG_EMBED_CONCURRENCY` batches at a time for a
-        deployment; a local model runs batches one after another on that many torch threads."""
+    def embed_many(self, texts: list[str]) -> np.ndarray:
+        """Any number of texts, RAG_EMBED_BATCH_SIZE per model call. A local model takes them all at once and
+        batches them by length (sentence-transformers sorts them), so a batch holds little padding; a deployment
+        gets RAG_EMBED_CONCURRENCY requests at a time."""
+        size = settings.RAG_EMBED_BATCH_SIZE
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
         if not self.deployment:
-            for index, batch in enumerate(batches):
-                yield index, self.embed(batch)
-            return
+            return _normalised(_local_model(self.model_path).encode(
+                texts, batch_size=size, convert_to_numpy=True, show_progress_bar=False))
         with ThreadPoolExecutor(max_workers=settings.RAG_EMBED_CONCURRENCY) as pool:
-            futures = {pool.submit(self.embed, batch): index for index, batch in enumerate(batches)}
-            for future in futures:
-                yield futures[future], future.result()
+            return np.concatenate(list(pool.map(self.embed, [texts[i:i + size] for i in range(0, len(texts), size)])))
 
     def _embed_remote(self, texts: list[str]) -> np.ndarray:
         try:

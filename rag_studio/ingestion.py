@@ -1,4 +1,10 @@
-"""The ingestion pipeline: parse → clean → screen → chunk → embed → index, one document at a time.
+"""The ingestion pipeline: parse → clean → screen → chunk → embed → index.
+
+Each document has its own task, but the worker that runs one also claims the knowledge base's other queued
+documents, up to RAG_INGEST_GROUP_DOCS: they go through the first four stages one by one, then are embedded
+together, in model calls that mix their chunks (sorted by length, so batches are full and hold little padding;
+per-document batches of a few chunks ran at about half the model's rate), and indexed in one write (each write
+copies the whole index). The other documents' own tasks then find them done.
 
 Each stage writes its output (a file in the document's work dir, or rows) before the document's `stage` moves on,
 and the embed stage saves each batch of vectors as it goes. A worker holds a document through a lease it renews
@@ -8,7 +14,7 @@ in the index exactly once.
 """
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 import numpy as np
@@ -31,6 +37,9 @@ ORDER = [Stage.PARSE, Stage.CLEAN, Stage.SCREEN, Stage.CHUNK, Stage.EMBED, Stage
 # Progress shown when each stage starts; embedding takes most of the time, so it spans most of the bar.
 PROGRESS_AT = {Stage.PARSE: 0, Stage.CLEAN: 10, Stage.SCREEN: 15, Stage.CHUNK: 20, Stage.EMBED: 25,
                Stage.INDEX: 92, Stage.DONE: 100}
+# Batches' worth of chunks per embedding call: enough for the model to fill its batches with chunks of
+# similar length, few enough that progress moves every few seconds.
+EMBED_CALL_BATCHES = 8
 
 
 class LeaseLost(Exception):
@@ -81,34 +90,85 @@ def _event(document: Document, worker: str, message: str) -> None:
 
 
 def ingest(document_id: int, worker: str) -> str:
-    """Run the document's remaining stages. Returns its final status, or 'skipped' when another worker has it."""
+    """Run the remaining stages of the document and of the queued documents it takes along. Returns the
+    document's final status (also when an earlier task's group already took it), or 'skipped' when another worker
+    has it now."""
     document, previous_owner = claim(document_id, worker)
     if document is None:
-        return "skipped"
+        status = Document.objects.filter(pk=document_id).values_list("status", flat=True).first()
+        return status if status in (DocumentStatus.INDEXED, DocumentStatus.FAILED) else "skipped"
     if previous_owner:
         _event(document, worker, f"Resumed at the {document.stage} stage: {previous_owner} stopped renewing its "
                                  f"lease")
+    group = [document, *_claim_companions(document, worker)]
+    prepared = []
+    for position, member in enumerate(group):
+        if _guarded([member], worker, _prepare):
+            prepared.append(member)
+        _renew(group[position + 1:], worker)  # those still waiting for their turn
+    _guarded([d for d in prepared if d.stage == Stage.EMBED], worker, GROUP_STAGES[Stage.EMBED])
+    _guarded([d for d in prepared if d.stage == Stage.INDEX], worker, GROUP_STAGES[Stage.INDEX])
+    return Document.objects.filter(pk=document_id).values_list("status", flat=True).first() or "deleted"
+
+
+def _claim_companions(document: Document, worker: str) -> list[Document]:
+    waiting = Document.objects.filter(knowledge_base_id=document.knowledge_base_id, status=DocumentStatus.QUEUED,
+                                      lease_until__isnull=True).exclude(pk=document.pk).order_by("pk")
+    companions = []
+    for document_id in waiting.values_list("pk", flat=True)[:settings.RAG_INGEST_GROUP_DOCS - 1]:
+        companion, _ = claim(document_id, worker)
+        if companion is not None:
+            companions.append(companion)
+    return companions
+
+
+def _guarded(documents: list[Document], worker: str, step) -> bool:
+    """Run `step(documents, worker)`; its failure fails those documents with a readable reason (never leaves them
+    "processing"), and a lost lease leaves them to whoever has them now. True when it went through."""
+    if not documents:
+        return True
     try:
-        while document.stage != Stage.DONE:
+        step(documents, worker)
+        return True
+    except LeaseLost:
+        return False
+    except (DocumentFailed, ParseError) as exc:
+        reason, code = exc.reason, exc.code
+    except EmbeddingFailed as exc:
+        reason, code = str(exc), "embedding_failed"
+    except Exception as exc:  # any other bug must still end in a readable failure, not "processing" forever
+        logger.exception("Ingestion of documents %s failed", [d.pk for d in documents])
+        reason, code = f"Unexpected error in the {documents[0].stage} stage: {exc}", "internal_error"
+    for document in documents:
+        _fail(document, worker, code, reason)
+    return False
+
+
+def _prepare(documents: list[Document], worker: str) -> None:
+    """The per-document stages, up to embedding."""
+    for document in documents:
+        while document.stage in STAGES:
             stage = document.stage
             STAGES[stage](document, worker)
             next_stage = ORDER[ORDER.index(stage) + 1]
-            if next_stage != Stage.DONE:
-                _advance(document, worker, stage=next_stage, progress=PROGRESS_AT[next_stage])
-            else:
-                document.stage = Stage.DONE
-    except LeaseLost:
-        return "skipped"
-    except DocumentFailed as exc:
-        _fail(document, worker, exc.code, exc.reason)
-    except ParseError as exc:
-        _fail(document, worker, exc.code, exc.reason)
-    except EmbeddingFailed as exc:
-        _fail(document, worker, "embedding_failed", str(exc))
-    except Exception as exc:  # any other bug must still end in a readable failure, not "processing" forever
-        logger.exception("Ingestion of document %s failed in %s", document_id, document.stage)
-        _fail(document, worker, "internal_error", f"Unexpected error in the {document.stage} stage: {exc}")
-    return Document.objects.filter(pk=document_id).values_list("status", flat=True).first() or "deleted"
+            _advance(document, worker, stage=next_stage, progress=PROGRESS_AT[next_stage])
+
+
+def _renew(documents: list[Document], worker: str) -> None:
+    Document.objects.filter(pk__in=[d.pk for d in documents], lease_owner=worker,
+                            status=DocumentStatus.PROCESSING).update(lease_until=_lease_until())
+
+
+def _still_held(documents: list[Document], worker: str, **fields) -> list[Document]:
+    """`_advance` each document; those whose lease was lost (deleted, re-queued) drop out of the group."""
+    held = []
+    for document in documents:
+        try:
+            _advance(document, worker, **fields)
+            held.append(document)
+        except LeaseLost:
+            pass
+    return held
 
 
 def _fail(document: Document, worker: str, code: str, reason: str) -> None:
@@ -214,37 +274,92 @@ def _batch_path(document: Document, index: int):
     return files.work_dir(document.pk) / f"vectors-{index:05d}.npy"
 
 
-def run_embed(document: Document, worker: str) -> None:
-    chunks = _searchable(document)
-    size = _batch_size(document)
-    batches = [[text for _, text in chunks[i:i + size]] for i in range(0, len(chunks), size)]
-    todo = [i for i in range(len(batches)) if not _batch_path(document, i).exists()]
-    if len(todo) < len(batches):
-        _event(document, worker, f"Embedding resumes at batch {todo[0] + 1 if todo else len(batches)} "
-                                 f"of {len(batches)}; {len(batches) - len(todo)} batch(es) were already saved")
-    embedder = Embedder.for_knowledge_base(document.knowledge_base)
+@dataclass(frozen=True)
+class _Piece:
+    """One saved batch of one document: the unit of resumption."""
+
+    document: Document
+    index: int
+    texts: list[str]
+
+
+def embed_documents(documents: list[Document], worker: str) -> None:
+    """Embed the documents' unsaved batches, several documents' batches per model call."""
+    pieces, batch_counts, done = [], {}, {}
+    for document in documents:
+        chunks = _searchable(document)
+        size = _batch_size(document)
+        batches = [[text for _, text in chunks[i:i + size]] for i in range(0, len(chunks), size)]
+        todo = [i for i in range(len(batches)) if not _batch_path(document, i).exists()]
+        if len(todo) < len(batches):
+            _event(document, worker, f"Embedding resumes at batch {todo[0] + 1 if todo else len(batches)} "
+                                     f"of {len(batches)}; {len(batches) - len(todo)} batch(es) were already saved")
+        pieces += [_Piece(document, i, batches[i]) for i in todo]
+        batch_counts[document.pk], done[document.pk] = len(batches), len(batches) - len(todo)
+    embedder = Embedder.for_knowledge_base(documents[0].knowledge_base)
     span = PROGRESS_AT[Stage.INDEX] - PROGRESS_AT[Stage.EMBED]
-    done = len(batches) - len(todo)
-    for index, vectors in embedder.embed_batches([batches[i] for i in todo]):
-        path = _batch_path(document, todo[index])
-        partial = path.with_name(f".{path.name}.partial")
-        with partial.open("wb") as out:
-            np.save(out, vectors)
-        partial.replace(path)
-        done += 1
-        _advance(document, worker, progress=PROGRESS_AT[Stage.EMBED] + span * done // max(1, len(batches)))
+    held = list(documents)
+    for call in _calls(pieces, settings.RAG_EMBED_BATCH_SIZE * EMBED_CALL_BATCHES):
+        call = [piece for piece in call if piece.document in held]
+        vectors = embedder.embed_many([text for piece in call for text in piece.texts])
+        offset = 0
+        for piece in call:
+            _save_vectors(_batch_path(piece.document, piece.index), vectors[offset:offset + len(piece.texts)])
+            offset += len(piece.texts)
+            done[piece.document.pk] += 1
+        # Every document renews its lease, those waiting for a later call too.
+        held = [document for document in held if _still_held(
+            [document], worker,
+            progress=PROGRESS_AT[Stage.EMBED] + span * done[document.pk] // max(1, batch_counts[document.pk]))]
+    _still_held(held, worker, stage=Stage.INDEX, progress=PROGRESS_AT[Stage.INDEX])
 
 
-def run_index(document: Document, worker: str) -> None:
-    chunks = _searchable(document)
-    size = _batch_size(document)
-    vectors = np.concatenate([np.load(_batch_path(document, i)) for i in range(0, (len(chunks) + size - 1) // size)])
-    if len(vectors) != len(chunks):
-        raise DocumentFailed("internal_error", f"{len(vectors)} vectors for {len(chunks)} chunks; re-index it.")
-    kb = KnowledgeBase.objects.select_related("embedding_model").get(pk=document.knowledge_base_id)
-    store = index_store(kb, kb.building_key or kb.index_key)
-    store.apply(upserts={str(document.pk): ([pk for pk, _ in chunks], vectors, [text for _, text in chunks])})
-    finish_document(document, worker)
+def _calls(pieces: list[_Piece], texts_per_call: int):
+    """Consecutive runs of pieces holding about `texts_per_call` texts."""
+    call, size = [], 0
+    for piece in pieces:
+        call.append(piece)
+        size += len(piece.texts)
+        if size >= texts_per_call:
+            yield call
+            call, size = [], 0
+    if call:
+        yield call
+
+
+def _save_vectors(path, vectors: np.ndarray) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    with partial.open("wb") as out:
+        np.save(out, vectors)
+    partial.replace(path)
+
+
+def index_documents(documents: list[Document], worker: str) -> None:
+    """One index write for all the documents, then each is done."""
+    upserts, ready = {}, []
+    for document in documents:
+        chunks = _searchable(document)
+        size = _batch_size(document)
+        vectors = np.concatenate([np.load(_batch_path(document, i))
+                                  for i in range(0, (len(chunks) + size - 1) // size)])
+        if len(vectors) != len(chunks):
+            _fail(document, worker, "internal_error", f"{len(vectors)} vectors for {len(chunks)} chunks; "
+                                                      f"re-index it.")
+            continue
+        upserts[str(document.pk)] = ([pk for pk, _ in chunks], vectors, [text for _, text in chunks])
+        ready.append(document)
+    # Checked just before the write, so that a document deleted meanwhile is not put back in the index.
+    ready = _still_held(ready, worker)
+    if not ready:
+        return
+    kb = KnowledgeBase.objects.select_related("embedding_model").get(pk=documents[0].knowledge_base_id)
+    index_store(kb, kb.building_key or kb.index_key).apply(
+        upserts={str(document.pk): upserts[str(document.pk)] for document in ready})
+    for document in ready:
+        try:
+            finish_document(document, worker)
+        except LeaseLost:
+            pass
 
 
 def finish_document(document: Document, worker: str) -> None:
@@ -283,5 +398,6 @@ def resume_stalled() -> list[int]:
     return stalled
 
 
-STAGES = {Stage.PARSE: run_parse, Stage.CLEAN: run_clean, Stage.SCREEN: run_screen, Stage.CHUNK: run_chunk,
-          Stage.EMBED: run_embed, Stage.INDEX: run_index}
+# Run per document, then per group of documents.
+STAGES = {Stage.PARSE: run_parse, Stage.CLEAN: run_clean, Stage.SCREEN: run_screen, Stage.CHUNK: run_chunk}
+GROUP_STAGES = {Stage.EMBED: embed_documents, Stage.INDEX: index_documents}

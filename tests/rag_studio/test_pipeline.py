@@ -97,6 +97,27 @@ def test_bad_files_fail_with_a_reason_and_the_rest_of_the_batch_goes_on(acme, an
     assert not kb.documents.filter(status=DocumentStatus.PROCESSING).exists()
 
 
+def test_one_task_ingests_its_knowledge_bases_queued_documents_together(acme, ann, settings):
+    settings.RAG_INGEST_GROUP_DOCS = 3
+    kb = services.create_knowledge_base(actor=ann, workspace=acme, name="Grouped")
+    batch = [sample("northwind-support-faq.md"), upload("empty-after-cleaning.txt", b"   \n\n  "),
+             sample("northwind-product-guide.docx"), sample("northwind-employee-handbook.pdf")]
+    first, *others = services.upload_documents(actor=ann, kb=kb, uploads=batch)
+    store = services.index_store(kb)
+
+    assert ingest(first.document.pk, "pytest") == "indexed"
+    statuses = {d.filename: d.status for d in kb.documents.all()}
+    # The first task took two more queued documents along; the one with no text failed on its own.
+    assert statuses == {"northwind-support-faq.md": "indexed", "empty-after-cleaning.txt": "failed",
+                        "northwind-product-guide.docx": "indexed", "northwind-employee-handbook.pdf": "queued"}
+    assert store.generation() == 1  # both indexed in one write
+    assert ingest(others[0].document.pk, "pytest") == "failed"  # its own task finds it done
+    assert ingest(others[2].document.pk, "pytest") == "indexed"
+    assert store.count() == Chunk.objects.filter(knowledge_base=kb, searchable=True).count()
+    assert _top_filename(kb, "How many days of annual leave do employees get?") == \
+        "northwind-employee-handbook.pdf"
+
+
 def test_a_duplicate_upload_is_reported_not_stored_twice(acme, ann, indexed_kb):
     outcome, = services.upload_documents(actor=ann, kb=indexed_kb, uploads=[sample("northwind-support-faq.md")])
     assert outcome.status == "duplicate" and outcome.duplicate_of.filename == "northwind-support-faq.md"
