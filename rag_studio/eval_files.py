@@ -83,6 +83,13 @@ def _canonical_names(names: list[str], line: int) -> dict[str, str]:
 def _csv_records(text: str) -> Iterator[tuple[int, dict]]:
     """(line, fields by canonical name) for each non-blank record."""
     reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        yield from _csv_rows(reader)
+    except csv.Error as error:  # a field over csv's size limit, a NUL byte
+        raise EvalFileError(reader.line_num, f"not readable as CSV: {error}")
+
+
+def _csv_rows(reader) -> Iterator[tuple[int, dict]]:
     header = next(reader, None)
     if header is None:
         return

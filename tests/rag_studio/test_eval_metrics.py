@@ -175,6 +175,7 @@ def jsonl(*records: object) -> bytes:
     (jsonl({"question": "A?", "expected_sources": 3}), "set.jsonl", 1,
      "'expected_sources' must be a string or a list of strings, got a number"),
     (jsonl({"question": "A?"}, {"question": "B?", "sources": ["a.pdf", 2]}), "set.jsonl", 2, "non-text items"),
+    (b"question\nA?\n" + b'"' + b"x" * 200_000 + b'"\n', "set.csv", 3, "not readable as CSV: field larger"),
     (b"", "set.csv", None, "no items"),
     (b"question,answer\n\n", "set.csv", None, "no items"),
     (b"\n \n", "set.jsonl", None, "no items"),
