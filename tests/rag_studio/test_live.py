@@ -15,6 +15,7 @@ from django.utils import timezone
 from accounts.services import Actor, create_workspace
 from rag_studio import evaluation, files, ingestion, services
 from rag_studio.models import Document, DocumentStatus, EvalRun, EvalSet, JobStatus, Stage
+from rag_studio.retrieval import retrieve
 from rag_studio.tasks import ingest_document
 from serving.presets import SMOLLM2
 from tests.conftest import ROOT, WORKER_NODE, deploy_presets, platform_env, stop_engines_and_flush, wait_for
@@ -116,6 +117,18 @@ def test_a_rag_config_answers_with_citations_through_the_gateway(northwind, live
     citations = result.citations()
     assert citations and {"n", "chunk_id", "document", "page", "score"} <= set(citations[0])
     assert result.usage.get("output_tokens", 0) > 0
+
+
+def test_an_llm_rerank_rates_every_candidate_through_the_gateway(northwind, live_db):
+    settings = {"mode": "hybrid", "candidates": 6, "top_k": 6,
+                "rerank": {"kind": "llm", "model": SMOLLM2, "top_k": 3, "threshold": 0.0}}
+    result = retrieve(northwind["kb"], "How many days of annual leave do employees get?", settings)
+
+    # Each of the 6 candidates was rated (0 or more) or counted as unparseable; rerank.top_k are kept, best first.
+    assert len(result.hits) == min(3, 6 - result.rerank_unparseable)
+    scores = [hit.rerank for hit in result.hits]
+    assert all(score is not None for score in scores) and scores == sorted(scores, reverse=True)
+    assert all(hit.fused is not None for hit in result.hits)
 
 
 def test_the_run_api_answers_over_http_while_the_same_process_serves_the_gateway(platform, northwind, live_db):
