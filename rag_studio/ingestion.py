@@ -159,16 +159,14 @@ def _renew(documents: list[Document], worker: str) -> None:
                             status=DocumentStatus.PROCESSING).update(lease_until=_lease_until())
 
 
-def _still_held(documents: list[Document], worker: str, **fields) -> list[Document]:
-    """`_advance` each document; those whose lease was lost (deleted, re-queued) drop out of the group."""
-    held = []
-    for document in documents:
-        try:
-            _advance(document, worker, **fields)
-            held.append(document)
-        except LeaseLost:
-            pass
-    return held
+def _advanced(document: Document, worker: str, **fields) -> bool:
+    """`_advance`, False instead of LeaseLost: in a group, a document another worker took (or that was deleted)
+    just drops out."""
+    try:
+        _advance(document, worker, **fields)
+        return True
+    except LeaseLost:
+        return False
 
 
 def _fail(document: Document, worker: str, code: str, reason: str) -> None:
@@ -308,11 +306,12 @@ def embed_documents(documents: list[Document], worker: str) -> None:
             offset += len(piece.texts)
             done[piece.document.pk] += 1
         embedded = {piece.document.pk for piece in call}
-        held = [document for document in held if document.pk not in embedded or _still_held(
-            [document], worker,
+        held = [document for document in held if document.pk not in embedded or _advanced(
+            document, worker,
             progress=PROGRESS_AT[Stage.EMBED] + span * done[document.pk] // max(1, batch_counts[document.pk]))]
         _renew([document for document in held if document.pk not in embedded], worker)  # waiting for a later call
-    _still_held(held, worker, stage=Stage.INDEX, progress=PROGRESS_AT[Stage.INDEX])
+    for document in held:
+        _advanced(document, worker, stage=Stage.INDEX, progress=PROGRESS_AT[Stage.INDEX])
 
 
 def _calls(pieces: list[_Piece], texts_per_call: int):
