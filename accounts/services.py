@@ -126,9 +126,26 @@ def remove_member(*, actor: Actor, membership: Membership) -> None:
     membership.delete()
 
 
-def _hash_key(raw: str) -> str:
-    # API keys carry 256 bits of randomness, so a plain SHA-256 is as strong as a slow password hash here.
+def hash_secret(raw: str) -> str:
+    # Issued secrets carry 256 bits of randomness, so a plain SHA-256 is as strong as a slow password hash here.
     return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def issue_secret(tag: str) -> tuple[str, str]:
+    """A new `<tag><prefix>.<secret>` credential and its prefix; the prefix finds the row, the hash checks it."""
+    prefix = secrets.token_hex(6)
+    return prefix, f"{tag}{prefix}.{secrets.token_urlsafe(32)}"
+
+
+def secret_prefix(raw: str, tag: str) -> str | None:
+    """The prefix of a credential issued with `tag`, or None when it is not one."""
+    if not raw.startswith(tag) or "." not in raw:
+        return None
+    return raw[len(tag):].split(".", 1)[0]
+
+
+def secret_matches(raw: str, key_hash: str) -> bool:
+    return secrets.compare_digest(key_hash, hash_secret(raw))
 
 
 @dataclass(frozen=True)
@@ -149,10 +166,9 @@ def create_api_key(*, actor: Actor, workspace: Workspace, name: str, role: str =
                                fields={"name": ["This field may not be blank."]})
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationFailed("The expiry date is in the past.", fields={"expires_at": ["Must be in the future."]})
-    prefix = secrets.token_hex(6)
-    secret = f"{API_KEY_PREFIX}{prefix}.{secrets.token_urlsafe(32)}"
+    prefix, secret = issue_secret(API_KEY_PREFIX)
     api_key = ApiKey.objects.create(workspace=workspace, created_by=actor.user, name=name, role=role,
-                                    prefix=prefix, key_hash=_hash_key(secret), expires_at=expires_at)
+                                    prefix=prefix, key_hash=hash_secret(secret), expires_at=expires_at)
     record_audit(actor=actor, workspace=workspace, action="api_key.create", target=api_key,
                  detail={"name": name, "role": role})
     return IssuedKey(api_key=api_key, secret=secret)
@@ -171,11 +187,11 @@ def revoke_api_key(*, actor: Actor, api_key: ApiKey) -> ApiKey:
 
 def authenticate_api_key(*, raw: str) -> ApiKey:
     """Find the live key behind a presented secret and stamp its last use."""
-    if not raw.startswith(API_KEY_PREFIX) or "." not in raw:
+    prefix = secret_prefix(raw, API_KEY_PREFIX)
+    if prefix is None:
         raise Unauthenticated("That is not an AI Factory API key.")
-    prefix = raw[len(API_KEY_PREFIX):].split(".", 1)[0]
     api_key = ApiKey.objects.select_related("workspace", "created_by").filter(prefix=prefix).first()
-    if api_key is None or not secrets.compare_digest(api_key.key_hash, _hash_key(raw)):
+    if api_key is None or not secret_matches(raw, api_key.key_hash):
         raise Unauthenticated("Invalid API key.")
     now = timezone.now()
     if api_key.revoked_at is not None:

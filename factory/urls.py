@@ -6,6 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 import accounts.urls
 import cluster.urls
 import rag_studio.urls
+import runtime.urls
 import serving.urls
 from factory import views
 
@@ -14,6 +15,7 @@ api_urlpatterns = [
     *cluster.urls.api_urlpatterns,
     *serving.urls.api_urlpatterns,
     *rag_studio.urls.api_urlpatterns,
+    *runtime.urls.api_urlpatterns,
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     # Unknown API paths answer in the API's JSON error format, whatever DEBUG says.
@@ -32,6 +34,7 @@ urlpatterns = [
     path("", include(cluster.urls.urlpatterns)),
     path("", include(serving.urls.urlpatterns)),
     path("", include(rag_studio.urls.urlpatterns)),
+    path("", include(runtime.urls.urlpatterns)),
 ]
 
 handler404 = views.api_not_found

@@ -57,6 +57,29 @@ def upload_eval_set(*, actor: Actor, kb: KnowledgeBase, name: str, filename: str
     return eval_set
 
 
+def add_corrected_item(*, actor: Actor, kb: KnowledgeBase, eval_set: EvalSet | None, question: str,
+                       expected_answer: str, expected_sources: list[str]) -> EvalItem:
+    """One question with its corrected answer, into `eval_set` or, without one, the knowledge base's feedback
+    set (made on first use): how a wrong answer seen in production becomes a test of the next config."""
+    require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
+    question, expected_answer = question.strip(), expected_answer.strip()
+    if not question or not expected_answer:
+        raise ValidationFailed("An eval item needs the question and the corrected answer.",
+                               fields={"expected_answer": ["Write the answer the assistant should have given."]})
+    if eval_set is not None and eval_set.knowledge_base_id != kb.pk:
+        raise ValidationFailed(f"The eval set '{eval_set.name}' belongs to another knowledge base.")
+    with transaction.atomic():
+        if eval_set is None:
+            eval_set, _ = EvalSet.objects.get_or_create(
+                workspace=kb.workspace, knowledge_base=kb, source=EvalSetSource.FEEDBACK,
+                defaults={"name": f"{kb.name}: corrected answers"})
+        item = EvalItem.objects.create(eval_set=eval_set, question=question, expected_answer=expected_answer,
+                                       expected_sources=expected_sources)
+        record_audit(actor=actor, workspace=kb.workspace, action="rag.evalset.add_item", target=eval_set,
+                     detail={"item": item.pk})
+    return item
+
+
 def start_generation(*, actor: Actor, kb: KnowledgeBase, name: str, generator: str, count: int) -> EvalSet:
     require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
     _chat_deployment(kb.workspace, generator, "generator")

@@ -183,6 +183,7 @@ class RagConfigVersion(models.Model):
 class EvalSetSource(models.TextChoices):
     UPLOADED = "uploaded", "Uploaded"
     GENERATED = "generated", "Generated from the corpus"
+    FEEDBACK = "feedback", "Corrected answers from app feedback"
 
 
 class JobStatus(models.TextChoices):

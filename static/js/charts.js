@@ -10,7 +10,7 @@ function lineChart(svg, series, keys) {
     const empty = document.createElementNS(SVG_NS, "text");
     empty.setAttribute("x", width / 2); empty.setAttribute("y", height / 2);
     empty.setAttribute("text-anchor", "middle"); empty.setAttribute("class", "chart-empty");
-    empty.textContent = "no requests yet";
+    empty.textContent = "no data yet";
     svg.appendChild(empty);
     return;
   }
@@ -62,4 +62,23 @@ function pollState(url) {
     }
   };
   setInterval(refresh, 2000);
+}
+
+async function drawAppCharts(container) {
+  const response = await fetch(container.dataset.url, { credentials: "same-origin" });
+  if (!response.ok) return;
+  const summary = await response.json();
+  lineChart(document.getElementById("chart-requests"), summary.series, ["requests"]);
+  lineChart(document.getElementById("chart-errors"), summary.series, ["error_rate"]);
+  lineChart(document.getElementById("chart-latency"), summary.series, ["latency_p50", "latency_p95"]);
+  lineChart(document.getElementById("chart-ttft"), summary.series, ["ttft_p50", "ttft_p95"]);
+  lineChart(document.getElementById("chart-feedback"), summary.series, ["feedback_ratio"]);
+  const evals = summary.eval_history.map((run) => ({ "hit@k": run["hit@k"] ?? null, token_f1: run.token_f1 ?? null }));
+  lineChart(document.getElementById("chart-eval"), evals, ["hit@k", "token_f1"]);
+  const t = summary.totals;
+  const votes = t.up + t.down;
+  document.querySelector('[data-total="requests"]').textContent = t.requests;
+  document.querySelector('[data-total="error_rate"]').textContent =
+    t.requests ? `${((100 * t.errors) / t.requests).toFixed(1)}%` : "—";
+  document.querySelector('[data-total="feedback"]').textContent = votes ? `${Math.round((100 * t.up) / votes)}%` : "—";
 }

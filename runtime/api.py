@@ -1,0 +1,218 @@
+"""Managing published apps over REST (/api/runtime/apps/): publish, re-publish, roll back, keys, web chat
+settings, traces, feedback into eval sets, and monitoring. The apps' own public API is in app_api.py."""
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from accounts.errors import NotFound
+from accounts.permissions import WorkspaceScopedMixin
+from rag_studio import selectors as rag_selectors
+from runtime import selectors, services
+from runtime.models import App, AppKey, Feedback, Release, Trace
+
+
+class ReleaseSerializer(serializers.ModelSerializer):
+    config_version = serializers.IntegerField(source="config_version.number")
+    published_by = serializers.CharField(source="published_by.username", default=None)
+
+    class Meta:
+        model = Release
+        fields = ["number", "config_version", "note", "published_by", "published_at"]
+
+
+class AppSerializer(serializers.ModelSerializer):
+    rag_config = serializers.IntegerField(source="rag_config_id", read_only=True)
+    release = ReleaseSerializer(source="current_release", read_only=True)
+    calls = serializers.IntegerField(read_only=True)
+    endpoints = serializers.SerializerMethodField()
+
+    class Meta:
+        model = App
+        fields = ["id", "slug", "name", "rag_config", "release", "enabled", "default_rate_limit", "allowed_origins",
+                  "widget_token", "calls", "endpoints", "created_at", "updated_at"]
+
+    def get_endpoints(self, app) -> dict:
+        base = f"/api/apps/{app.slug}"
+        return {"chat": f"{base}/chat", "openai_base_url": f"{base}/v1", "retrieve": f"{base}/retrieve",
+                "feedback": f"{base}/feedback", "widget": f"/apps/{app.slug}/widget",
+                "embed_script": f"/apps/{app.slug}/embed.js"}
+
+
+class PublishSerializer(serializers.Serializer):
+    rag_config = serializers.IntegerField()
+    name = serializers.CharField(required=False, allow_blank=True, default="")
+    slug = serializers.CharField(required=False, allow_blank=True, default="")
+    rate_limit = serializers.IntegerField(required=False, default=60, help_text="Requests per minute per key")
+
+
+class AppUpdateSerializer(serializers.Serializer):
+    name = serializers.CharField(required=False)
+    enabled = serializers.BooleanField(required=False)
+    rate_limit = serializers.IntegerField(required=False)
+    allowed_origins = serializers.ListField(child=serializers.CharField(), required=False)
+
+
+class AppKeySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AppKey
+        fields = ["id", "name", "prefix", "rate_limit", "created_at", "revoked_at", "last_used_at"]
+
+
+class AppKeyCreateSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    rate_limit = serializers.IntegerField(required=False, allow_null=True, default=None)
+
+
+class FeedbackSerializer(serializers.ModelSerializer):
+    rating = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Feedback
+        fields = ["rating", "comment", "eval_item", "created_at"]
+
+    def get_rating(self, feedback) -> str:
+        return "up" if feedback.rating > 0 else "down"
+
+
+class TraceSerializer(serializers.ModelSerializer):
+    message_id = serializers.UUIDField(source="public_id")
+    release = serializers.IntegerField(source="release.number", default=None)
+    conversation_id = serializers.UUIDField(source="conversation.public_id", default=None)
+    feedback = FeedbackSerializer(default=None)
+
+    class Meta:
+        model = Trace
+        fields = ["id", "message_id", "release", "conversation_id", "channel", "end_user", "stream", "query",
+                  "queries", "answer", "hits", "citations", "deployment", "model", "input_tokens", "output_tokens",
+                  "retrieval_ms", "ttft_ms", "latency_ms", "status", "error", "feedback", "created_at"]
+
+
+class EvalItemFromFeedbackSerializer(serializers.Serializer):
+    expected_answer = serializers.CharField()
+    expected_sources = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True,
+                                             default=None)
+    eval_set = serializers.IntegerField(required=False, allow_null=True, default=None,
+                                        help_text="Empty: the knowledge base's set of corrected answers")
+
+
+class AppViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
+                 viewsets.GenericViewSet):
+    serializer_class = AppSerializer
+    lookup_field = "slug"
+
+    def get_queryset(self):
+        return selectors.apps(workspace=self.workspace)
+
+    def get_object(self) -> App:
+        return selectors.app_by_slug(workspace=self.workspace, slug=self.kwargs["slug"])
+
+    def _fresh(self, app: App) -> dict:
+        return AppSerializer(selectors.app_by_slug(workspace=self.workspace, slug=app.slug)).data
+
+    @extend_schema(request=PublishSerializer, responses={201: AppSerializer})
+    def create(self, request):
+        data = PublishSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        spec = data.validated_data
+        config = rag_selectors.scoped(rag_selectors.rag_configs(workspace=self.workspace), spec["rag_config"],
+                                      "RAG config")
+        app = services.publish_app(actor=self.actor, config=config, name=spec["name"], slug=spec["slug"],
+                                   rate_limit=spec["rate_limit"])
+        return Response(self._fresh(app), status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=AppUpdateSerializer, responses=AppSerializer)
+    def partial_update(self, request, slug=None):
+        data = AppUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        app = services.update_app(actor=self.actor, app=self.get_object(), **data.validated_data)
+        return Response(self._fresh(app))
+
+    def perform_destroy(self, instance):
+        services.delete_app(actor=self.actor, app=instance)
+
+    @extend_schema(request=None, responses=AppSerializer)
+    @action(detail=True, methods=["post"])
+    def publish(self, request, slug=None):
+        """Serve the RAG config's latest saved version."""
+        app = self.get_object()
+        services.republish(actor=self.actor, app=app, note=str(request.data.get("note", "")))
+        return Response(self._fresh(app))
+
+    @extend_schema(responses=ReleaseSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def releases(self, request, slug=None):
+        releases = self.get_object().releases.select_related("config_version", "published_by")
+        return Response(ReleaseSerializer(releases, many=True).data)
+
+    @extend_schema(request=None, responses=AppSerializer)
+    @action(detail=True, methods=["post"], url_path=r"releases/(?P<number>\d+)/rollback")
+    def rollback(self, request, slug=None, number=None):
+        app = self.get_object()
+        services.roll_back(actor=self.actor, app=app, number=int(number))
+        return Response(self._fresh(app))
+
+    @extend_schema(request=None, responses=AppSerializer)
+    @action(detail=True, methods=["post"], url_path="rotate-widget-token")
+    def rotate_widget_token(self, request, slug=None):
+        app = services.rotate_widget_token(actor=self.actor, app=self.get_object())
+        return Response(self._fresh(app))
+
+    @extend_schema(methods=["get"], responses=AppKeySerializer(many=True))
+    @extend_schema(methods=["post"], request=AppKeyCreateSerializer, responses={201: AppKeySerializer})
+    @action(detail=True, methods=["get", "post"])
+    def keys(self, request, slug=None):
+        """Create a key with POST: the secret is in the answer once and never again."""
+        app = self.get_object()
+        if request.method == "GET":
+            return Response(AppKeySerializer(app.keys.all(), many=True).data)
+        data = AppKeyCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        issued = services.create_app_key(actor=self.actor, app=app, **data.validated_data)
+        return Response({**AppKeySerializer(issued.app_key).data, "secret": issued.secret},
+                        status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=AppKeySerializer)
+    @action(detail=True, methods=["post"], url_path=r"keys/(?P<key_id>\d+)/revoke")
+    def revoke_key(self, request, slug=None, key_id=None):
+        app_key = self.get_object().keys.filter(pk=key_id).first()
+        if app_key is None:
+            raise NotFound(f"Key {key_id} not found for this app.")
+        return Response(AppKeySerializer(services.revoke_app_key(actor=self.actor, app_key=app_key)).data)
+
+    @extend_schema(parameters=[OpenApiParameter("feedback", str, enum=["up", "down", "any", "none"]),
+                               OpenApiParameter("status", str, enum=["ok", "error", "cancelled"])],
+                   responses=TraceSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def traces(self, request, slug=None):
+        found = selectors.traces(app=self.get_object(), feedback=request.query_params.get("feedback", ""),
+                                 status=request.query_params.get("status", "")).select_related("conversation")
+        page = self.paginate_queryset(found)
+        return Response(TraceSerializer(page if page is not None else found[:100], many=True).data)
+
+    @extend_schema(request=EvalItemFromFeedbackSerializer, responses={201: None})
+    @action(detail=True, methods=["post"], url_path=r"traces/(?P<message_id>[0-9a-f-]{36})/to-eval")
+    def to_eval(self, request, slug=None, message_id=None):
+        """Turn an answer's feedback into an eval item with the corrected answer."""
+        app = self.get_object()
+        feedback = Feedback.objects.filter(trace__app=app, trace__public_id=message_id).select_related(
+            "trace__app__rag_config__knowledge_base").first()
+        if feedback is None:
+            raise NotFound(f"No feedback on message '{message_id}' of '{app.slug}'.")
+        data = EvalItemFromFeedbackSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        spec = data.validated_data
+        eval_set = rag_selectors.scoped(rag_selectors.eval_sets(workspace=self.workspace), spec["eval_set"],
+                                        "Eval set") if spec["eval_set"] else None
+        item = services.feedback_to_eval_item(actor=self.actor, feedback=feedback,
+                                              expected_answer=spec["expected_answer"],
+                                              expected_sources=spec["expected_sources"], eval_set=eval_set)
+        return Response({"eval_set": item.eval_set_id, "eval_item": item.pk, "question": item.question,
+                         "expected_answer": item.expected_answer, "expected_sources": item.expected_sources},
+                        status=status.HTTP_201_CREATED)
+
+    @extend_schema(parameters=[OpenApiParameter("period", str, enum=list(selectors.PERIODS))], responses=dict)
+    @action(detail=True, methods=["get"])
+    def monitoring(self, request, slug=None):
+        return Response(selectors.monitoring(app=self.get_object(), period=request.query_params.get("period", "24h")))

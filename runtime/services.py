@@ -1,0 +1,227 @@
+"""Publishing apps and managing their keys, releases, web chat and feedback."""
+
+import re
+import secrets
+import uuid
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.text import slugify
+
+from accounts.errors import Conflict, NotFound, ValidationFailed
+from accounts.models import Role
+from accounts.services import Actor, hash_secret, issue_secret, record_audit, require_role
+from rag_studio.evaluation import add_corrected_item
+from rag_studio.models import EvalItem, EvalSet, RagConfig
+from rag_studio.services import config_version
+from runtime.models import App, AppKey, Feedback, Release, Trace
+
+APP_KEY_TAG = "afa_"
+WIDGET_TOKEN_TAG = "afw_"
+SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{1,62}$")
+MAX_RATE_LIMIT = 100_000
+
+
+def _slug(value: str, name: str) -> str:
+    slug = (value or slugify(name)).strip().lower()
+    if not SLUG.match(slug):
+        raise ValidationFailed("The slug must be 2-63 lowercase letters, digits or dashes, starting with a letter "
+                               "or digit; it becomes part of the app's URL.", fields={"slug": ["Invalid slug."]})
+    return slug
+
+
+def _rate_limit(value, field: str = "rate_limit") -> int:
+    try:
+        limit = int(value)
+    except (TypeError, ValueError):
+        limit = 0
+    if not 1 <= limit <= MAX_RATE_LIMIT:
+        raise ValidationFailed(f"The rate limit is in requests per minute, 1 to {MAX_RATE_LIMIT}.",
+                               fields={field: ["Out of range."]})
+    return limit
+
+
+def _origins(values) -> list[str]:
+    """Normalise to scheme://host[:port]; a browser's Origin header is compared with these as they are."""
+    origins = []
+    for value in values or []:
+        value = str(value).strip().rstrip("/")
+        if not value:
+            continue
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query:
+            raise ValidationFailed(f"'{value}' is not an origin; write it as https://intranet.example.com "
+                                   f"(scheme, host and port, no path).", fields={"allowed_origins": ["Invalid."]})
+        origin = f"{parts.scheme}://{parts.netloc.lower()}"
+        if origin not in origins:
+            origins.append(origin)
+    return origins
+
+
+def _release(*, actor: Actor, app: App, config: RagConfig, note: str = "") -> Release:
+    version = config_version(config)
+    number = (app.releases.order_by("-number").values_list("number", flat=True).first() or 0) + 1
+    release = Release.objects.create(app=app, number=number, config_version=version, published_by=actor.user,
+                                     note=note[:200])
+    App.objects.filter(pk=app.pk).update(current_release=release, updated_at=timezone.now())
+    app.current_release = release
+    return release
+
+
+def publish_app(*, actor: Actor, config: RagConfig, name: str = "", slug: str = "",
+                rate_limit: int = 60) -> App:
+    """A new app serving the config's latest version."""
+    require_role(actor=actor, workspace=config.workspace, role=Role.DEVELOPER)
+    name = (name or config.name).strip()
+    slug = _slug(slug, name)
+    try:
+        with transaction.atomic():
+            app = App.objects.create(workspace=config.workspace, slug=slug, name=name, rag_config=config,
+                                     default_rate_limit=_rate_limit(rate_limit),
+                                     widget_token=f"{WIDGET_TOKEN_TAG}{secrets.token_urlsafe(24)}")
+            release = _release(actor=actor, app=app, config=config, note="First release")
+            record_audit(actor=actor, workspace=config.workspace, action="app.publish", target=app,
+                         detail={"slug": slug, "config_version": release.config_version.number})
+    except IntegrityError:
+        raise Conflict(f"The slug '{slug}' is taken; choose another.", fields={"slug": ["Already in use."]})
+    return app
+
+
+def republish(*, actor: Actor, app: App, note: str = "") -> Release:
+    """Serve the config's latest saved version. One update of the app's pointer, so a call in flight finishes on
+    the release it started with and the next one gets the new release."""
+    require_role(actor=actor, workspace=app.workspace, role=Role.DEVELOPER)
+    with transaction.atomic():
+        app = App.objects.select_for_update().select_related("rag_config").get(pk=app.pk)
+        release = _release(actor=actor, app=app, config=app.rag_config, note=note)
+        record_audit(actor=actor, workspace=app.workspace, action="app.republish", target=app,
+                     detail={"release": release.number, "config_version": release.config_version.number})
+    return release
+
+
+def roll_back(*, actor: Actor, app: App, number: int) -> Release:
+    """Serve an earlier release again, as a new release, so the history says what happened and when."""
+    require_role(actor=actor, workspace=app.workspace, role=Role.DEVELOPER)
+    with transaction.atomic():
+        app = App.objects.select_for_update().get(pk=app.pk)
+        earlier = app.releases.filter(number=number).select_related("config_version").first()
+        if earlier is None:
+            raise NotFound(f"Release {number} of '{app.slug}' not found.")
+        next_number = app.releases.order_by("-number").values_list("number", flat=True).first() + 1
+        release = Release.objects.create(app=app, number=next_number, config_version=earlier.config_version,
+                                         published_by=actor.user, note=f"Rollback to release {number}")
+        App.objects.filter(pk=app.pk).update(current_release=release, updated_at=timezone.now())
+        record_audit(actor=actor, workspace=app.workspace, action="app.rollback", target=app,
+                     detail={"release": release.number, "to": number})
+    return release
+
+
+def update_app(*, actor: Actor, app: App, name: str | None = None, enabled: bool | None = None,
+               rate_limit: int | None = None, allowed_origins: list[str] | None = None) -> App:
+    require_role(actor=actor, workspace=app.workspace, role=Role.DEVELOPER)
+    changed = {}
+    if name is not None:
+        if not name.strip():
+            raise ValidationFailed("The app needs a name.", fields={"name": ["This field may not be blank."]})
+        changed["name"] = name.strip()
+    if enabled is not None:
+        changed["enabled"] = bool(enabled)
+    if rate_limit is not None:
+        changed["default_rate_limit"] = _rate_limit(rate_limit)
+    if allowed_origins is not None:
+        changed["allowed_origins"] = _origins(allowed_origins)
+    for field, value in changed.items():
+        setattr(app, field, value)
+    app.save()
+    record_audit(actor=actor, workspace=app.workspace, action="app.update", target=app, detail=changed)
+    return app
+
+
+def rotate_widget_token(*, actor: Actor, app: App) -> App:
+    require_role(actor=actor, workspace=app.workspace, role=Role.DEVELOPER)
+    app.widget_token = f"{WIDGET_TOKEN_TAG}{secrets.token_urlsafe(24)}"
+    app.save(update_fields=["widget_token", "updated_at"])
+    record_audit(actor=actor, workspace=app.workspace, action="app.widget_token.rotate", target=app)
+    return app
+
+
+def delete_app(*, actor: Actor, app: App) -> None:
+    require_role(actor=actor, workspace=app.workspace, role=Role.DEVELOPER)
+    record_audit(actor=actor, workspace=app.workspace, action="app.delete", target=app, detail={"slug": app.slug})
+    with transaction.atomic():
+        App.objects.filter(pk=app.pk).update(current_release=None)
+        app.delete()
+
+
+@dataclass(frozen=True)
+class IssuedAppKey:
+    app_key: AppKey
+    secret: str  # shown once, never stored
+
+
+def create_app_key(*, actor: Actor, app: App, name: str, rate_limit: int | None = None) -> IssuedAppKey:
+    require_role(actor=actor, workspace=app.workspace, role=Role.DEVELOPER)
+    name = name.strip()
+    if not name:
+        raise ValidationFailed("Give the key a name, such as the system that will use it.",
+                               fields={"name": ["This field may not be blank."]})
+    prefix, secret = issue_secret(APP_KEY_TAG)
+    app_key = AppKey.objects.create(app=app, name=name, prefix=prefix, key_hash=hash_secret(secret),
+                                    rate_limit=_rate_limit(rate_limit) if rate_limit else None,
+                                    created_by=actor.user)
+    record_audit(actor=actor, workspace=app.workspace, action="app.key.create", target=app_key,
+                 detail={"app": app.slug, "name": name})
+    return IssuedAppKey(app_key=app_key, secret=secret)
+
+
+def revoke_app_key(*, actor: Actor, app_key: AppKey) -> AppKey:
+    require_role(actor=actor, workspace=app_key.app.workspace, role=Role.DEVELOPER)
+    if app_key.revoked_at is None:
+        app_key.revoked_at = timezone.now()
+        app_key.save(update_fields=["revoked_at"])
+        record_audit(actor=actor, workspace=app_key.app.workspace, action="app.key.revoke", target=app_key)
+    return app_key
+
+
+RATINGS = {"up": 1, "down": -1, 1: 1, -1: -1, "1": 1, "-1": -1}
+
+
+def record_feedback(*, app: App, message_id: str, rating, comment: str = "") -> Feedback:
+    """An end user's thumbs up or down on one answer; a second vote on the same answer replaces the first."""
+    if rating not in RATINGS:
+        raise ValidationFailed("'rating' must be \"up\" or \"down\".", fields={"rating": ["Invalid."]})
+    trace = Trace.objects.filter(app=app, public_id=message_id).first() if _is_uuid(message_id) else None
+    if trace is None:
+        raise NotFound(f"No message '{message_id}' in the app '{app.slug}'.")
+    feedback, _ = Feedback.objects.update_or_create(
+        trace=trace, defaults={"rating": RATINGS[rating], "comment": str(comment or "")[:4000]})
+    return feedback
+
+
+def _is_uuid(value) -> bool:
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True
+
+
+def cited_documents(trace: Trace) -> list[str]:
+    return sorted({citation["document"] for citation in trace.citations if citation.get("document")})
+
+
+def feedback_to_eval_item(*, actor: Actor, feedback: Feedback, expected_answer: str,
+                          expected_sources: list[str] | None = None, eval_set: EvalSet | None = None) -> EvalItem:
+    """Turn a down-voted answer into an eval item of the app's knowledge base: the question with the corrected
+    answer, and the documents it should come from (by default, those the answer cited)."""
+    trace = feedback.trace
+    kb = trace.app.rag_config.knowledge_base
+    sources = cited_documents(trace) if expected_sources is None else [s.strip() for s in expected_sources
+                                                                        if s.strip()]
+    item = add_corrected_item(actor=actor, kb=kb, eval_set=eval_set, question=trace.query,
+                              expected_answer=expected_answer, expected_sources=sources)
+    feedback.eval_item = item
+    feedback.save(update_fields=["eval_item", "updated_at"])
+    return item

@@ -1,0 +1,173 @@
+from django.contrib import messages
+from django.http import HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.clickjacking import xframe_options_exempt
+from django.views.decorators.http import require_GET
+
+from accounts.errors import NotFound, ValidationFailed
+from accounts.gui import gui_actor, workspace_page
+from rag_studio import selectors as rag_selectors
+from rag_studio.models import EvalSet
+from runtime import selectors, services
+from runtime.models import App, Feedback, TraceStatus
+
+LOG_PAGE_SIZE = 50
+
+
+@workspace_page
+def apps_page(request):
+    workspace = request.workspace
+    if request.method == "POST":
+        config = rag_selectors.scoped(rag_selectors.rag_configs(workspace=workspace), request.POST.get("rag_config"),
+                                      "RAG config")
+        app = services.publish_app(actor=gui_actor(request), config=config, name=request.POST.get("name", ""),
+                                   slug=request.POST.get("slug", ""))
+        messages.success(request, f"Published '{app.name}' at /api/apps/{app.slug}/ (release 1, {config.name} "
+                                  f"v{app.current_release.config_version.number}).")
+        return redirect("app", slug=app.slug)
+    return render(request, "runtime/apps.html", {
+        "apps": selectors.apps(workspace=workspace),
+        "configs": rag_selectors.rag_configs(workspace=workspace),
+        "selected_config": request.GET.get("config", "")})
+
+
+def _app_action(request, app: App) -> None:
+    actor, post, action = gui_actor(request), request.POST, request.POST.get("action")
+    if action == "republish":
+        release = services.republish(actor=actor, app=app, note=post.get("note", ""))
+        messages.success(request, f"Release {release.number} is live: {app.rag_config.name} "
+                                  f"v{release.config_version.number}.")
+    elif action == "rollback":
+        release = services.roll_back(actor=actor, app=app, number=int(post.get("release", "0") or 0))
+        messages.success(request, f"Rolled back: release {release.number} serves "
+                                  f"v{release.config_version.number} again.")
+    elif action in ("enable", "disable"):
+        services.update_app(actor=actor, app=app, enabled=action == "enable")
+        messages.success(request, f"'{app.name}' is {action}d.")
+    elif action == "settings":
+        services.update_app(actor=actor, app=app, name=post.get("name"), rate_limit=post.get("rate_limit"),
+                            allowed_origins=post.get("allowed_origins", "").split())
+        messages.success(request, "Saved.")
+    elif action == "create_key":
+        issued = services.create_app_key(actor=actor, app=app, name=post.get("key_name", ""),
+                                         rate_limit=post.get("key_rate_limit") or None)
+        messages.success(request, f"Key '{issued.app_key.name}' created. Copy it now; it is not shown again: "
+                                  f"{issued.secret}")
+    elif action == "revoke_key":
+        app_key = app.keys.filter(pk=post.get("key")).first()
+        if app_key is None:
+            raise NotFound("That key does not exist.")
+        services.revoke_app_key(actor=actor, app_key=app_key)
+        messages.success(request, f"Key '{app_key.name}' revoked.")
+    elif action == "rotate_widget_token":
+        services.rotate_widget_token(actor=actor, app=app)
+        messages.success(request, "The web chat token was rotated; update the snippet on your sites.")
+    elif action == "delete":
+        services.delete_app(actor=actor, app=app)
+        messages.success(request, f"Deleted '{app.name}'.")
+    else:
+        raise ValidationFailed(f"Unknown action '{action}'.")
+
+
+@workspace_page
+def app_page(request, slug):
+    app = selectors.app_by_slug(workspace=request.workspace, slug=slug)
+    if request.method == "POST":
+        _app_action(request, app)
+        if request.POST.get("action") == "delete":
+            return redirect("apps")
+        return redirect("app", slug=app.slug)
+    base = request.build_absolute_uri("/").rstrip("/")
+    latest = app.rag_config.versions.first()
+    return render(request, "runtime/app.html", {
+        "app": app, "base": base, "latest_version": latest,
+        "releases": app.releases.select_related("config_version", "published_by"),
+        "keys": app.keys.all(), "origins": "\n".join(app.allowed_origins)})
+
+
+def _since(period: str):
+    span = selectors.PERIODS.get(period, (None,))[0]
+    return timezone.now() - span if span else None
+
+
+@workspace_page
+def logs_page(request, slug):
+    app = selectors.app_by_slug(workspace=request.workspace, slug=slug)
+    period, feedback, status = (request.GET.get(name, "") for name in ("period", "feedback", "status"))
+    found = selectors.traces(app=app, since=_since(period), feedback=feedback, status=status)
+    return render(request, "runtime/logs.html", {
+        "app": app, "traces": found[:LOG_PAGE_SIZE], "total": found.count(), "period": period,
+        "feedback": feedback, "status": status, "periods": list(selectors.PERIODS),
+        "statuses": TraceStatus.choices})
+
+
+@workspace_page
+def trace_page(request, slug, message_id):
+    app = selectors.app_by_slug(workspace=request.workspace, slug=slug)
+    trace = selectors.traces(app=app).filter(public_id=message_id).select_related("conversation").first()
+    if trace is None:
+        raise NotFound("That call is not in this app's log.")
+    feedback = Feedback.objects.filter(trace=trace).first()
+    kb = app.rag_config.knowledge_base
+    if request.method == "POST" and feedback is not None:
+        eval_set = (rag_selectors.scoped(rag_selectors.eval_sets(workspace=request.workspace),
+                                         request.POST.get("eval_set"), "Eval set")
+                    if request.POST.get("eval_set") else None)
+        item = services.feedback_to_eval_item(
+            actor=gui_actor(request), feedback=feedback, expected_answer=request.POST.get("expected_answer", ""),
+            expected_sources=request.POST.get("expected_sources", "").split("\n"), eval_set=eval_set)
+        messages.success(request, f"Added to the eval set '{item.eval_set.name}'.")
+        return redirect("app-trace", slug=slug, message_id=message_id)
+    conversation = (trace.conversation.traces.filter(created_at__lte=trace.created_at).order_by("created_at")
+                    if trace.conversation else [])
+    return render(request, "runtime/trace.html", {
+        "app": app, "trace": trace, "feedback": feedback, "conversation": conversation,
+        "eval_sets": EvalSet.objects.filter(knowledge_base=kb).exclude(status="failed"),
+        "cited_documents": "\n".join(services.cited_documents(trace))})
+
+
+@workspace_page
+def monitoring_page(request, slug):
+    app = selectors.app_by_slug(workspace=request.workspace, slug=slug)
+    period = request.GET.get("period", "24h")
+    run = selectors.latest_eval(app)
+    return render(request, "runtime/monitoring.html", {
+        "app": app, "period": period, "periods": list(selectors.PERIODS), "eval_run": run,
+        "eval_headline": selectors.eval_headline(run)})
+
+
+@workspace_page
+def monitoring_data(request, slug):
+    app = selectors.app_by_slug(workspace=request.workspace, slug=slug)
+    return JsonResponse(selectors.monitoring(app=app, period=request.GET.get("period", "24h")))
+
+
+def _widget_app(slug: str, token: str) -> App | None:
+    return App.objects.filter(slug=slug, widget_token=token or "-", enabled=True).first()
+
+
+@require_GET
+@xframe_options_exempt
+def widget(request, slug):
+    """The standalone web chat. Only the app's own allowed origins may frame it (CSP frame-ancestors); the
+    token is checked again, with the Origin, on every chat call."""
+    app = _widget_app(slug, request.GET.get("token", ""))
+    if app is None:
+        return render(request, "runtime/widget_unavailable.html", status=403)
+    response = render(request, "runtime/widget.html", {"app": app, "token": app.widget_token,
+                                                       "chat_url": reverse("app-chat", args=[app.slug]),
+                                                       "feedback_url": reverse("app-feedback", args=[app.slug])})
+    response["Content-Security-Policy"] = "frame-ancestors " + " ".join(["'self'", *app.allowed_origins])
+    return response
+
+
+@require_GET
+def embed_script(request, slug):
+    """`<script src=".../embed.js" data-token="…">` mounts a chat button and the web chat in an iframe."""
+    widget_url = request.build_absolute_uri(reverse("app-widget", args=[slug]))
+    script = render(request, "runtime/embed.js", {"widget_url": widget_url}).content
+    response = HttpResponse(script, content_type="text/javascript; charset=utf-8")
+    response["Cache-Control"] = "max-age=300"
+    return response

@@ -1,0 +1,82 @@
+// The embeddable web chat: streams an app's answer with its sources, keeps the conversation, and sends
+// thumbs up/down on each answer.
+const form = document.getElementById("widget-form");
+const log = document.getElementById("widget-log");
+const errorLine = document.getElementById("widget-error");
+const headers = { "Content-Type": "application/json", Authorization: `Bearer ${form.dataset.token}` };
+let conversationId = null;
+
+function turn(role, text) {
+  const element = document.createElement("div");
+  element.className = `turn ${role}`;
+  element.textContent = text;
+  log.append(element);
+  log.scrollTop = log.scrollHeight;
+  return element;
+}
+
+function showSources(answer, citations) {
+  const list = document.createElement("ol");
+  list.className = "sources";
+  for (const c of citations) {
+    const item = document.createElement("li");
+    item.value = c.n;
+    item.textContent = `${c.document}${c.page ? ` p.${c.page}` : ""}`;
+    item.title = c.text;
+    list.append(item);
+  }
+  answer.after(list);
+  return list;
+}
+
+function votes(after, messageId) {
+  const box = document.createElement("div");
+  box.className = "votes";
+  for (const [rating, label] of [["up", "👍"], ["down", "👎"]]) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.textContent = label;
+    button.setAttribute("aria-label", `Thumbs ${rating}`);
+    button.setAttribute("aria-pressed", "false");
+    button.addEventListener("click", async () => {
+      const response = await fetch(form.dataset.feedbackUrl, {
+        method: "POST", headers, body: JSON.stringify({ message_id: messageId, rating }),
+      });
+      if (response.ok) box.querySelectorAll("button").forEach((b) => b.setAttribute("aria-pressed", String(b === button)));
+    });
+    box.append(button);
+  }
+  after.after(box);
+}
+
+async function ask(query) {
+  errorLine.textContent = "";
+  turn("user", query);
+  const answer = turn("assistant", "");
+  const response = await fetch(form.dataset.chatUrl, {
+    method: "POST", headers, body: JSON.stringify({ query, stream: true, conversation_id: conversationId }),
+  });
+  if (!response.ok) {
+    const body = await response.json().catch(() => ({}));
+    errorLine.textContent = body.error?.message || `The chat failed (${response.status}).`;
+    answer.remove();
+    return;
+  }
+  for await (const { event, data } of readEvents(response)) {
+    if (event === "start") conversationId = data.conversation_id;
+    else if (event === "token") { answer.textContent += data.text; log.scrollTop = log.scrollHeight; }
+    else if (event === "done") {
+      answer.textContent = data.answer;
+      votes(showSources(answer, data.citations), data.message_id);
+    } else if (event === "error") errorLine.textContent = data.message;
+  }
+}
+
+form.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = document.getElementById("widget-input");
+  const query = input.value.trim();
+  if (!query) return;
+  input.value = "";
+  ask(query);
+});
