@@ -8,6 +8,8 @@ REDIS_URL              Celery broker, result backend and cache (default redis://
 FACTORY_NODE_NAME      this machine's name in the GPU pool; its worker listens on queue node.<name>
 FACTORY_GATEWAY_URL    where workers reach the OpenAI-compatible gateway (default http://127.0.0.1:$FACTORY_PORT/v1)
 FACTORY_RAG_*          ingestion limits and tuning, below
+FACTORY_TRUSTED_BUNDLE_KEYS  other instances' public keys (base64, comma-separated) whose signed bundles are accepted
+FACTORY_BUNDLE_MAX_BYTES     the most data one imported bundle may unpack to (default 4 GiB)
 """
 
 import os
@@ -175,6 +177,11 @@ RAG_INGEST_GROUP_DOCS = int(os.environ.get("FACTORY_RAG_INGEST_GROUP_DOCS", "32"
 # A worker holds a document for this long after each step; a document whose lease ran out is resumed elsewhere.
 RAG_INGEST_LEASE_S = float(os.environ.get("FACTORY_RAG_INGEST_LEASE_S", "60"))
 RAG_STALLED_CHECK_INTERVAL_S = float(os.environ.get("FACTORY_RAG_STALLED_CHECK_INTERVAL_S", "15"))
+
+# Asset bundles: this instance always trusts its own key (DATA_DIR/instance_key.pem, made on first use).
+TRUSTED_BUNDLE_KEYS = [key.strip() for key in os.environ.get("FACTORY_TRUSTED_BUNDLE_KEYS", "").split(",")
+                       if key.strip()]
+BUNDLE_MAX_BYTES = int(os.environ.get("FACTORY_BUNDLE_MAX_BYTES", str(4 * 1024 ** 3)))
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL

@@ -4,6 +4,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 import accounts.urls
+import assets.urls
 import cluster.urls
 import rag_studio.urls
 import runtime.urls
@@ -13,6 +14,7 @@ from factory import views
 api_urlpatterns = [
     *accounts.urls.api_urlpatterns,
     *cluster.urls.api_urlpatterns,
+    *assets.urls.api_urlpatterns,
     *serving.urls.api_urlpatterns,
     *rag_studio.urls.api_urlpatterns,
     *runtime.urls.api_urlpatterns,
@@ -32,6 +34,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include(accounts.urls.urlpatterns)),
     path("", include(cluster.urls.urlpatterns)),
+    path("", include(assets.urls.urlpatterns)),
     path("", include(serving.urls.urlpatterns)),
     path("", include(rag_studio.urls.urlpatterns)),
     path("", include(runtime.urls.urlpatterns)),

@@ -1,11 +1,14 @@
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
 from accounts.permissions import WorkspaceScopedMixin
+from assets.views import bundle_download
 from rag_studio import evaluation, selectors, services
+from rag_studio.bundles import export_config_bundle
 from rag_studio.models import (Chunk, Document, DocumentEvent, EvalItem, EvalResult, EvalRun, EvalSet, Finding,
                                KnowledgeBase, RagConfig, RagConfigVersion, RagTemplate)
 from rag_studio.retrieval import retrieve
@@ -217,6 +220,11 @@ class RunSerializer(serializers.Serializer):
     version = serializers.IntegerField(required=False, help_text="Defaults to the latest version")
 
 
+class ExportSerializer(serializers.Serializer):
+    version = serializers.IntegerField(required=False, min_value=1)
+    include_indexes = serializers.BooleanField(required=False, default=False)
+
+
 class RagConfigViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
     """RAG configs. Every save that changes settings is a new version; `run` answers with citations."""
 
@@ -267,6 +275,21 @@ class RagConfigViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
         result = services.pipeline_for(version).run(data.validated_data["query"], data.validated_data["history"])
         return Response({"answer": result.answer, "citations": result.citations(), "queries": result.queries,
                          "usage": result.usage, "timings_ms": result.timings_ms, "version": version.number})
+
+    @extend_schema(parameters=[
+        OpenApiParameter("version", int, required=False, description="Defaults to the latest version"),
+        OpenApiParameter("include_indexes", bool, required=False,
+                         description="Also bundle the chunks and vectors, so the import is searchable at once")],
+        responses={(200, "application/zip"): OpenApiTypes.BINARY})
+    @action(detail=True, methods=["get"])
+    def export(self, request, pk=None):
+        """Download a signed bundle of the config with its knowledge base and documents (developer role)."""
+        params = ExportSerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        exported = export_config_bundle(actor=self.actor, config=self.get_object(),
+                                        version_number=params.validated_data.get("version"),
+                                        include_indexes=params.validated_data["include_indexes"])
+        return bundle_download(exported.path, exported.filename)
 
 
 class EvalItemSerializer(serializers.ModelSerializer):

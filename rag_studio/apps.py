@@ -3,3 +3,6 @@ from django.apps import AppConfig
 
 class RagStudioConfig(AppConfig):
     name = "rag_studio"
+
+    def ready(self) -> None:
+        from rag_studio import bootstrap, bundles  # noqa: F401  register the bootstrap step and the bundle importer

@@ -118,6 +118,18 @@ class IndexStore:
         generation = self._reader.current(self.dimension)
         return list(generation.owners.get(owner, ())) if generation else []
 
+    def vectors(self, chunk_ids: list[int]) -> np.ndarray:
+        """float32 [len(chunk_ids), dimension]: the stored (normalised) vectors of these chunks, in that order.
+        Raises KeyError naming a chunk that is not in the index."""
+        generation = self._reader.current(self.dimension)
+        rows = {chunk_id: row for row, chunk_id in enumerate(generation.dense.ids.tolist())} if generation else {}
+        missing = [chunk_id for chunk_id in chunk_ids if chunk_id not in rows]
+        if missing:
+            raise KeyError(f"chunk {missing[0]} is not in the index")
+        if not chunk_ids:
+            return np.empty((0, self.dimension), np.float32)
+        return generation.dense.vectors[[rows[chunk_id] for chunk_id in chunk_ids]]
+
     def count(self) -> int:
         generation = self._reader.current(self.dimension)
         return len(generation.dense.ids) if generation else 0
@@ -473,3 +485,12 @@ def _shared_reader(root: Path) -> _SharedReader:
     key = root.resolve()
     with _READERS_LOCK:
         return _READERS.setdefault(key, _SharedReader(key))
+
+
+def forget_readers(under: Path) -> None:
+    """Drop this process's cached generations of every index under `under`, a directory being removed or reused:
+    generation numbers start again at 1 in a new index at the same path, so the cache would take it for fresh."""
+    prefix = under.resolve()
+    with _READERS_LOCK:
+        for root in [root for root in _READERS if root == prefix or prefix in root.parents]:
+            del _READERS[root]

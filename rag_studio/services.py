@@ -2,7 +2,6 @@
 themselves live in `ingestion`, retrieval in `retrieval`."""
 
 import hashlib
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -17,6 +16,8 @@ from django.utils import timezone
 from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
+from assets.models import AssetKind, AssetVersion
+from assets.services import forget_asset, payload_checksum, register_asset
 from rag_studio import files
 from rag_studio.chunking import DEFAULT_CHUNKING, validate_chunking
 from rag_studio.embedding import check_local_model
@@ -97,8 +98,20 @@ def create_knowledge_base(*, actor: Actor, workspace: Workspace, name: str, desc
     )
     kb.indexed_with = index_settings(kb)
     kb.save(update_fields=["indexed_with"])
+    register_kb_asset(kb, actor=actor)
     record_audit(actor=actor, workspace=workspace, action="rag.kb.create", target=kb, detail={"name": name})
     return kb
+
+
+def register_kb_asset(kb: KnowledgeBase, *, actor: Actor | None = None) -> AssetVersion:
+    """Record the knowledge base's settings and document set in the asset registry; a new version only when
+    they changed. Called on saves, exports and publishing rather than per document, so uploads stay cheap."""
+    documents = sorted(kb.documents.values_list("sha256", flat=True))
+    payload = {"description": kb.description, "embedding_model": kb.embedding_model.name, "chunking": kb.chunking,
+               "screening": kb.screening, "retrieval": kb.retrieval, "documents": documents}
+    return register_asset(workspace=kb.workspace, kind=AssetKind.KNOWLEDGE_BASE, ref_id=kb.pk, name=kb.name,
+                          payload=payload, actor=actor,
+                          summary={"embedding_model": kb.embedding_model.name, "documents": len(documents)})
 
 
 def _dimensions(model: Model) -> int:
@@ -132,6 +145,7 @@ def update_knowledge_base(*, actor: Actor, kb: KnowledgeBase, reindex: bool = Fa
             if changes.get(field) is not None:
                 setattr(kb, field, _validated(validate, field, changes[field]))
         kb.save()
+        register_kb_asset(kb, actor=actor)
         stale = needs_reindex(kb)
         record_audit(actor=actor, workspace=kb.workspace, action="rag.kb.update", target=kb,
                      detail={"fields": sorted(changes), "reindex": bool(reindex and stale)})
@@ -189,7 +203,11 @@ def delete_knowledge_base(*, actor: Actor, kb: KnowledgeBase) -> None:
     require_role(actor=actor, workspace=kb.workspace, role=Role.ADMIN)
     record_audit(actor=actor, workspace=kb.workspace, action="rag.kb.delete", target=kb, detail={"name": kb.name})
     kb_id = kb.pk
-    kb.delete()
+    with transaction.atomic():
+        for config_id in kb.rag_configs.values_list("pk", flat=True):
+            forget_asset(workspace=kb.workspace, kind=AssetKind.RAG_CONFIG, ref_id=config_id)
+        forget_asset(workspace=kb.workspace, kind=AssetKind.KNOWLEDGE_BASE, ref_id=kb_id)
+        kb.delete()
     shutil.rmtree(files.kb_dir(kb_id), ignore_errors=True)
 
 
@@ -384,23 +402,32 @@ def save_rag_config(*, actor: Actor, workspace: Workspace, config: RagConfig | N
             config.version += 1
             config.save()
             RagConfigVersion.objects.create(config=config, number=config.version, settings=settings_now,
-                                            checksum=_checksum(settings_now))
+                                            checksum=payload_checksum(settings_now))
         else:
             config.save()
+        register_config_asset(config, actor=actor)
         record_audit(actor=actor, workspace=workspace, action="rag.config.save", target=config,
                      detail={"version": config.version})
     return config
 
 
-def _checksum(value: dict) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+def register_config_asset(config: RagConfig, *, actor: Actor | None = None) -> AssetVersion:
+    """Record the config's latest version in the asset registry. The payload is the version's settings, so the
+    asset's checksum is the version's."""
+    version = config.versions.first()
+    return register_asset(workspace=config.workspace, kind=AssetKind.RAG_CONFIG, ref_id=config.pk, name=config.name,
+                          payload=version.settings, actor=actor,
+                          summary={"config_version": version.number, "knowledge_base": config.knowledge_base.name,
+                                   "model": config.model, "template": config.template})
 
 
 def delete_rag_config(*, actor: Actor, config: RagConfig) -> None:
     require_role(actor=actor, workspace=config.workspace, role=Role.DEVELOPER)
     record_audit(actor=actor, workspace=config.workspace, action="rag.config.delete", target=config,
                  detail={"name": config.name})
-    config.delete()
+    with transaction.atomic():
+        forget_asset(workspace=config.workspace, kind=AssetKind.RAG_CONFIG, ref_id=config.pk)
+        config.delete()
 
 
 def config_version(config: RagConfig, number: int | None = None) -> RagConfigVersion:

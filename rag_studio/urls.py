@@ -23,6 +23,7 @@ urlpatterns = [
     path("rag/configs/new/", views.config_edit, name="rag-config-new"),
     path("rag/configs/<int:config_id>/", views.config_edit, name="rag-config"),
     path("rag/configs/<int:config_id>/chat/", views.config_chat, name="rag-config-chat"),
+    path("rag/configs/<int:config_id>/export/", views.config_export, name="rag-config-export"),
     path("rag/configs/<int:config_id>/chat/stream", views.config_chat_stream, name="rag-config-chat-stream"),
     path("rag/evals/", views.evals_page, name="rag-evals"),
     path("rag/evals/runs/<int:run_id>/", views.eval_run_page, name="rag-eval-run"),

@@ -8,8 +8,11 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from accounts.errors import ApplicationError, ValidationFailed, error_body
-from accounts.gui import gui_actor, workspace_page
+from accounts.gui import gui_actor, has_role, workspace_page
+from accounts.models import Role
+from assets.views import bundle_download
 from rag_studio import evaluation, selectors, services
+from rag_studio.bundles import export_config_bundle
 from rag_studio.chunking import CHUNK_MODES
 from rag_studio.evaluation import METRIC_NAMES
 from rag_studio.models import JobStatus, RagTemplate
@@ -227,8 +230,17 @@ def config_edit(request, config_id=None):
         "config": config, "knowledge_bases": kbs, "templates": RagTemplate.choices,
         "versions": config.versions.all() if config else [],
         "settings": {**(selected_kb.retrieval if selected_kb else {}), **(config.retrieval if config else {})},
-        "default_prompts": DEFAULT_PROMPTS,
+        "default_prompts": DEFAULT_PROMPTS, "can_export": has_role(request, Role.DEVELOPER),
         **_form_choices(request.workspace)})
+
+
+@workspace_page
+def config_export(request, config_id):
+    version = request.GET.get("version")
+    exported = export_config_bundle(actor=gui_actor(request), config=_config(request, config_id),
+                                    version_number=_int(version, "version") if version else None,
+                                    include_indexes=request.GET.get("include_indexes") == "on")
+    return bundle_download(exported.path, exported.filename)
 
 
 @workspace_page

@@ -1,6 +1,7 @@
 """Managing published apps over REST (/api/runtime/apps/): publish, re-publish, roll back, keys, web chat
 settings, traces, feedback into eval sets, and monitoring. The apps' own public API is in app_api.py."""
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -9,7 +10,9 @@ from rest_framework.response import Response
 from accounts.errors import NotFound
 from accounts.permissions import WorkspaceScopedMixin
 from rag_studio import selectors as rag_selectors
+from assets.views import bundle_download
 from runtime import selectors, services
+from runtime.bundles import export_app_bundle
 from runtime.models import App, AppKey, Feedback, Release, Trace
 
 
@@ -211,6 +214,17 @@ class AppViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
         return Response({"eval_set": item.eval_set_id, "eval_item": item.pk, "question": item.question,
                          "expected_answer": item.expected_answer, "expected_sources": item.expected_sources},
                         status=status.HTTP_201_CREATED)
+
+    @extend_schema(parameters=[OpenApiParameter("include_indexes", bool, required=False,
+                                                description="Also bundle the chunks and vectors")],
+                   responses={(200, "application/zip"): OpenApiTypes.BINARY})
+    @action(detail=True, methods=["get"])
+    def export(self, request, slug=None):
+        """Download a signed bundle: the app's settings, the config version it serves, and its knowledge base.
+        Import it on the Assets page (or POST /api/assets/import/) of any instance that trusts this one's key."""
+        include_indexes = request.query_params.get("include_indexes", "") in ("1", "true", "on")
+        exported = export_app_bundle(actor=self.actor, app=self.get_object(), include_indexes=include_indexes)
+        return bundle_download(exported.path, exported.filename)
 
     @extend_schema(parameters=[OpenApiParameter("period", str, enum=list(selectors.PERIODS))], responses=dict)
     @action(detail=True, methods=["get"])

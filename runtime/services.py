@@ -13,9 +13,11 @@ from django.utils.text import slugify
 from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role
 from accounts.services import Actor, hash_secret, issue_secret, record_audit, require_role
+from assets.models import AssetKind, AssetVersion
+from assets.services import forget_asset, register_asset
 from rag_studio.evaluation import add_corrected_item
 from rag_studio.models import EvalItem, EvalSet, RagConfig
-from rag_studio.services import config_version
+from rag_studio.services import config_version, register_kb_asset
 from runtime.models import App, AppKey, Feedback, Release, Trace
 
 APP_KEY_TAG = "afa_"
@@ -60,6 +62,17 @@ def _origins(values) -> list[str]:
     return origins
 
 
+def register_app_asset(app: App, *, actor: Actor | None = None) -> AssetVersion:
+    """Record what the app serves and how it is exposed; a new asset version whenever either changes."""
+    version = app.current_release.config_version
+    payload = {"slug": app.slug, "name": app.name, "rag_config": app.rag_config_id, "config_version": version.number,
+               "config_checksum": version.checksum, "enabled": app.enabled,
+               "default_rate_limit": app.default_rate_limit, "allowed_origins": app.allowed_origins}
+    return register_asset(workspace=app.workspace, kind=AssetKind.APP, ref_id=app.pk, name=app.name,
+                          payload=payload, actor=actor,
+                          summary={"release": app.current_release.number, "config_version": version.number})
+
+
 def _release(*, actor: Actor, app: App, config: RagConfig, note: str = "") -> Release:
     version = config_version(config)
     number = (app.releases.order_by("-number").values_list("number", flat=True).first() or 0) + 1
@@ -67,6 +80,8 @@ def _release(*, actor: Actor, app: App, config: RagConfig, note: str = "") -> Re
                                      note=note[:200])
     App.objects.filter(pk=app.pk).update(current_release=release, updated_at=timezone.now())
     app.current_release = release
+    register_kb_asset(config.knowledge_base, actor=actor)
+    register_app_asset(app, actor=actor)
     return release
 
 
@@ -113,6 +128,8 @@ def roll_back(*, actor: Actor, app: App, number: int) -> Release:
         release = Release.objects.create(app=app, number=next_number, config_version=earlier.config_version,
                                          published_by=actor.user, note=f"Rollback to release {number}")
         App.objects.filter(pk=app.pk).update(current_release=release, updated_at=timezone.now())
+        app.current_release = release
+        register_app_asset(app, actor=actor)
         record_audit(actor=actor, workspace=app.workspace, action="app.rollback", target=app,
                      detail={"release": release.number, "to": number})
     return release
@@ -135,6 +152,7 @@ def update_app(*, actor: Actor, app: App, name: str | None = None, enabled: bool
     for field, value in changed.items():
         setattr(app, field, value)
     app.save()
+    register_app_asset(app, actor=actor)
     record_audit(actor=actor, workspace=app.workspace, action="app.update", target=app, detail=changed)
     return app
 
@@ -151,6 +169,7 @@ def delete_app(*, actor: Actor, app: App) -> None:
     require_role(actor=actor, workspace=app.workspace, role=Role.DEVELOPER)
     record_audit(actor=actor, workspace=app.workspace, action="app.delete", target=app, detail={"slug": app.slug})
     with transaction.atomic():
+        forget_asset(workspace=app.workspace, kind=AssetKind.APP, ref_id=app.pk)
         App.objects.filter(pk=app.pk).update(current_release=None)
         app.delete()
 

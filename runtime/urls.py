@@ -19,6 +19,7 @@ api_urlpatterns = [
 urlpatterns = [
     path("apps/", views.apps_page, name="apps"),
     path("apps/<slug:slug>/", views.app_page, name="app"),
+    path("apps/<slug:slug>/export/", views.app_export, name="app-export"),
     path("apps/<slug:slug>/logs/", views.logs_page, name="app-logs"),
     path("apps/<slug:slug>/logs/<uuid:message_id>/", views.trace_page, name="app-trace"),
     path("apps/<slug:slug>/monitoring/", views.monitoring_page, name="app-monitoring"),

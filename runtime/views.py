@@ -8,9 +8,11 @@ from django.views.decorators.http import require_GET
 
 from accounts.errors import NotFound, ValidationFailed
 from accounts.gui import gui_actor, workspace_page
+from assets.views import bundle_download
 from rag_studio import selectors as rag_selectors
 from rag_studio.models import EvalSet
 from runtime import selectors, services
+from runtime.bundles import export_app_bundle
 from runtime.models import App, Feedback, TraceStatus
 
 LOG_PAGE_SIZE = 50
@@ -85,6 +87,14 @@ def app_page(request, slug):
         "app": app, "base": base, "latest_version": latest,
         "releases": app.releases.select_related("config_version", "published_by"),
         "keys": app.keys.all(), "origins": "\n".join(app.allowed_origins)})
+
+
+@workspace_page
+def app_export(request, slug):
+    app = selectors.app_by_slug(workspace=request.workspace, slug=slug)
+    exported = export_app_bundle(actor=gui_actor(request), app=app,
+                                 include_indexes=request.GET.get("include_indexes") == "on")
+    return bundle_download(exported.path, exported.filename)
 
 
 def _since(period: str):
