@@ -5,5 +5,16 @@ from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "factory.settings")
 # Static files (vendored, no CDN) are served by Django's async static handler, in front of the app, so that no
-# sync-only middleware forces a thread hop onto every gateway request.
-application = ASGIStaticFilesHandler(get_asgi_application())
+# sync-only middleware forces a thread hop onto every async view's request.
+django_application = ASGIStaticFilesHandler(get_asgi_application())
+
+# The gateway's app uses the ORM, so it is imported once get_asgi_application() has set Django up.
+from serving.gateway_asgi import PREFIX as GATEWAY_PREFIX, app as gateway_application  # noqa: E402
+
+
+async def application(scope, receive, send):
+    """The gateway's requests skip Django's handler and middleware (a fifth of TTFT); everything else, lifespan
+    and websocket messages included, goes to Django as before."""
+    if scope["type"] == "http" and scope["path"].startswith(GATEWAY_PREFIX):
+        return await gateway_application(scope, receive, send)
+    return await django_application(scope, receive, send)

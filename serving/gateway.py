@@ -1,8 +1,10 @@
 """The OpenAI-compatible gateway at /v1/: authenticates a workspace API key, resolves `model` to a deployment,
 picks a replica, streams through with httpx, and records TTFT/ITL/TPOT/E2E for every request.
 
-Plain async Django views rather than DRF: the hot path stays on the event loop, and the body must be relayed
-byte for byte so that the official clients see exactly what the engine sent.
+The core (`dispatch`, `serve`) takes plain values and answers with a `Reply`, so that two thin front ends share it:
+the lean ASGI app that serves /v1/ in the web process (serving/gateway_asgi.py), and the Django view below, for
+Django's test client and the Playground. The body is relayed byte for byte so that the official clients see exactly
+what the engine sent.
 """
 
 import asyncio
@@ -11,11 +13,12 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 
 import httpx
 from asgiref.sync import sync_to_async
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from accounts.errors import Unauthenticated
@@ -28,6 +31,9 @@ from serving.tokenizers import count_tokens
 
 logger = logging.getLogger(__name__)
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+# The inference routes under /v1/, and what a deployment must be able to do to serve each.
+ENDPOINTS = {"chat/completions": CHAT, "completions": COMPLETION, "embeddings": EMBEDDING}
+JSON = "application/json"
 # Connect errors, timeouts, and resets of a pooled connection to a replica that died: all safe to retry on
 # another replica while nothing has reached the client.
 RETRYABLE = httpx.TransportError
@@ -48,9 +54,22 @@ class GatewayError(Exception):
         super().__init__(message)
         self.status, self.message, self.code, self.param, self.kind = status, message, code, param, kind
 
-    def response(self) -> JsonResponse:
+    def reply(self) -> "Reply":
         body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-        return JsonResponse(body, status=self.status)
+        return json_reply(body, status=self.status)
+
+
+@dataclass
+class Reply:
+    """A gateway answer, whichever front end sends it: whole bytes, or a stream of them."""
+
+    status: int
+    body: bytes | AsyncGenerator[bytes, None]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def json_reply(payload: dict, *, status: int = 200) -> Reply:
+    return Reply(status, json.dumps(payload).encode(), {"Content-Type": JSON})
 
 
 def _http_client() -> httpx.AsyncClient:
@@ -63,11 +82,10 @@ def _http_client() -> httpx.AsyncClient:
     return _client
 
 
-async def _authenticate(request: HttpRequest) -> Caller:
-    header = request.headers.get("Authorization", "")
-    if not header.lower().startswith("bearer "):
+async def _authenticate(authorization: str) -> Caller:
+    if not authorization.lower().startswith("bearer "):
         raise GatewayError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="invalid_api_key")
-    raw = header[7:].strip()
+    raw = authorization[7:].strip()
     try:
         if raw.startswith(SERVICE_TOKEN_PREFIX):  # the platform's own RAG and agent calls: no database needed
             return Caller(workspace_id=authenticate_service_token(raw=raw))
@@ -78,9 +96,9 @@ async def _authenticate(request: HttpRequest) -> Caller:
     return Caller(workspace_id=api_key.workspace_id)
 
 
-def _parse_body(request: HttpRequest) -> dict:
+def _parse_body(content: bytes) -> dict:
     try:
-        body = json.loads(request.body or b"")
+        body = json.loads(content)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise GatewayError(400, f"The request body is not valid JSON: {exc}", code="invalid_json")
     if not isinstance(body, dict):
@@ -191,14 +209,15 @@ def _in_background(coroutine) -> None:
     task.add_done_callback(_background.discard)
 
 
-async def _open_upstream(target: Target, endpoint: str, body: dict, stream: bool):
+async def _open_upstream(target: Target, endpoint: str, content: bytes, stream: bool):
     """Send to a replica, failing over to another while nothing has reached the client yet."""
     tried: set[int] = set()
-    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    headers = {"Content-Type": JSON} | ({"Authorization": f"Bearer {target.api_key}"} if target.api_key else {})
     last_error = "no replica is ready"
     while (route := router.pick(target, exclude=tried)) is not None:
         tried.add(route.replica_id)
-        request = _http_client().build_request("POST", f"{route.base_url}/{endpoint}", json=body, headers=headers)
+        request = _http_client().build_request("POST", f"{route.base_url}/{endpoint}", content=content,
+                                               headers=headers)
         try:
             response = await _http_client().send(request, stream=stream)
         except RETRYABLE as exc:
@@ -216,21 +235,42 @@ async def _open_upstream(target: Target, endpoint: str, body: dict, stream: bool
                        kind="server_error")
 
 
-def _upstream_body(target: Target, body: dict, stream: bool) -> dict:
+def _upstream_content(target: Target, body: dict, content: bytes, stream: bool) -> bytes:
+    """The client's own bytes, unless the engine needs a field added: vLLM streams usage only when asked to."""
     if stream and target.engine == "vllm" and "stream_options" not in body:
-        return body | {"stream_options": {"include_usage": True}}
-    return body
+        return json.dumps(body | {"stream_options": {"include_usage": True}}).encode()
+    return content
 
 
-async def proxy(request: HttpRequest, endpoint: str, capability: str, caller: Caller | None = None) -> HttpResponse:
-    """Serve one OpenAI request. Without a `caller` the request must bring a workspace API key."""
+async def dispatch(*, method: str, path: str, authorization: str, content: bytes) -> Reply:
+    """Answer a request for /v1/<path>, in the OpenAI error format whatever goes wrong."""
+    try:
+        if path == "models":
+            return await _list_models(authorization)
+        if path not in ENDPOINTS:
+            raise GatewayError(404, f"No gateway endpoint at /v1/{path}; the gateway serves /v1/chat/completions, "
+                                    f"/v1/completions, /v1/embeddings and /v1/models.", code="unknown_url")
+        return await serve(path, method=method, authorization=authorization, content=content)
+    except GatewayError as exc:
+        return exc.reply()
+    except Exception:
+        logger.exception("The gateway failed on /v1/%s", path)
+        return GatewayError(500, "The gateway failed on our side; it has been logged.", code="internal_error",
+                            kind="server_error").reply()
+
+
+async def serve(endpoint: str, *, method: str, content: bytes, authorization: str = "",
+                caller: Caller | None = None) -> Reply:
+    """Serve one OpenAI request to `endpoint` (a key of ENDPOINTS). Without a `caller` the request must bring a
+    workspace API key in `authorization`."""
     timing = metrics.RequestTiming(received_at=time.perf_counter())
     request_id = uuid.uuid4().hex
-    if request.method != "POST":
-        return GatewayError(405, "Use POST.", code="method_not_allowed").response()
+    capability = ENDPOINTS[endpoint]
+    if method != "POST":
+        return GatewayError(405, "Use POST.", code="method_not_allowed").reply()
     try:
-        caller = caller or await _authenticate(request)
-        body = _parse_body(request)
+        caller = caller or await _authenticate(authorization)
+        body = _parse_body(content)
         if capability == CHAT:
             _check_messages(body.get("messages"))
         elif capability == COMPLETION and not isinstance(body.get("prompt"), (str, list)):
@@ -242,25 +282,23 @@ async def proxy(request: HttpRequest, endpoint: str, capability: str, caller: Ca
         target = await _resolve(body, caller, capability)
         _check_max_tokens(body, target)
         stream = bool(body.get("stream"))
-        route, upstream, attempts = await _open_upstream(target, endpoint, _upstream_body(target, body, stream),
-                                                         stream)
+        route, upstream, attempts = await _open_upstream(
+            target, endpoint, _upstream_content(target, body, content, stream), stream)
     except GatewayError as exc:
-        return exc.response()
+        return exc.reply()
     exchange = Exchange(request_id=request_id, caller=caller, target=target, route=route, endpoint=endpoint,
                         attempts=attempts, timing=timing, body=body)
     if not stream:
-        response = await _relay_whole(exchange, upstream)
+        reply = await _relay_whole(exchange, upstream)
     else:
-        response = StreamingHttpResponse(
-            _relay_stream(exchange, upstream), status=upstream.status_code,
-            content_type=upstream.headers.get("content-type", "text/event-stream"),
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-    response["X-Request-Id"] = request_id
-    return response
+        reply = Reply(upstream.status_code, _relay_stream(exchange, upstream), {
+            "Content-Type": upstream.headers.get("content-type", "text/event-stream"),
+            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    reply.headers["X-Request-Id"] = request_id
+    return reply
 
 
-async def _relay_whole(exchange: Exchange, upstream: httpx.Response) -> HttpResponse:
+async def _relay_whole(exchange: Exchange, upstream: httpx.Response) -> Reply:
     try:
         content = await upstream.aread()
     finally:
@@ -278,8 +316,7 @@ async def _relay_whole(exchange: Exchange, upstream: httpx.Response) -> HttpResp
     error = "" if upstream.status_code == 200 else content.decode(errors="replace")[:500]
     _in_background(_record(exchange, stream=False, status=upstream.status_code, usage=usage, output_text=text,
                            error=error))
-    return HttpResponse(content, status=upstream.status_code,
-                        content_type=upstream.headers.get("content-type", "application/json"))
+    return Reply(upstream.status_code, content, {"Content-Type": upstream.headers.get("content-type", JSON)})
 
 
 async def _relay_stream(exchange: Exchange, upstream: httpx.Response):
@@ -312,8 +349,9 @@ async def _relay_stream(exchange: Exchange, upstream: httpx.Response):
         status, error = 502, f"The replica failed mid-stream: {exc.__class__.__name__}"
         router.cool_down(exchange.route, exchange.target.cooldown_s)
         yield f"data: {json.dumps({'error': {'message': error, 'type': 'server_error'}})}\n\n".encode()
-    except asyncio.CancelledError:
-        # Clients hang up as soon as they read [DONE]; only a hang-up before it is a cancelled request.
+    except (asyncio.CancelledError, GeneratorExit):
+        # A hang-up reaches the stream as a cancellation, or as the stream being closed where the server reports
+        # it on the next send. Clients hang up as soon as they read [DONE]; only a hang-up before it counts.
         if not finished:
             status, error = 499, "The client disconnected mid-stream."
         raise
@@ -323,32 +361,22 @@ async def _relay_stream(exchange: Exchange, upstream: httpx.Response):
                                error=error))
 
 
-@csrf_exempt
-async def chat_completions(request: HttpRequest) -> HttpResponse:
-    return await proxy(request, "chat/completions", CHAT)
-
-
-@csrf_exempt
-async def completions(request: HttpRequest) -> HttpResponse:
-    return await proxy(request, "completions", COMPLETION)
-
-
-@csrf_exempt
-async def embeddings(request: HttpRequest) -> HttpResponse:
-    return await proxy(request, "embeddings", EMBEDDING)
-
-
-async def list_models(request: HttpRequest) -> HttpResponse:
-    try:
-        caller = await _authenticate(request)
-    except GatewayError as exc:
-        return exc.response()
+async def _list_models(authorization: str) -> Reply:
+    caller = await _authenticate(authorization)
     targets = await router.visible_targets(caller.workspace_id)
-    return JsonResponse({"object": "list", "data": [
+    return json_reply({"object": "list", "data": [
         {"id": t.name, "object": "model", "created": 0, "owned_by": "ai-factory",
          "capabilities": sorted(t.capabilities)} for t in targets]})
 
 
-async def unknown_route(request: HttpRequest, rest: str = "") -> HttpResponse:
-    return GatewayError(404, f"No gateway endpoint at {request.path}; the gateway serves /v1/chat/completions, "
-                             f"/v1/completions, /v1/embeddings and /v1/models.", code="unknown_url").response()
+def django_response(reply: Reply) -> HttpResponse:
+    if isinstance(reply.body, bytes):
+        return HttpResponse(reply.body, status=reply.status, headers=reply.headers)
+    return StreamingHttpResponse(reply.body, status=reply.status, headers=reply.headers)
+
+
+@csrf_exempt
+async def gateway_view(request: HttpRequest, path: str) -> HttpResponse:
+    """/v1/ through Django: what factory/asgi.py's lean path serves, for Django's test client."""
+    return django_response(await dispatch(method=request.method, path=path, content=request.body,
+                                          authorization=request.headers.get("Authorization", "")))

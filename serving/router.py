@@ -1,8 +1,11 @@
 """Picks a replica for each gateway request: a weighted random choice over the ready replicas that are not
-cooling down after a failure. The routing table is cached for a second so that the hot path rarely touches
-the database; cooldowns live in this process (the gateway runs as one ASGI process per node). Database reads
-run off Django's one sync thread, which a sync view calling the gateway in this same process may be holding."""
+cooling down after a failure. The routing table is cached for a second, and kept fresh in the background for the
+names in use, so that requests do not wait on the database; cooldowns live in this process (the gateway runs as
+one ASGI process per node). Database reads run off Django's one sync thread, which a sync view calling the
+gateway in this same process may be holding."""
 
+import asyncio
+import logging
 import random
 import time
 from dataclasses import dataclass, field
@@ -12,7 +15,11 @@ from asgiref.sync import sync_to_async
 from serving.engines.base import engine
 from serving.models import Deployment, ServingState
 
+logger = logging.getLogger(__name__)
 TABLE_TTL_S = 1.0
+# A name asked for within this long is reloaded every half TTL in the background, so that even an occasional
+# request finds its entry fresh in memory rather than paying for database reads before its first token.
+KEEP_FRESH_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,10 @@ def _load(name: str) -> Target | None:
     )
 
 
+def _load_many(names: list[str]) -> list[Target | None]:
+    return [_load(name) for name in names]
+
+
 def _load_visible(workspace_id: int) -> list[Target]:
     names = Deployment.objects.filter(state=ServingState.READY).values_list("name", flat=True)
     targets = [_load(name) for name in names]
@@ -69,16 +80,43 @@ def _load_visible(workspace_id: int) -> list[Target]:
 
 class Router:
     def __init__(self) -> None:
-        self._table: dict[str, tuple[float, Target | None]] = {}
+        self._table: dict[str, tuple[float, Target | None]] = {}  # name: (expires at, target)
+        self._asked_at: dict[str, float] = {}
+        self._refresher: asyncio.Task | None = None
         self._cooling_until: dict[int, float] = {}
 
     async def resolve(self, name: str) -> Target | None:
+        self._asked_at[name] = time.monotonic()
+        self._keep_fresh()
         cached = self._table.get(name)
-        if cached is not None and cached[0] > time.monotonic():
-            return cached[1]
-        target = await sync_to_async(_load, thread_sensitive=False)(name)
-        self._table[name] = (time.monotonic() + TABLE_TTL_S, target)
-        return target
+        if cached is None or cached[0] <= time.monotonic():
+            await self._reload([name])
+        return self._table[name][1]
+
+    async def _reload(self, names: list[str]) -> None:
+        # Counted from before the reads, so that no entry is ever used more than TABLE_TTL_S after them.
+        expires_at = time.monotonic() + TABLE_TTL_S
+        targets = await sync_to_async(_load_many, thread_sensitive=False)(names)
+        self._table.update((name, (expires_at, target)) for name, target in zip(names, targets))
+
+    def _keep_fresh(self) -> None:
+        # A task ends with its event loop (tests run one per call), so a done one is started again in this one.
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.create_task(self._refresh_names_in_use())
+
+    async def _refresh_names_in_use(self) -> None:
+        while True:
+            await asyncio.sleep(TABLE_TTL_S / 2)
+            unused_since = time.monotonic() - KEEP_FRESH_S
+            for name in [name for name, at in self._asked_at.items() if at < unused_since]:
+                del self._asked_at[name]
+                self._table.pop(name, None)
+            if not self._asked_at:
+                return
+            try:
+                await self._reload(list(self._asked_at))
+            except Exception:  # a failed refresh only lets entries expire: requests then read the database
+                logger.exception("Refreshing the routing table failed")
 
     async def visible_targets(self, workspace_id: int) -> list[Target]:
         return await sync_to_async(_load_visible, thread_sensitive=False)(workspace_id)

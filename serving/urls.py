@@ -9,13 +9,8 @@ router.register("serving/deployments", api.DeploymentViewSet, basename="deployme
 router.register("serving/requests", api.RequestRecordViewSet, basename="request-record")
 api_urlpatterns = router.urls
 
-gateway_urlpatterns = [
-    path("chat/completions", gateway.chat_completions, name="gateway-chat"),
-    path("completions", gateway.completions, name="gateway-completions"),
-    path("embeddings", gateway.embeddings, name="gateway-embeddings"),
-    path("models", gateway.list_models, name="gateway-models"),
-    re_path(r"^(?P<rest>.*)$", gateway.unknown_route),
-]
+# The gateway routes its own paths (serving.gateway.dispatch), as its lean ASGI app does without Django.
+gateway_urlpatterns = [re_path(r"^(?P<path>.*)$", gateway.gateway_view)]
 
 urlpatterns = [
     path("metrics", views.prometheus_metrics, name="metrics"),

@@ -9,7 +9,7 @@ from accounts.gui import gui_actor, workspace_page
 from cluster.models import Node
 from serving import selectors, services
 from serving.engines.base import CHAT, engine
-from serving.gateway import Caller, proxy
+from serving.gateway import Caller, django_response, serve
 from serving.models import Engine, RoleHint
 
 
@@ -152,4 +152,6 @@ async def playground_chat(request):
     user = await request.auser()
     if not user.is_authenticated or request.workspace is None:
         return JsonResponse(error_body("unauthenticated", "Sign in to use the Playground."), status=401)
-    return await proxy(request, "chat/completions", CHAT, caller=Caller(workspace_id=request.workspace.pk))
+    reply = await serve("chat/completions", method=request.method, content=request.body,
+                        caller=Caller(workspace_id=request.workspace.pk))
+    return django_response(reply)

@@ -1,0 +1,42 @@
+"""The gateway as a bare ASGI app. factory/asgi.py sends /v1/ here ahead of Django: the gateway needs none of
+Django's handler, middleware or URL resolver, which added about a fifth to TTFT (issue #3). What the gateway does
+lives in serving.gateway.dispatch, which the Django view shares."""
+
+from django.conf import settings
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from serving.gateway import GatewayError, Reply, dispatch
+
+PREFIX = "/v1/"
+
+
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    """Serve one HTTP request whose path starts with /v1/."""
+    try:
+        reply = await _reply(Request(scope, receive))
+        if isinstance(reply.body, bytes):
+            await Response(reply.body, reply.status, reply.headers)(scope, receive, send)
+        else:
+            await _stream(reply, scope, receive, send)
+    except ClientDisconnect:
+        pass  # the client hung up: there is no one left to answer
+
+
+async def _reply(request: Request) -> Reply:
+    # Django refuses bodies over this size; the lean path does too, before reading them.
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if limit is not None and int(request.headers.get("content-length") or 0) > limit:
+        return GatewayError(413, f"The request body is larger than {limit} bytes.", code="request_too_large").reply()
+    return await dispatch(method=request.method, path=request.scope["path"].removeprefix(PREFIX),
+                          authorization=request.headers.get("authorization", ""), content=await request.body())
+
+
+async def _stream(reply: Reply, scope: Scope, receive: Receive, send: Send) -> None:
+    try:
+        await StreamingResponse(reply.body, reply.status, reply.headers)(scope, receive, send)
+    finally:
+        # A hang-up can stop the response between two chunks, leaving the stream open; closing it closes the
+        # upstream stream and records the request.
+        await reply.body.aclose()
