@@ -16,6 +16,7 @@ from accounts.errors import ApplicationError, NotFound, ValidationFailed, error_
 from runtime import answering, services
 from runtime.access import Access, RateLimited, authorize
 from runtime.models import App, Channel
+from serving.gateway import GatewayError, django_response
 
 CHAT_ROLES = {"system", "developer", "user", "assistant"}
 OPENAI_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
@@ -66,8 +67,7 @@ def _error(exc: ApplicationError) -> JsonResponse:
 def _openai_error(exc: ApplicationError) -> JsonResponse:
     kind = OPENAI_ERROR_TYPES.get(exc.status, "invalid_request_error")
     param = next(iter(exc.fields), None)
-    response = JsonResponse({"error": {"message": exc.message, "type": kind, "param": param, "code": exc.code}},
-                            status=exc.status)
+    response = django_response(GatewayError(exc.status, exc.message, code=exc.code, param=param, kind=kind).reply())
     if isinstance(exc, RateLimited):
         response["Retry-After"] = str(exc.retry_after)
     return response

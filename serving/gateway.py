@@ -236,9 +236,13 @@ async def _open_upstream(target: Target, endpoint: str, content: bytes, stream: 
 
 
 def _upstream_content(target: Target, body: dict, content: bytes, stream: bool) -> bytes:
-    """The client's own bytes, unless the engine needs a field added: vLLM streams usage only when asked to."""
+    """The client's own bytes, unless the engine needs a field changed: vLLM streams usage only when asked to, and
+    llama.cpp's server ignores OpenAI's newer `max_completion_tokens` (which LangChain sends), so an answer would
+    run to the end of the context."""
     if stream and target.engine == "vllm" and "stream_options" not in body:
         return json.dumps(body | {"stream_options": {"include_usage": True}}).encode()
+    if target.engine == "llamacpp" and "max_completion_tokens" in body and "max_tokens" not in body:
+        return json.dumps(body | {"max_tokens": body["max_completion_tokens"]}).encode()
     return content
 
 
