@@ -125,6 +125,14 @@ def _answer_failed(exc: Exception) -> AnswerFailed:
     return AnswerFailed(f"The app could not answer: {exc}")
 
 
+async def _posted(request: HttpRequest, slug: str) -> tuple[Access, dict]:
+    """Every app call is a POST of a JSON object by an authorised caller, checked in that order."""
+    if request.method != "POST":
+        raise ValidationFailed("Use POST with a JSON body.")
+    access = await _authorize(request, slug)
+    return access, _body(request)
+
+
 @csrf_exempt
 async def chat(request: HttpRequest, slug: str) -> HttpResponse:
     """`{"query", "conversation_id"?, "user"?, "stream"?}` → the answer with its citations and usage, or with
@@ -133,10 +141,7 @@ async def chat(request: HttpRequest, slug: str) -> HttpResponse:
         return await _preflight(request, slug)
     access = None
     try:
-        if request.method != "POST":
-            raise ValidationFailed("Use POST with a JSON body.")
-        access = await _authorize(request, slug)
-        body = _body(request)
+        access, body = await _posted(request, slug)
         channel = Channel.CHAT if access.app_key else Channel.WIDGET
         call = await sync_to_async(answering.prepare, thread_sensitive=False)(
             access=access, channel=channel, query=body.get("query"), stream=body.get("stream", False),
@@ -160,10 +165,7 @@ async def chat(request: HttpRequest, slug: str) -> HttpResponse:
 async def retrieve(request: HttpRequest, slug: str) -> HttpResponse:
     """`{"query"}` → what the pinned config retrieves for it, with every score and the time each step took."""
     try:
-        if request.method != "POST":
-            raise ValidationFailed("Use POST with a JSON body.")
-        access = await _authorize(request, slug)
-        body = _body(request)
+        access, body = await _posted(request, slug)
         call = await sync_to_async(answering.prepare, thread_sensitive=False)(
             access=access, channel=Channel.RETRIEVE, query=body.get("query"), user=body.get("user"))
         try:
@@ -183,10 +185,7 @@ async def feedback(request: HttpRequest, slug: str) -> HttpResponse:
         return await _preflight(request, slug)
     access = None
     try:
-        if request.method != "POST":
-            raise ValidationFailed("Use POST with a JSON body.")
-        access = await _authorize(request, slug)
-        body = _body(request)
+        access, body = await _posted(request, slug)
         stored = await sync_to_async(services.record_feedback, thread_sensitive=False)(
             app=access.app, message_id=body.get("message_id"), rating=body.get("rating"),
             comment=body.get("comment", ""))
@@ -265,10 +264,7 @@ async def openai_chat_completions(request: HttpRequest, slug: str) -> HttpRespon
     """OpenAI's chat/completions: point the official client at /api/apps/<slug>/v1. The answer carries the
     extra fields `citations`, `message_id` and `conversation_id`."""
     try:
-        if request.method != "POST":
-            raise ValidationFailed("Use POST with a JSON body.")
-        access = await _authorize(request, slug)
-        body = _body(request)
+        access, body = await _posted(request, slug)
         query, history = _openai_turn(body)
         channel = Channel.OPENAI if access.app_key else Channel.WIDGET
         call = await sync_to_async(answering.prepare, thread_sensitive=False)(
