@@ -6,9 +6,13 @@ import json
 import pytest
 from django.test import Client
 
-from rag_studio.models import EvalSetSource
+from rag_studio import services as rag_services
+from rag_studio.ingestion import ingest
+from rag_studio.models import DocumentStatus, EvalSetSource
 from runtime import services
 from runtime.models import Channel, Trace, TraceStatus
+from tests.conftest import wait_for
+from tests.rag_studio.conftest import SAMPLE_FILES, sample
 from tests.runtime.conftest import save_config
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -75,8 +79,13 @@ def test_the_openai_endpoint_answers_errors_in_openais_format(app, app_key):
     assert [m["id"] for m in models["data"]] == ["handbook"]
 
 
-def test_retrieve_shows_what_the_pinned_config_finds_and_is_traced(ann, indexed_kb, smollm2):
-    app = services.publish_app(actor=ann, config=save_config(ann, indexed_kb), slug="handbook")
+def test_retrieve_shows_what_the_pinned_config_finds_and_is_traced(ann, kb, smollm2):
+    # Committed uploads may be taken by a Celery worker another test module started; either way they get indexed.
+    for outcome in rag_services.upload_documents(actor=ann, kb=kb, uploads=[sample(n) for n in SAMPLE_FILES]):
+        ingest(outcome.document.pk, "pytest")
+    wait_for(lambda: kb.documents.filter(status=DocumentStatus.INDEXED).count() == 3, timeout=120,
+             what="the samples to be indexed")
+    app = services.publish_app(actor=ann, config=save_config(ann, kb), slug="handbook")
     app_key = services.create_app_key(actor=ann, app=app, name="intranet").secret
     response = post("/api/apps/handbook/retrieve", {"query": "How many days of annual leave?"}, key=app_key)
     assert response.status_code == 200, response.content
