@@ -123,7 +123,8 @@ def test_an_llm_rerank_rates_every_candidate_through_the_gateway(northwind, live
     settings = {"mode": "hybrid", "candidates": 6, "top_k": 6,
                 "rerank": {"kind": "llm", "model": SMOLLM2, "top_k": 3, "threshold": 0.0}}
     question = "How many days of annual leave do employees get?"
-    candidates = len(retrieve(northwind["kb"], question, {**settings, "rerank": {**settings["rerank"], "kind": "none"}}).hits)
+    unranked = {**settings, "rerank": {**settings["rerank"], "kind": "none"}}
+    candidates = len(retrieve(northwind["kb"], question, unranked).hits)
     result = retrieve(northwind["kb"], question, settings)
 
     # Each candidate was rated (0 or more) or counted as unparseable; rerank.top_k are kept, best first.
