@@ -8,17 +8,35 @@ import json
 import os
 import platform
 import secrets
+import shlex
 import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import django
 import httpx
 from django.conf import settings
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _use_instance_settings() -> None:
+    """`make run` writes the settings it started the instance with to .run/env (its URL, data dir, Redis and
+    database URL). Read them before Django does, so that a benchmark talks to that instance and uses its database
+    and broker even on non-default ports; a variable set in the environment wins."""
+    env_file = REPO_ROOT / ".run" / "env"
+    if not env_file.exists():
+        return
+    for line in env_file.read_text().splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        os.environ.setdefault(name, "".join(shlex.split(value)))
+
+
+_use_instance_settings()
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "factory.settings")
 django.setup()
 

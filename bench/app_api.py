@@ -17,44 +17,25 @@ cores × 1000 / (CPU ms of one query embedding) requests per second. This proces
 same model, call and torch thread count as the web process (`Embedder.embed` of one query at a time).
 """
 
+import argparse
+import asyncio
+import io
+import logging
 import os
-import shlex
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+import httpx
 
-
-def _use_instance_settings() -> None:
-    """`make run` writes the settings it started the instance with to .run/env (data dir, Redis, database URL).
-    Read them before Django does, so that this process uses the instance's database and queues ingestion on its
-    broker even on non-default ports; a variable set in the environment wins."""
-    env_file = REPO_ROOT / ".run" / "env"
-    if not env_file.exists():
-        return
-    for line in env_file.read_text().splitlines():
-        name, _, value = line.removeprefix("export ").partition("=")
-        os.environ.setdefault(name, "".join(shlex.split(value)))
-
-
-_use_instance_settings()
-
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import io  # noqa: E402
-import logging  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from collections import Counter  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from urllib.parse import urlsplit  # noqa: E402
-
-import httpx  # noqa: E402
+# First: it reads the instance's settings and sets Django up, which the project's models need.
+from bench._serving import (ADMIN_USERNAME, CLIENT_TIMEOUT, PLATFORM_URL, PRESET_MODEL, REPO_ROOT,
+                            percentile, print_header, wait_for)
 from django.contrib.auth import get_user_model  # noqa: E402
-
-# First: it sets Django up, which the project's models need before they can be imported.
-from bench._serving import (ADMIN_USERNAME, CLIENT_TIMEOUT, PLATFORM_URL, PRESET_MODEL, percentile,  # noqa: E402
-                            print_header, wait_for)
 from accounts.models import Workspace  # noqa: E402
 from accounts.services import Actor  # noqa: E402
 from rag_studio import services as rag_services  # noqa: E402

@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from asgiref.sync import sync_to_async
 from langchain_core.messages import HumanMessage
@@ -96,15 +97,22 @@ def _rrf(lists: list[list[Hit]], top_k: int) -> list[Hit]:
 class RagPipeline:
     def __init__(self, kb: KnowledgeBase, settings: dict):
         self.kb, self.settings = kb, settings
-        generation = settings.get("generation") or {}
-        self.llm = chat_model(kb.workspace_id, settings["model"], temperature=generation.get("temperature", 0.2),
-                              max_tokens=generation.get("max_tokens", 256))
-        self.helper_llm = chat_model(kb.workspace_id, settings["model"], temperature=0, max_tokens=96)
         template = settings["template"]
         self.prompt = ChatPromptTemplate.from_messages(
             [("human", settings.get("prompt") or DEFAULT_PROMPTS[template])])
         self.context = RunnableLambda(self._queries) | RunnableLambda(self._search)
-        self.answer = self.prompt | self.llm
+
+    # The chat models are built on first use: retrieval alone (hit testing, an app's /retrieve) needs none.
+    @cached_property
+    def answer(self):
+        generation = self.settings.get("generation") or {}
+        return self.prompt | chat_model(self.kb.workspace_id, self.settings["model"],
+                                        temperature=generation.get("temperature", 0.2),
+                                        max_tokens=generation.get("max_tokens", 256))
+
+    @cached_property
+    def helper_llm(self):
+        return chat_model(self.kb.workspace_id, self.settings["model"], temperature=0, max_tokens=96)
 
     def _queries(self, inputs: dict) -> dict:
         question, history = inputs["question"], inputs.get("history") or []

@@ -13,8 +13,9 @@ export FACTORY_HOST=${FACTORY_HOST:-127.0.0.1} FACTORY_PORT=${FACTORY_PORT:-8000
 redis_port=${FACTORY_REDIS_PORT:-6379}
 export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:$redis_port/0}
 mkdir -p "$FACTORY_DATA_DIR/redis"
-# make stop reads the same settings back.
-declare -p FACTORY_DATA_DIR REDIS_URL | sed 's/^declare -x/export/' >.run/env
+# make stop and the benchmarks read the same settings back.
+export FACTORY_URL="http://$FACTORY_HOST:$FACTORY_PORT"
+declare -p FACTORY_DATA_DIR REDIS_URL FACTORY_URL | sed 's/^declare -x/export/' >.run/env
 [ -n "${DATABASE_URL:-}" ] && declare -p DATABASE_URL | sed 's/^declare -x/export/' >>.run/env
 
 if proc_alive redis; then
@@ -36,7 +37,7 @@ for name in $PROCESSES; do
   start_proc "$name"
 done
 
-url="http://$FACTORY_HOST:$FACTORY_PORT"
+url=$FACTORY_URL
 for _ in $(seq 120); do
   curl -fsS "$url/healthz" >/dev/null 2>&1 && break
   sleep 0.5
