@@ -166,15 +166,13 @@ async def run(call: Call) -> AsyncIterator[tuple[str, object]]:
             _save_in_background(call, result, status, error)
 
 
-async def retrieve(call: Call) -> RagResult:
-    """Retrieval only, as the pinned config does it (rewrites included), for debugging and load tests."""
-    def search() -> RagResult:
-        result = pipeline_for(call.access.release.config_version).retrieve(call.query, call.history)
-        save_trace(call, result, TraceStatus.OK)
-        return result
-
+def retrieve(call: Call) -> RagResult:
+    """Retrieval only, as the pinned config does it (rewrites included), for debugging and load tests; its trace
+    is stored either way. Runs in a worker thread."""
     try:
-        return await sync_to_async(search, thread_sensitive=False)()
+        result = pipeline_for(call.access.release.config_version).retrieve(call.query, call.history)
     except Exception as exc:
-        _save_in_background(call, None, TraceStatus.ERROR, f"{type(exc).__name__}: {exc}")
+        save_trace(call, None, TraceStatus.ERROR, f"{type(exc).__name__}: {exc}")
         raise
+    save_trace(call, result, TraceStatus.OK)
+    return result

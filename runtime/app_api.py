@@ -1,40 +1,62 @@
 """The public API of published apps, at /api/apps/<slug>/: chat (JSON or server-sent events), an
 OpenAI-compatible chat/completions, retrieval for debugging, and feedback.
 
-Plain async views rather than DRF, as in the gateway: the answer streams from the event loop, and the
-OpenAI-compatible routes must answer in OpenAI's own error format.
+Written against plain requests and replies rather than Django's, like the gateway: factory/asgi.py serves
+/api/apps/ from the bare ASGI app in app_api_asgi.py, past Django's handler and middleware (a thread hop per
+middleware; together they cost about as much CPU as a whole retrieval), and `django_view` serves the same
+endpoints through Django for its test client. The OpenAI-compatible routes answer in OpenAI's own error format.
 """
 
 import json
 import time
+from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from accounts.errors import ApplicationError, NotFound, ValidationFailed, error_body
 from runtime import answering, services
 from runtime.access import Access, RateLimited, authorize
 from runtime.models import App, Channel
-from serving.gateway import GatewayError, django_response
+from serving.gateway import JSON, GatewayError, Reply, django_response
 
 CHAT_ROLES = {"system", "developer", "user", "assistant"}
 OPENAI_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                       429: "rate_limit_error"}
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _own_origin(request: HttpRequest) -> str:
-    return f"{request.scheme}://{request.get_host()}"
+@dataclass
+class AppRequest:
+    """One call of an app's API, whichever front end received it."""
+
+    method: str
+    slug: str
+    endpoint: str  # the path after /api/apps/<slug>/
+    authorization: str
+    origin: str | None
+    own_origin: str  # scheme://host of this server, which the web chat's own page calls from
+    body: bytes
 
 
-async def _authorize(request: HttpRequest, slug: str) -> Access:
+def _json(payload: dict, *, status: int = 200) -> Reply:
+    return Reply(status, json.dumps(payload, ensure_ascii=False, cls=DjangoJSONEncoder).encode(),
+                 {"Content-Type": f"{JSON}; charset=utf-8"})
+
+
+def _authorized(request: AppRequest) -> Access:
+    return authorize(slug=request.slug, authorization=request.authorization, origin=request.origin,
+                     own_origin=request.own_origin)
+
+
+async def _authorize(request: AppRequest) -> Access:
     # Not thread-sensitive: the app's own pipeline may call this process's gateway while a request waits here.
-    return await sync_to_async(authorize, thread_sensitive=False)(
-        slug=slug, authorization=request.headers.get("Authorization", ""), origin=request.headers.get("Origin"),
-        own_origin=_own_origin(request))
+    return await sync_to_async(_authorized, thread_sensitive=False)(request)
 
 
-def _body(request: HttpRequest) -> dict:
+def _body(request: AppRequest) -> dict:
     try:
         body = json.loads(request.body or b"")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -46,40 +68,38 @@ def _body(request: HttpRequest) -> dict:
     return body
 
 
-def _with_cors(request: HttpRequest, response: HttpResponse, app: App | None) -> HttpResponse:
+def _with_cors(request: AppRequest, reply: Reply, app: App | None) -> Reply:
     """Browsers on an allowed origin may call the app straight from their page with the web chat token."""
-    origin = request.headers.get("Origin")
-    if app is not None and origin and origin in app.allowed_origins:
-        response["Access-Control-Allow-Origin"] = origin
-        response["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
-        response["Access-Control-Allow-Methods"] = "POST, GET, OPTIONS"
-        response["Vary"] = "Origin"
-    return response
+    if app is not None and request.origin and request.origin in app.allowed_origins:
+        reply.headers.update({"Access-Control-Allow-Origin": request.origin,
+                              "Access-Control-Allow-Headers": "Authorization, Content-Type",
+                              "Access-Control-Allow-Methods": "POST, GET, OPTIONS", "Vary": "Origin"})
+    return reply
 
 
-def _error(exc: ApplicationError) -> JsonResponse:
-    response = JsonResponse(error_body(exc.code, exc.message, exc.fields), status=exc.status)
+def error_reply(exc: ApplicationError) -> Reply:
+    reply = _json(error_body(exc.code, exc.message, exc.fields), status=exc.status)
     if isinstance(exc, RateLimited):
-        response["Retry-After"] = str(exc.retry_after)
-    return response
+        reply.headers["Retry-After"] = str(exc.retry_after)
+    return reply
 
 
-def _openai_error(exc: ApplicationError) -> JsonResponse:
+def _openai_error(exc: ApplicationError) -> Reply:
     kind = OPENAI_ERROR_TYPES.get(exc.status, "invalid_request_error")
     param = next(iter(exc.fields), None)
-    response = django_response(GatewayError(exc.status, exc.message, code=exc.code, param=param, kind=kind).reply())
+    reply = GatewayError(exc.status, exc.message, code=exc.code, param=param, kind=kind).reply()
     if isinstance(exc, RateLimited):
-        response["Retry-After"] = str(exc.retry_after)
-    return response
+        reply.headers["Retry-After"] = str(exc.retry_after)
+    return reply
 
 
-async def _preflight(request: HttpRequest, slug: str) -> HttpResponse:
-    app = await App.objects.filter(slug=slug).only("allowed_origins").afirst()
-    return _with_cors(request, HttpResponse(status=204), app)
+async def _preflight(request: AppRequest) -> Reply:
+    app = await App.objects.filter(slug=request.slug).only("allowed_origins").afirst()
+    return _with_cors(request, Reply(204, b""), app)
 
 
-def _sse(event: str, data) -> str:
-    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+def _sse(event: str, data) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
 def _ids(call: answering.Call) -> dict:
@@ -125,75 +145,83 @@ def _answer_failed(exc: Exception) -> AnswerFailed:
     return AnswerFailed(f"The app could not answer: {exc}")
 
 
-async def _posted(request: HttpRequest, slug: str) -> tuple[Access, dict]:
-    """Every app call is a POST of a JSON object by an authorised caller, checked in that order."""
+def _posted(request: AppRequest) -> tuple[Access, dict]:
+    """Every app call is a POST of a JSON object by an authorised caller, checked in that order. Runs in a
+    worker thread (it reads the database)."""
     if request.method != "POST":
         raise ValidationFailed("Use POST with a JSON body.")
-    access = await _authorize(request, slug)
-    return access, _body(request)
+    return _authorized(request), _body(request)
 
 
-@csrf_exempt
-async def chat(request: HttpRequest, slug: str) -> HttpResponse:
+async def _prepare(access: Access, call: dict) -> answering.Call:
+    return await sync_to_async(answering.prepare, thread_sensitive=False)(access=access, **call)
+
+
+def _chat_call(access: Access, body: dict) -> dict:
+    return {"channel": Channel.CHAT if access.app_key else Channel.WIDGET, "query": body.get("query"),
+            "stream": body.get("stream", False), "user": body.get("user"),
+            "conversation_id": body.get("conversation_id")}
+
+
+async def chat(request: AppRequest) -> Reply:
     """`{"query", "conversation_id"?, "user"?, "stream"?}` → the answer with its citations and usage, or with
     `stream` the events start, citations, token…, done."""
     if request.method == "OPTIONS":
-        return await _preflight(request, slug)
+        return await _preflight(request)
     access = None
     try:
-        access, body = await _posted(request, slug)
-        channel = Channel.CHAT if access.app_key else Channel.WIDGET
-        call = await sync_to_async(answering.prepare, thread_sensitive=False)(
-            access=access, channel=channel, query=body.get("query"), stream=body.get("stream", False),
-            user=body.get("user"), conversation_id=body.get("conversation_id"))
+        access, body = await sync_to_async(_posted, thread_sensitive=False)(request)
+        call = await _prepare(access, _chat_call(access, body))
         if call.stream:
-            response = StreamingHttpResponse(_chat_events(call), content_type="text/event-stream")
-            response["Cache-Control"] = "no-cache"
-            response["X-Accel-Buffering"] = "no"
+            reply = Reply(200, _chat_events(call), dict(SSE_HEADERS))
         else:
             try:
                 result = await _collect(call)
             except Exception as exc:
                 raise _answer_failed(exc)
-            response = JsonResponse(_answer_body(call, result), json_dumps_params={"ensure_ascii": False})
+            reply = _json(_answer_body(call, result))
     except ApplicationError as exc:
-        response = _error(exc)
-    return _with_cors(request, response, access.app if access else None)
+        reply = error_reply(exc)
+    return _with_cors(request, reply, access.app if access else None)
 
 
-@csrf_exempt
-async def retrieve(request: HttpRequest, slug: str) -> HttpResponse:
+def _retrieved(request: AppRequest) -> dict:
+    """Authorise, check, retrieve and store the trace in one thread hop: this is the endpoint load tests and
+    debugging sessions call most."""
+    access, body = _posted(request)
+    call = answering.prepare(access=access, channel=Channel.RETRIEVE, query=body.get("query"),
+                             user=body.get("user"))
+    try:
+        result = answering.retrieve(call)
+    except Exception as exc:
+        raise _answer_failed(exc)
+    return {"message_id": str(call.message_id), "queries": result.queries, "hits": answering.public_hits(result),
+            "timings_ms": result.timings_ms}
+
+
+async def retrieve(request: AppRequest) -> Reply:
     """`{"query"}` → what the pinned config retrieves for it, with every score and the time each step took."""
     try:
-        access, body = await _posted(request, slug)
-        call = await sync_to_async(answering.prepare, thread_sensitive=False)(
-            access=access, channel=Channel.RETRIEVE, query=body.get("query"), user=body.get("user"))
-        try:
-            result = await answering.retrieve(call)
-        except Exception as exc:
-            raise _answer_failed(exc)
+        return _json(await sync_to_async(_retrieved, thread_sensitive=False)(request))
     except ApplicationError as exc:
-        return _error(exc)
-    return JsonResponse({"message_id": str(call.message_id), "queries": result.queries,
-                         "hits": answering.public_hits(result), "timings_ms": result.timings_ms})
+        return error_reply(exc)
 
 
-@csrf_exempt
-async def feedback(request: HttpRequest, slug: str) -> HttpResponse:
+async def feedback(request: AppRequest) -> Reply:
     """`{"message_id", "rating": "up"|"down", "comment"?}` on one answer of this app."""
     if request.method == "OPTIONS":
-        return await _preflight(request, slug)
+        return await _preflight(request)
     access = None
     try:
-        access, body = await _posted(request, slug)
+        access, body = await sync_to_async(_posted, thread_sensitive=False)(request)
         stored = await sync_to_async(services.record_feedback, thread_sensitive=False)(
             app=access.app, message_id=body.get("message_id"), rating=body.get("rating"),
             comment=body.get("comment", ""))
-        response = JsonResponse({"message_id": str(body["message_id"]), "rating": "up" if stored.rating > 0 else
-                                 "down", "comment": stored.comment})
+        reply = _json({"message_id": str(body["message_id"]), "rating": "up" if stored.rating > 0 else "down",
+                       "comment": stored.comment})
     except ApplicationError as exc:
-        response = _error(exc)
-    return _with_cors(request, response, access.app if access else None)
+        reply = error_reply(exc)
+    return _with_cors(request, reply, access.app if access else None)
 
 
 def _text_of(content) -> str | None:
@@ -233,11 +261,16 @@ def _completion_id(call: answering.Call) -> str:
     return f"chatcmpl-{call.message_id.hex}"
 
 
-def _chunk(call: answering.Call, created: int, delta: dict, finish_reason=None, **extra) -> str:
+def _data(payload: dict | str) -> bytes:
+    text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {text}\n\n".encode()
+
+
+def _chunk(call: answering.Call, created: int, delta: dict, finish_reason=None, **extra) -> bytes:
     body = {"id": _completion_id(call), "object": "chat.completion.chunk", "created": created,
             "model": call.access.app.slug, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
             **extra}
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+    return _data(body)
 
 
 async def _openai_events(call: answering.Call, include_usage: bool):
@@ -252,53 +285,70 @@ async def _openai_events(call: answering.Call, include_usage: bool):
                 if include_usage:
                     usage = {"id": _completion_id(call), "object": "chat.completion.chunk", "created": created,
                              "model": call.access.app.slug, "choices": [], "usage": answering.usage_of(value)}
-                    yield f"data: {json.dumps(usage)}\n\n"
+                    yield _data(usage)
     except Exception as exc:  # OpenAI's clients raise an APIError on an in-stream error object
         error = {"message": f"The app could not answer: {exc}", "type": "server_error", "code": "answer_failed"}
-        yield f"data: {json.dumps({'error': error})}\n\n"
-    yield "data: [DONE]\n\n"
+        yield _data({"error": error})
+    yield _data("[DONE]")
 
 
-@csrf_exempt
-async def openai_chat_completions(request: HttpRequest, slug: str) -> HttpResponse:
+def _openai_call(access: Access, body: dict) -> dict:
+    query, history = _openai_turn(body)
+    return {"channel": Channel.OPENAI if access.app_key else Channel.WIDGET, "query": query,
+            "stream": body.get("stream", False), "user": body.get("user"),
+            "conversation_id": body.get("conversation_id"), "history": history}
+
+
+async def openai_chat_completions(request: AppRequest) -> Reply:
     """OpenAI's chat/completions: point the official client at /api/apps/<slug>/v1. The answer carries the
     extra fields `citations`, `message_id` and `conversation_id`."""
     try:
-        access, body = await _posted(request, slug)
-        query, history = _openai_turn(body)
-        channel = Channel.OPENAI if access.app_key else Channel.WIDGET
-        call = await sync_to_async(answering.prepare, thread_sensitive=False)(
-            access=access, channel=channel, query=query, stream=body.get("stream", False), user=body.get("user"),
-            conversation_id=body.get("conversation_id"), history=history)
+        access, body = await sync_to_async(_posted, thread_sensitive=False)(request)
+        call = await _prepare(access, _openai_call(access, body))
         if call.stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            response = StreamingHttpResponse(_openai_events(call, include_usage), content_type="text/event-stream")
-            response["Cache-Control"] = "no-cache"
-            return response
+            return Reply(200, _openai_events(call, include_usage), dict(SSE_HEADERS))
         try:
             result = await _collect(call)
         except Exception as exc:
             raise _answer_failed(exc)
     except ApplicationError as exc:
         return _openai_error(exc)
-    return JsonResponse({
+    return _json({
         "id": _completion_id(call), "object": "chat.completion", "created": int(time.time()),
-        "model": access.app.slug, "choices": [{"index": 0, "message": {"role": "assistant", "content": result.answer},
-                                                 "finish_reason": "stop"}],
-        "usage": answering.usage_of(result), "citations": answering.public_citations(result), **_ids(call)},
-        json_dumps_params={"ensure_ascii": False})
+        "model": call.access.app.slug,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": result.answer}, "finish_reason": "stop"}],
+        "usage": answering.usage_of(result), "citations": answering.public_citations(result), **_ids(call)})
 
 
-async def openai_models(request: HttpRequest, slug: str) -> HttpResponse:
+async def openai_models(request: AppRequest) -> Reply:
     try:
-        access = await _authorize(request, slug)
+        access = await _authorize(request)
     except ApplicationError as exc:
         return _openai_error(exc)
-    return JsonResponse({"object": "list", "data": [
+    return _json({"object": "list", "data": [
         {"id": access.app.slug, "object": "model", "created": int(access.app.created_at.timestamp()),
          "owned_by": access.app.workspace.slug}]})
 
 
-async def openai_unknown(request: HttpRequest, slug: str, rest: str) -> HttpResponse:
-    return _openai_error(NotFound(f"Unknown endpoint /api/apps/{slug}/v1/{rest}; apps serve chat/completions "
-                                  f"and models."))
+ENDPOINTS = {"chat": chat, "retrieve": retrieve, "feedback": feedback,
+             "v1/chat/completions": openai_chat_completions, "v1/models": openai_models}
+
+
+async def handle(request: AppRequest) -> Reply:
+    endpoint = ENDPOINTS.get(request.endpoint)
+    if endpoint is not None:
+        return await endpoint(request)
+    where = f"/api/apps/{request.slug}/{request.endpoint}"
+    if request.endpoint.startswith("v1/"):
+        return _openai_error(NotFound(f"Unknown endpoint {where}; apps serve chat/completions and models."))
+    return error_reply(NotFound(f"Unknown endpoint {where}; apps serve chat, retrieve, feedback and v1/."))
+
+
+@csrf_exempt
+async def django_view(request: HttpRequest, slug: str, endpoint: str) -> HttpResponse:
+    """The app API through Django, for its test client. The server's /api/apps/ skips Django (app_api_asgi)."""
+    return django_response(await handle(AppRequest(
+        method=request.method, slug=slug, endpoint=endpoint, authorization=request.headers.get("Authorization", ""),
+        origin=request.headers.get("Origin"), own_origin=f"{request.scheme}://{request.get_host()}",
+        body=request.body)))

@@ -2,6 +2,8 @@
 Django's handler, middleware or URL resolver, which added about a fifth to TTFT (issue #3). What the gateway does
 lives in serving.gateway.dispatch, which the Django view shares."""
 
+from collections.abc import Awaitable, Callable
+
 from django.conf import settings
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
@@ -14,8 +16,15 @@ PREFIX = "/v1/"
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:
     """Serve one HTTP request whose path starts with /v1/."""
+    await serve(_reply, scope, receive, send)
+
+
+async def serve(reply_to: Callable[[Request], Awaitable[Reply]], scope: Scope, receive: Receive,
+                send: Send) -> None:
+    """Answer one request with the Reply that `reply_to` makes of it: whole, or streamed. Shared with the apps'
+    public API (runtime/app_api_asgi.py)."""
     try:
-        reply = await _reply(Request(scope, receive))
+        reply = await reply_to(Request(scope, receive))
         if isinstance(reply.body, bytes):
             await Response(reply.body, reply.status, reply.headers)(scope, receive, send)
         else:
@@ -24,11 +33,17 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         pass  # the client hung up: there is no one left to answer
 
 
-async def _reply(request: Request) -> Reply:
-    # Django refuses bodies over this size; the lean path does too, before reading them.
+def body_limit_exceeded(request: Request) -> str | None:
+    """Django refuses bodies over this size; the lean paths do too, before reading them."""
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     if limit is not None and int(request.headers.get("content-length") or 0) > limit:
-        return GatewayError(413, f"The request body is larger than {limit} bytes.", code="request_too_large").reply()
+        return f"The request body is larger than {limit} bytes."
+    return None
+
+
+async def _reply(request: Request) -> Reply:
+    if too_large := body_limit_exceeded(request):
+        return GatewayError(413, too_large, code="request_too_large").reply()
     return await dispatch(method=request.method, path=request.scope["path"].removeprefix(PREFIX),
                           authorization=request.headers.get("authorization", ""), content=await request.body())
 

@@ -1,9 +1,13 @@
 """The public API of published apps without a model behind it: who may call, what a bad call gets back,
-retrieval, feedback into eval sets, the web chat's origin rules and rate limits."""
+retrieval, feedback into eval sets, the web chat's origin rules and rate limits. Calls go through the server's
+own front end (factory/asgi.py, which serves /api/apps/ past Django), except where Django's view is the point."""
 
+import asyncio
 import json
 
+import httpx
 import pytest
+from django.core.signals import request_started
 from django.test import Client
 
 from rag_studio import services as rag_services
@@ -13,16 +17,30 @@ from runtime import services
 from runtime.models import Channel, Trace, TraceStatus
 from tests.conftest import wait_for
 from tests.rag_studio.conftest import SAMPLE_FILES, sample
+from factory.asgi import application
 from tests.runtime.conftest import save_config
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def post(path: str, body=None, *, key: str | None = None, raw: bytes | None = None, **headers):
+def call(method: str, path: str, *, key: str | None = None, content: bytes = b"", origin: str | None = None,
+         host: str = "testserver") -> httpx.Response:
+    headers = {"Host": host, "Content-Type": "application/json"}
     if key:
-        headers["HTTP_AUTHORIZATION"] = f"Bearer {key}"
-    data = raw if raw is not None else json.dumps(body or {})
-    return Client().post(path, data=data, content_type="application/json", **headers)
+        headers["Authorization"] = f"Bearer {key}"
+    if origin:
+        headers["Origin"] = origin
+
+    async def send() -> httpx.Response:
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            return await client.request(method, path, content=content, headers=headers)
+
+    return asyncio.run(send())
+
+
+def post(path: str, body=None, *, raw: bytes | None = None, **options) -> httpx.Response:
+    return call("POST", path, content=raw if raw is not None else json.dumps(body or {}).encode(), **options)
 
 
 def error_of(response) -> tuple[int, str]:
@@ -75,7 +93,7 @@ def test_the_openai_endpoint_answers_errors_in_openais_format(app, app_key):
         error = response.json()["error"]
         assert response.status_code == status and error["type"] == kind, error
         assert error["message"] and "code" in error and "param" in error
-    models = Client().get(f"{base}/models", HTTP_AUTHORIZATION=f"Bearer {app_key}").json()
+    models = call("GET", f"{base}/models", key=app_key).json()
     assert [m["id"] for m in models["data"]] == ["handbook"]
 
 
@@ -98,11 +116,46 @@ def test_retrieve_shows_what_the_pinned_config_finds_and_is_traced(ann, kb, smol
     assert trace.hits[0]["document"] == "northwind-employee-handbook.pdf" and trace.latency_ms > 0
 
 
+def test_the_server_answers_the_app_api_past_django_with_the_same_checks(app, app_key, settings):
+    handled_by_django = []
+
+    def count(sender, **kwargs) -> None:
+        handled_by_django.append(sender)
+
+    request_started.connect(count)
+    try:
+        assert error_of(post("/api/apps/handbook/chat", {"query": ""}, key=app_key))[0] == 400
+        status, message = error_of(post("/api/apps/handbook/nothing-here", key=app_key))
+        assert status == 404 and "Unknown endpoint" in message
+        assert error_of(call("GET", "/api/apps/", key=app_key))[0] == 404
+        settings.ALLOWED_HOSTS = ["factory.example"]
+        status, message = error_of(post("/api/apps/handbook/chat", {"query": "hi"}, key=app_key, host="evil.example"))
+        assert status == 400 and "evil.example" in message
+        settings.ALLOWED_HOSTS = ["*"]
+        settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+        assert error_of(post("/api/apps/handbook/chat", {"query": "x" * 2000}, key=app_key))[0] == 413
+    finally:
+        request_started.disconnect(count)
+    assert handled_by_django == []
+
+
+def test_django_serves_the_same_api_for_runserver_wsgi_and_its_test_client(app, app_key):
+    chat = Client().post("/api/apps/handbook/chat", data={"query": ""}, content_type="application/json",
+                         HTTP_AUTHORIZATION=f"Bearer {app_key}")
+    assert chat.status_code == 400 and chat.json() == post("/api/apps/handbook/chat", {"query": ""},
+                                                           key=app_key).json()
+    models = Client().get("/api/apps/handbook/v1/models", HTTP_AUTHORIZATION=f"Bearer {app_key}")
+    assert [m["id"] for m in models.json()["data"]] == ["handbook"]
+    unknown = Client().post("/api/apps/handbook/v1/embeddings", data={}, content_type="application/json",
+                            HTTP_AUTHORIZATION=f"Bearer {app_key}")
+    assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
+
+
 def test_a_key_over_its_rate_limit_gets_429_with_retry_after(ann, app):
     issued = services.create_app_key(actor=ann, app=app, name="tight", rate_limit=2)
     answers = [post("/api/apps/handbook/chat", {"query": ""}, key=issued.secret) for _ in range(3)]
     assert [a.status_code for a in answers] == [400, 400, 429]
-    assert 1 <= int(answers[2]["Retry-After"]) <= 60
+    assert 1 <= int(answers[2].headers["Retry-After"]) <= 60
     assert "2 requests per minute" in answers[2].json()["error"]["message"]
     roomy = services.create_app_key(actor=ann, app=app, name="roomy").secret
     assert post("/api/apps/handbook/chat", {"query": ""}, key=roomy).status_code == 400
@@ -113,18 +166,19 @@ def test_the_web_chat_token_works_only_from_allowed_origins(ann, app):
     app.refresh_from_db()
     assert app.allowed_origins == ["http://intranet.example:8080"]
     chat, token = "/api/apps/handbook/chat", app.widget_token
-    status, message = error_of(post(chat, {"query": ""}, key=token, HTTP_ORIGIN="http://evil.example"))
+    status, message = error_of(post(chat, {"query": ""}, key=token, origin="http://evil.example"))
     assert status == 403 and "http://evil.example" in message
     assert error_of(post(chat, {"query": ""}, key=token))[0] == 403  # no Origin: not a browser on the list
-    allowed = post(chat, {"query": ""}, key=token, HTTP_ORIGIN="http://intranet.example:8080")
-    assert allowed.status_code == 400 and allowed["Access-Control-Allow-Origin"] == "http://intranet.example:8080"
-    assert post(chat, {"query": ""}, key=token, HTTP_ORIGIN="http://testserver").status_code == 400
-    preflight = Client().options(chat, HTTP_ORIGIN="http://intranet.example:8080")
-    assert preflight.status_code == 204 and "Authorization" in preflight["Access-Control-Allow-Headers"]
-    assert "Access-Control-Allow-Origin" not in Client().options(chat, HTTP_ORIGIN="http://evil.example")
+    allowed = post(chat, {"query": ""}, key=token, origin="http://intranet.example:8080")
+    assert allowed.status_code == 400
+    assert allowed.headers["Access-Control-Allow-Origin"] == "http://intranet.example:8080"
+    assert post(chat, {"query": ""}, key=token, origin="http://testserver").status_code == 400
+    preflight = call("OPTIONS", chat, origin="http://intranet.example:8080")
+    assert preflight.status_code == 204 and "Authorization" in preflight.headers["Access-Control-Allow-Headers"]
+    assert "Access-Control-Allow-Origin" not in call("OPTIONS", chat, origin="http://evil.example").headers
 
     services.rotate_widget_token(actor=ann, app=app)
-    status, message = error_of(post(chat, {"query": ""}, key=token, HTTP_ORIGIN="http://intranet.example:8080"))
+    status, message = error_of(post(chat, {"query": ""}, key=token, origin="http://intranet.example:8080"))
     assert status == 401 and "rotated" in message
 
 
