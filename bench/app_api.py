@@ -35,6 +35,7 @@ import httpx
 # First: it reads the instance's settings and sets Django up, which the project's models need.
 from bench._serving import (ADMIN_USERNAME, CLIENT_TIMEOUT, PLATFORM_URL, PRESET_MODEL, REPO_ROOT,
                             percentile, print_header, wait_for)
+from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 from accounts.models import Workspace  # noqa: E402
 from accounts.services import Actor  # noqa: E402
@@ -167,11 +168,14 @@ class RawEmbedding:
         return cores * 1000 / self.cpu_ms
 
 
-def measure_raw_embedding(kb: KnowledgeBase, questions: list[str]) -> RawEmbedding:
-    """The query path's own call, one query at a time, in this process (same model and torch threads as the web
-    process: rag_studio.embedding sets both)."""
+def measure_raw_embedding(kb: KnowledgeBase, questions: list[str], torch_threads: int | None) -> RawEmbedding:
+    """The query path's own call, one query at a time, in this process: the same model, and the web process's
+    torch threads when it is known."""
     import torch
 
+    if torch_threads:
+        # Before the model loads: each thread fixes its torch thread count when it first runs an op.
+        settings.TORCH_THREADS = torch_threads
     embedder = Embedder.for_knowledge_base(kb)
     for question in questions[:RAW_WARMUP_QUERIES]:
         embedder.embed([question])
@@ -190,7 +194,7 @@ def measure_raw_embedding(kb: KnowledgeBase, questions: list[str]) -> RawEmbeddi
 
 
 def _web_pid() -> int | None:
-    """The instance's web process, if `make run` started it here and it serves FACTORY_URL: its CPU time per
+    """The instance's web server, if `make run` started it here and it serves FACTORY_URL: its CPU time per
     request shows what the path costs beyond the embedding."""
     pid_file = REPO_ROOT / ".run" / "web.pid"
     if not pid_file.exists():
@@ -205,16 +209,40 @@ def _web_pid() -> int | None:
     return int(pid) if any(b"uvicorn" in part for part in command) and serves_url else None
 
 
+def _with_workers(pid: int) -> list[int]:
+    """uvicorn and the worker processes it started."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    return [pid, *map(int, children)]
+
+
+def _web_torch_threads(pid: int | None) -> int | None:
+    """FACTORY_TORCH_THREADS as the web workers see it (scripts/proc.sh sets it)."""
+    for process in _with_workers(pid) if pid else []:
+        try:
+            environ = Path(f"/proc/{process}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for entry in environ:
+            if entry.startswith(b"FACTORY_TORCH_THREADS="):
+                return int(entry.split(b"=", 1)[1])
+    return None
+
+
 def _cpu_seconds(pid: int | None) -> float | None:
-    """User and system CPU time of the process so far; None if it is unknown or gone."""
+    """User and system CPU time of the web server and its workers so far; None if it is unknown or gone."""
     if pid is None:
         return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    utime, stime = int(fields[11]), int(fields[12])
-    return (utime + stime) / os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for process in _with_workers(pid):
+        try:
+            fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 @dataclass
@@ -405,7 +433,8 @@ def main() -> None:
     issued = _fresh_key(actor, app)
     try:
         print()
-        raw = measure_raw_embedding(kb, questions.take(RAW_WARMUP_QUERIES + args.raw_queries))
+        raw = measure_raw_embedding(kb, questions.take(RAW_WARMUP_QUERIES + args.raw_queries),
+                                   _web_torch_threads(web_pid))
         print_raw(raw, cores)
         ceiling = raw.ceiling(cores)
         base_url = f"{PLATFORM_URL}/api/apps/{app.slug}"

@@ -167,10 +167,12 @@ SPECTACULAR_SETTINGS = {
 GATEWAY_URL = os.environ.get("FACTORY_GATEWAY_URL") or f"http://127.0.0.1:{os.environ.get('FACTORY_PORT', '8000')}/v1"
 
 # RAG ingestion. Embedding batches are sent `RAG_EMBED_CONCURRENCY` at a time to an embedding deployment; a local
-# sentence-transformers model uses that many torch threads instead.
+# sentence-transformers model uses that many torch threads instead, unless FACTORY_TORCH_THREADS says otherwise
+# (the web server sets 1 per worker process: see scripts/proc.sh).
 RAG_UPLOAD_MAX_BYTES = int(os.environ.get("FACTORY_RAG_UPLOAD_MAX_BYTES", str(50 * 1024 * 1024)))
 RAG_EMBED_BATCH_SIZE = int(os.environ.get("FACTORY_RAG_EMBED_BATCH_SIZE", "32"))
 RAG_EMBED_CONCURRENCY = int(os.environ.get("FACTORY_RAG_EMBED_CONCURRENCY", "2"))
+TORCH_THREADS = int(os.environ.get("FACTORY_TORCH_THREADS") or RAG_EMBED_CONCURRENCY)
 # Queued documents of one knowledge base that a worker ingests together (embedded in shared model calls, indexed in
 # one write).
 RAG_INGEST_GROUP_DOCS = int(os.environ.get("FACTORY_RAG_INGEST_GROUP_DOCS", "32"))

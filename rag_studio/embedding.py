@@ -31,7 +31,7 @@ def _local_model(path: str):
     import torch
     from sentence_transformers import SentenceTransformer
 
-    torch.set_num_threads(max(1, settings.RAG_EMBED_CONCURRENCY))
+    torch.set_num_threads(max(1, settings.TORCH_THREADS))
     with _load_lock:
         return SentenceTransformer(path, device="cpu")
 

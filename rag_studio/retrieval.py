@@ -106,24 +106,33 @@ def _ms(since: float) -> float:
     return round((time.perf_counter() - since) * 1000, 2)
 
 
+# Only the columns a hit shows, parent's included: the query runs on every search, and a full Chunk with its
+# document and parent cost more to build than the search itself.
+HIT_COLUMNS = ("id", "knowledge_base_id", "document_id", "document__filename", "parent_id", "text", "page", "start",
+               "end", "heading", "parent__text", "parent__page", "parent__start", "parent__end", "parent__heading")
+
+
 def _hydrate(kb: KnowledgeBase, scored) -> list[Hit]:
     """Attach chunk text and location; a child chunk returns its parent's text, once per parent."""
-    chunks = Chunk.objects.select_related("document", "parent").in_bulk([s.chunk_id for s in scored])
+    rows = {row["id"]: row for row in Chunk.objects.filter(pk__in=[s.chunk_id for s in scored])
+            .order_by().values(*HIT_COLUMNS)}
     hits, seen_parents = [], set()
     for score in scored:
-        chunk = chunks.get(score.chunk_id)
-        if chunk is None or chunk.knowledge_base_id != kb.pk:
+        row = rows.get(score.chunk_id)
+        if row is None or row["knowledge_base_id"] != kb.pk:
             continue  # its document was deleted after the index was read
-        if chunk.parent_id is not None:
-            if chunk.parent_id in seen_parents:
+        parent_id = row["parent_id"]
+        if parent_id is not None:
+            if parent_id in seen_parents:
                 continue
-            seen_parents.add(chunk.parent_id)
-        shown = chunk.parent or chunk
+            seen_parents.add(parent_id)
+        shown = "" if parent_id is None else "parent__"
         hits.append(Hit(
-            chunk_id=chunk.pk, document_id=chunk.document_id, filename=chunk.document.filename, text=shown.text,
-            page=shown.page, start=shown.start, end=shown.end, heading=shown.heading or chunk.heading,
-            parent_id=chunk.parent_id, dense=score.dense, keyword=score.keyword, fused=round(score.fused, 6),
-            dense_raw=score.dense_raw, keyword_raw=score.keyword_raw))
+            chunk_id=row["id"], document_id=row["document_id"], filename=row["document__filename"],
+            text=row[f"{shown}text"], page=row[f"{shown}page"], start=row[f"{shown}start"], end=row[f"{shown}end"],
+            heading=row[f"{shown}heading"] or row["heading"], parent_id=parent_id, dense=score.dense,
+            keyword=score.keyword, fused=round(score.fused, 6), dense_raw=score.dense_raw,
+            keyword_raw=score.keyword_raw))
     return hits
 
 

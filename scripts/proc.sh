@@ -12,8 +12,13 @@ case "${1:-}" in
     python manage.py migrate --noinput
     exec python manage.py bootstrap ;;
   web)
+    # Python runs one thread at a time per process, so the cores are used by worker processes; each embeds its
+    # queries batched on one torch thread. Their Prometheus metrics meet in a shared directory, emptied here.
+    export FACTORY_TORCH_THREADS=${FACTORY_WEB_TORCH_THREADS:-1}
+    export PROMETHEUS_MULTIPROC_DIR=${FACTORY_DATA_DIR:-data}/prometheus
+    rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
     exec uvicorn factory.asgi:application --host "${FACTORY_HOST:-127.0.0.1}" --port "${FACTORY_PORT:-8000}" \
-      --workers "${FACTORY_WEB_WORKERS:-1}" --no-access-log --lifespan off ;;
+      --workers "${FACTORY_WEB_WORKERS:-2}" --no-access-log --lifespan off ;;
   worker)
     exec celery -A factory worker --queues "default,ingest,node.$FACTORY_NODE_NAME" \
       --hostname "worker@$FACTORY_NODE_NAME" --concurrency "${FACTORY_WORKER_CONCURRENCY:-2}" --loglevel INFO ;;

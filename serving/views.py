@@ -1,8 +1,10 @@
+import os
+
 from django.contrib import messages
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.csrf import csrf_protect
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
 
 from accounts.errors import ValidationFailed, error_body
 from accounts.gui import gui_actor, workspace_page
@@ -14,8 +16,13 @@ from serving.models import Engine, RoleHint
 
 
 def prometheus_metrics(request):
-    """Prometheus scrape endpoint: the gateway's latency histograms, labelled by deployment and replica."""
-    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+    """Prometheus scrape endpoint: the gateway's latency histograms, labelled by deployment and replica. With
+    several web worker processes (PROMETHEUS_MULTIPROC_DIR set), the sum of all of them."""
+    registry = REGISTRY
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
 def _deployment_or_404(request, name: str):

@@ -1,4 +1,9 @@
-"""The latency definitions, pinned on a recorded stream (times in seconds since the request arrived)."""
+"""The latency definitions, pinned on a recorded stream (times in seconds since the request arrived), and the
+scrape of several web worker processes."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -36,3 +41,17 @@ def test_a_request_without_content_has_no_latency_figures():
     one_token = RequestTiming(received_at=0.0)
     one_token.content_chunk(0.2)
     assert one_token.tpot_ms(1) is None
+
+
+def test_the_scrape_sums_every_web_worker_process(tmp_path):
+    """`make run` starts several uvicorn workers; /metrics, answered by any one of them, must count all."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "factory.settings"}
+    count_one = ("from serving.metrics import REQUESTS, TTFT_SECONDS; "
+                 "REQUESTS.labels('chat', '7', '200').inc(); TTFT_SECONDS.labels('chat', '7').observe(0.2)")
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", count_one], env=env, check=True)
+    scrape = ("import django; django.setup(); from serving.views import prometheus_metrics; "
+              "print(prometheus_metrics(None).content.decode())")
+    text = subprocess.run([sys.executable, "-c", scrape], env=env, check=True, capture_output=True, text=True).stdout
+    assert 'factory_requests_total{deployment="chat",replica="7",status="200"} 2.0' in text
+    assert 'factory_ttft_seconds_count{deployment="chat",replica="7"} 2.0' in text
