@@ -1,7 +1,8 @@
 """Picks a replica for each gateway request: a weighted random choice over the ready replicas that are not
 cooling down after a failure. The routing table is cached for a second, and kept fresh in the background for the
-names in use, so that requests do not wait on the database; cooldowns live in this process (the gateway runs as
-one ASGI process per node). Database reads run off Django's one sync thread, which a sync view calling the
+names in use, so that requests do not wait on the database. Cooldowns live in each web worker process: another
+worker may still try a failed replica once, and fails over from it as from any other, until the health check
+takes the replica out of every table. Database reads run off Django's one sync thread, which a sync view calling the
 gateway in this same process may be holding."""
 
 import asyncio
