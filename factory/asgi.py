@@ -1,5 +1,6 @@
 import asyncio
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
@@ -14,6 +15,14 @@ django_application = ASGIStaticFilesHandler(get_asgi_application())
 from runtime.app_api_asgi import PREFIX as APP_API_PREFIX, app as app_api_application  # noqa: E402
 from serving.gateway_asgi import PREFIX as GATEWAY_PREFIX, app as gateway_application  # noqa: E402
 
+
+def _import_the_embedding_stack() -> None:
+    import sentence_transformers  # noqa: F401
+
+
+# torch and sentence-transformers take ten seconds and more to import: each web worker does it as it starts, in
+# the background, rather than in the first query it is sent.
+threading.Thread(target=_import_the_embedding_stack, name="import-embedding-stack", daemon=True).start()
 
 _loops_with_executor: set[int] = set()
 
