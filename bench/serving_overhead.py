@@ -87,7 +87,7 @@ def _print_ttft_breakdown(results: dict[str, dict[int, StreamResult]], recorded:
     print(f"Added TTFT, median over {len(paired)} prompts sent both ways: {total:+.2f} ms. Split at the gateway's own "
           f"TTFT (RequestRecord, timed from when its view starts):")
     print(f"  {inside:+.2f} ms inside the gateway view (auth, routing, opening the upstream stream)")
-    print(f"  {outside:+.2f} ms outside it (ASGI server, Django middleware, handing the first chunk back)")
+    print(f"  {outside:+.2f} ms outside it (ASGI server and routing, handing the first chunk back)")
 
 
 def _overhead_percent(gateway: float, direct: float) -> float:

@@ -1,6 +1,7 @@
 import asyncio
 import os
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
@@ -24,7 +25,7 @@ def _import_the_embedding_stack() -> None:
 # the background, rather than in the first query it is sent.
 threading.Thread(target=_import_the_embedding_stack, name="import-embedding-stack", daemon=True).start()
 
-_loops_with_executor: set[int] = set()
+_loops_with_executor: weakref.WeakSet = weakref.WeakSet()
 
 
 def _use_request_threads() -> None:
@@ -32,8 +33,8 @@ def _use_request_threads() -> None:
     retrieval work. asyncio's own has cores + 4: too few for requests that wait there on the shared query
     embedder, which then sees small batches (three queries at concurrency 32, against seven with 32 threads)."""
     loop = asyncio.get_running_loop()
-    if id(loop) not in _loops_with_executor:
-        _loops_with_executor.add(id(loop))
+    if loop not in _loops_with_executor:
+        _loops_with_executor.add(loop)
         loop.set_default_executor(ThreadPoolExecutor(max_workers=int(os.environ.get("FACTORY_WEB_THREADS", "32")),
                                                       thread_name_prefix="web"))
 

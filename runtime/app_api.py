@@ -4,7 +4,8 @@ OpenAI-compatible chat/completions, retrieval for debugging, and feedback.
 Written against plain requests and replies rather than Django's, like the gateway: factory/asgi.py serves
 /api/apps/ from the bare ASGI app in app_api_asgi.py, past Django's handler and middleware (a thread hop per
 middleware; together they cost about as much CPU as a whole retrieval), and `django_view` serves the same
-endpoints through Django for its test client. The OpenAI-compatible routes answer in OpenAI's own error format.
+endpoints through Django for runserver, WSGI and its test client. The OpenAI-compatible routes answer in
+OpenAI's own error format.
 """
 
 import json
@@ -153,14 +154,16 @@ def _posted(request: AppRequest) -> tuple[Access, dict]:
     return _authorized(request), _body(request)
 
 
-async def _prepare(access: Access, call: dict) -> answering.Call:
-    return await sync_to_async(answering.prepare, thread_sensitive=False)(access=access, **call)
+async def _post(request: AppRequest) -> tuple[Access, dict]:
+    return await sync_to_async(_posted, thread_sensitive=False)(request)
 
 
-def _chat_call(access: Access, body: dict) -> dict:
-    return {"channel": Channel.CHAT if access.app_key else Channel.WIDGET, "query": body.get("query"),
-            "stream": body.get("stream", False), "user": body.get("user"),
-            "conversation_id": body.get("conversation_id")}
+async def _prepare(access: Access, body: dict, *, key_channel: str, query, history=None) -> answering.Call:
+    """The question's call: on `key_channel` for an app key, on the web chat's channel for its token."""
+    return await sync_to_async(answering.prepare, thread_sensitive=False)(
+        access=access, channel=key_channel if access.app_key else Channel.WIDGET, query=query,
+        stream=body.get("stream", False), user=body.get("user"), conversation_id=body.get("conversation_id"),
+        history=history)
 
 
 async def chat(request: AppRequest) -> Reply:
@@ -170,8 +173,8 @@ async def chat(request: AppRequest) -> Reply:
         return await _preflight(request)
     access = None
     try:
-        access, body = await sync_to_async(_posted, thread_sensitive=False)(request)
-        call = await _prepare(access, _chat_call(access, body))
+        access, body = await _post(request)
+        call = await _prepare(access, body, key_channel=Channel.CHAT, query=body.get("query"))
         if call.stream:
             reply = Reply(200, _chat_events(call), dict(SSE_HEADERS))
         else:
@@ -213,7 +216,7 @@ async def feedback(request: AppRequest) -> Reply:
         return await _preflight(request)
     access = None
     try:
-        access, body = await sync_to_async(_posted, thread_sensitive=False)(request)
+        access, body = await _post(request)
         stored = await sync_to_async(services.record_feedback, thread_sensitive=False)(
             app=access.app, message_id=body.get("message_id"), rating=body.get("rating"),
             comment=body.get("comment", ""))
@@ -292,19 +295,13 @@ async def _openai_events(call: answering.Call, include_usage: bool):
     yield _data("[DONE]")
 
 
-def _openai_call(access: Access, body: dict) -> dict:
-    query, history = _openai_turn(body)
-    return {"channel": Channel.OPENAI if access.app_key else Channel.WIDGET, "query": query,
-            "stream": body.get("stream", False), "user": body.get("user"),
-            "conversation_id": body.get("conversation_id"), "history": history}
-
-
 async def openai_chat_completions(request: AppRequest) -> Reply:
     """OpenAI's chat/completions: point the official client at /api/apps/<slug>/v1. The answer carries the
     extra fields `citations`, `message_id` and `conversation_id`."""
     try:
-        access, body = await sync_to_async(_posted, thread_sensitive=False)(request)
-        call = await _prepare(access, _openai_call(access, body))
+        access, body = await _post(request)
+        query, history = _openai_turn(body)
+        call = await _prepare(access, body, key_channel=Channel.OPENAI, query=query, history=history)
         if call.stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return Reply(200, _openai_events(call, include_usage), dict(SSE_HEADERS))
@@ -347,7 +344,8 @@ async def handle(request: AppRequest) -> Reply:
 
 @csrf_exempt
 async def django_view(request: HttpRequest, slug: str, endpoint: str) -> HttpResponse:
-    """The app API through Django, for its test client. The server's /api/apps/ skips Django (app_api_asgi)."""
+    """The app API through Django: for runserver, WSGI and Django's test client. factory/asgi.py serves
+    /api/apps/ past Django (app_api_asgi)."""
     return django_response(await handle(AppRequest(
         method=request.method, slug=slug, endpoint=endpoint, authorization=request.headers.get("Authorization", ""),
         origin=request.headers.get("Origin"), own_origin=f"{request.scheme}://{request.get_host()}",
