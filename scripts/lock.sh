@@ -3,11 +3,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
-WHEEL_CACHE=${FACTORY_WHEEL_CACHE:-$HOME/.cache/aifactory/wheels}
+# llama-cpp-python's wheel from the last install (scripts/install.sh), so that resolving does not compile it again.
+wheels=$(ls -d "${FACTORY_CACHE_DIR:-$HOME/.cache/aifactory}"/llama.cpp/*/wheel 2>/dev/null | tail -n 1)
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 "$PYTHON" -m venv "$scratch/venv"
-"$scratch/venv/bin/pip" install --quiet --find-links "$WHEEL_CACHE" -e ".[test]"
+"$scratch/venv/bin/pip" install --quiet ${wheels:+--find-links "$wheels"} -e ".[test]"
 {
   echo "# The resolved dependency set, installed with: pip install -c requirements/constraints.txt -e .[test]"
   echo "# Regenerate after changing pyproject.toml: make lock"

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's own tools (llama-server, llama-quantize) and its shared libraries once, from the llama.cpp source
+# that the pinned llama-cpp-python sdist vendors, into a cache outside the clone. A re-run with the cache in place does
+# nothing. Prints the install prefix (bin/, lib/) as its last line.
+#   usage: scripts/build-llama.sh [python]   (python: the interpreter whose pip fetches the sdist)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PIP_PYTHON=${1:-python3}
+CACHE=${FACTORY_CACHE_DIR:-$HOME/.cache/aifactory}/llama.cpp
+version=$(grep -iE '^llama[-_]cpp[-_]python==' requirements/constraints.txt | cut -d= -f3)
+prefix="$CACHE/$version"
+
+if [ -x "$prefix/bin/llama-server" ] && [ -x "$prefix/bin/llama-quantize" ] && [ -f "$prefix/.complete" ]; then
+  echo "$prefix"
+  exit 0
+fi
+for tool in cmake c++; do
+  command -v "$tool" >/dev/null || { echo "error: building llama.cpp needs $tool (Debian: cmake, g++)" >&2; exit 1; }
+done
+
+sdist_dir="$CACHE/sdist"
+sdist="$sdist_dir/llama_cpp_python-$version.tar.gz"
+if [ ! -f "$sdist" ]; then
+  mkdir -p "$sdist_dir"
+  "$PIP_PYTHON" -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+    "llama-cpp-python==$version" -d "$sdist_dir" >&2
+fi
+
+work=$(mktemp -d "$CACHE/build.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+echo "==> Building llama-server and llama-quantize from llama.cpp (llama-cpp-python $version's source) once;" \
+     "about 6 minutes on 2 cores; cached in $prefix" >&2
+tar -xzf "$sdist" -C "$work"
+src="$work/llama_cpp_python-$version/vendor/llama.cpp"
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+# No network at build time: no curl, no prebuilt web UI download, no UI build (the platform has its own GUI).
+# $ORIGIN/../lib lets the binaries find the shared libraries wherever the prefix is copied.
+cmake -S "$src" -B "$work/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DBUILD_SHARED_LIBS=ON \
+  -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN/../lib' \
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+  -DLLAMA_BUILD_APP=OFF ${FACTORY_LLAMA_CMAKE_ARGS:-} >"$work/configure.log" 2>&1 \
+  || { tail -30 "$work/configure.log" >&2; exit 1; }
+cmake --build "$work/build" --parallel "$(nproc)" --target llama-server llama-quantize >"$work/build.log" 2>&1 \
+  || { tail -40 "$work/build.log" >&2; exit 1; }
+
+# Keep only what was built: the two tools and every shared library they (and llama-cpp-python) load.
+mkdir -p "$work/install/bin" "$work/install/lib"
+cp "$work/build/bin/llama-server" "$work/build/bin/llama-quantize" "$work/install/bin/"
+find "$work/build" -name '*.so*' \( -type f -o -type l \) -exec cp -P {} "$work/install/lib/" \;
+touch "$work/install/.complete"
+rm -rf "$prefix"
+mkdir -p "$CACHE"
+mv "$work/install" "$prefix"
+echo "$prefix"
