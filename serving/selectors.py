@@ -3,7 +3,8 @@ from datetime import timedelta
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from serving.models import Deployment, Model, RequestRecord
+from serving.engines.base import engine
+from serving.models import Deployment, Model, RequestRecord, ServingState
 
 
 def models_visible_to(*, workspace) -> QuerySet[Model]:
@@ -48,3 +49,16 @@ def metrics_summary(*, deployment: Deployment, minutes: int = 60, buckets: int =
         batch = [r for r in rows if start <= r["created_at"] < start + width]
         series.append({"start": start.isoformat(), **figures(batch)})
     return {"deployment": deployment.name, "minutes": minutes, "overall": figures(rows), "series": series}
+
+
+def engine_stats(*, deployment: Deployment) -> dict[int, dict]:
+    """Each ready replica's own report of its load, by replica id (asked live; an engine that reports nothing, or a
+    replica that does not answer in time, gets no figures or an error)."""
+    adapter = engine(deployment.engine)
+    stats = {}
+    for replica in deployment.replicas.all():
+        if replica.state == ServingState.READY and replica.base_url:
+            reported = adapter.live_stats(replica.base_url)
+            if reported is not None:
+                stats[replica.pk] = reported
+    return stats

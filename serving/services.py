@@ -11,8 +11,8 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from accounts.errors import Conflict, ValidationFailed
-from accounts.models import Workspace
-from accounts.services import SYSTEM, Actor, record_audit
+from accounts.models import Role, Workspace
+from accounts.services import SYSTEM, Actor, record_audit, require_role
 from cluster.jobs import job_handler
 from cluster.models import Node
 from cluster.services import dispatch_job
@@ -74,6 +74,8 @@ def register_model(*, actor: Actor, workspace: Workspace | None, name: str, path
                        "parameter_count": info.parameter_count, "quantization": info.quantization,
                        "context_length": info.context_length, "chat_template": info.chat_template,
                        "size_bytes": info.size_bytes}
+    if chat_template:
+        _check_chat_template(chat_template)
     if chat_template is not None:
         fields["chat_template"] = chat_template
     if Model.objects.filter(workspace=workspace, name=name).exists():
@@ -85,6 +87,41 @@ def register_model(*, actor: Actor, workspace: Workspace | None, name: str, path
         raise Conflict(f"A model called '{name}' is already registered.")
     record_audit(actor=actor, workspace=workspace, action="model.register", target=model,
                  detail={"kind": model.kind, "path": model.path, "url": model.url})
+    return model
+
+
+def _check_chat_template(template: str) -> None:
+    """A template that does not even parse as Jinja is refused here, with the line, rather than at engine start."""
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(template)
+    except jinja2.TemplateSyntaxError as exc:
+        message = f"The chat template is not valid Jinja (line {exc.lineno}: {exc.message})."
+        raise ValidationFailed(message, fields={"chat_template": [message]})
+
+
+def set_chat_template(*, actor: Actor, workspace: Workspace | None, model: Model, chat_template: str) -> Model:
+    """Set the template that chat requests are formatted with (blank: the model file's own). Running replicas keep
+    the one they started with until restarted. A shared model is changed only by admins; the platform itself
+    (no user) sets its presets'."""
+    if actor.user is not None:
+        require_role(actor=actor, workspace=workspace,
+                     role=Role.ADMIN if model.workspace_id is None else Role.DEVELOPER)
+    if model.kind != ModelKind.GGUF:
+        raise ValidationFailed("Only GGUF models take a chat template here; other engines read the model's own.",
+                               fields={"chat_template": ["Not a GGUF model."]})
+    if model.is_embedding:
+        raise ValidationFailed("An embedding model does not chat.", fields={"chat_template": ["Embedding model."]})
+    chat_template = chat_template.strip()
+    if chat_template:
+        _check_chat_template(chat_template)
+    else:
+        chat_template = read_gguf(Path(model.path)).chat_template
+    model.chat_template = chat_template
+    model.save(update_fields=["chat_template"])
+    record_audit(actor=actor, workspace=model.workspace, action="model.chat_template", target=model,
+                 detail={"characters": len(chat_template)})
     return model
 
 
@@ -147,6 +184,12 @@ def create_deployment(*, actor: Actor, workspace: Workspace | None, model: Model
             adapter.check(model=model, node=node)
         except EngineRefused as exc:
             raise ValidationFailed(str(exc), fields={"engine": [str(exc)]})
+    if not isinstance(settings_ or {}, dict):
+        raise ValidationFailed("Settings must be an object.", fields={"settings": ["Must be an object."]})
+    try:
+        adapter.check_settings(model=model, settings=settings_ or {}, nodes=[node for node, _ in replicas])
+    except EngineRefused as exc:
+        raise ValidationFailed(str(exc), fields={"settings": [str(exc)]})
     if cooldown_s < 0:
         raise ValidationFailed("The cooldown cannot be negative.", fields={"cooldown_s": ["Must be >= 0."]})
     if Deployment.objects.filter(name=name).exists():

@@ -39,6 +39,11 @@ def _model_or_404(request, model_id: int):
     return model
 
 
+# The new-deployment form's engine settings, each blank for the engine's default.
+ENGINE_SETTING_FIELDS = {"threads": "Threads", "parallel": "Parallel slots", "context_length": "Context per slot",
+                         "batch_size": "Batch size", "ubatch_size": "Micro-batch size"}
+
+
 def _weights(text: str, replicas: int) -> list[float]:
     """'3,1' -> [3.0, 1.0]; blank -> equal weights."""
     if not text.strip():
@@ -81,6 +86,18 @@ def deploy_model(request, model_id: int):
 
 
 @workspace_page
+def model_chat_template(request, model_id: int):
+    if request.method != "POST":
+        return redirect("serving")
+    model = services.set_chat_template(actor=gui_actor(request), workspace=request.workspace,
+                                       model=_model_or_404(request, model_id),
+                                       chat_template=request.POST.get("chat_template", ""))
+    chat = "it now serves chat" if model.supports_chat else "it has no chat template: completion only"
+    messages.success(request, f"Saved the chat template of {model.name}: {chat}. Restart its deployments to use it.")
+    return redirect("serving")
+
+
+@workspace_page
 def create_deployment(request):
     if request.method != "POST":
         return redirect("serving")
@@ -92,12 +109,16 @@ def create_deployment(request):
         raise ValidationFailed("Model, replicas, threads and cooldown must be numbers.")
     node = Node.objects.filter(name=request.POST.get("node")).first() or Node.objects.first()
     weights = _weights(request.POST.get("weights", ""), replicas)
-    threads = request.POST.get("threads") or ""
-    if threads and not threads.isdigit():
-        raise ValidationFailed("Threads must be a whole number.")
+    engine_settings = {}
+    for name, label in ENGINE_SETTING_FIELDS.items():
+        value = request.POST.get(name, "").strip()
+        if value and not value.isdigit():
+            raise ValidationFailed(f"{label} must be a whole number (got '{value}').")
+        if value:
+            engine_settings[name] = int(value)
     deployment = services.create_deployment(
         actor=gui_actor(request), workspace=request.workspace, model=model, name=request.POST.get("name", ""),
-        engine_name=request.POST.get("engine", ""), settings_={"threads": int(threads)} if threads else {},
+        engine_name=request.POST.get("engine", ""), settings_=engine_settings,
         replicas=[(node, weight) for weight in weights], cooldown_s=cooldown_s)
     services.start_deployment(actor=gui_actor(request), deployment=deployment)
     return redirect("deployment", name=deployment.name)
@@ -140,8 +161,10 @@ def deployment_page(request, name: str):
 def deployment_state(request, name: str):
     """The live state the deployment page polls."""
     deployment = _deployment_or_404(request, name)
+    stats = selectors.engine_stats(deployment=deployment)
     return JsonResponse({"state": deployment.state, "replicas": [
-        {"id": r.pk, "state": r.state, "pid": r.pid, "restarts": r.restarts, "last_error": r.last_error}
+        {"id": r.pk, "state": r.state, "pid": r.pid, "restarts": r.restarts, "last_error": r.last_error,
+         "engine": stats.get(r.pk)}
         for r in deployment.replicas.all()]})
 
 

@@ -17,7 +17,8 @@ class EngineRefused(ValueError):
 @dataclass
 class LaunchSpec:
     argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
+    # Added to the worker's environment; None removes a variable the engine must not inherit.
+    env: dict[str, str | None] = field(default_factory=dict)
     health_path: str = "/v1/models"
     start_timeout_s: float = 120.0
 
@@ -29,6 +30,11 @@ class EngineAdapter:
     def check(self, *, model, node) -> None:
         """Raise EngineRefused when this engine cannot serve `model` on `node`."""
 
+    def check_settings(self, *, model, settings: dict, nodes) -> dict:
+        """Raise EngineRefused when `settings` cannot work for `model` on `nodes`; return what they resolve to
+        (defaults filled in) for the deployment's page."""
+        return {}
+
     def capabilities(self, model) -> set[str]:
         raise NotImplementedError
 
@@ -37,6 +43,11 @@ class EngineAdapter:
 
     def context_length(self, *, model, settings: dict) -> int | None:
         return settings.get("context_length") or model.context_length
+
+    def live_stats(self, base_url: str) -> dict | None:
+        """What a running replica at `base_url` reports of its own load (slots, queue, cache), or None when the
+        engine reports nothing."""
+        return None
 
 
 _engines: dict[str, EngineAdapter] = {}

@@ -1,17 +1,68 @@
+"""llama.cpp's own C++ server, `llama-server`, one process per replica: parallel slots with continuous batching,
+chat templates through Jinja, JSON-schema response formats, usage in the stream, and a Prometheus `/metrics`.
+
+The binary is built once from the llama.cpp source that the pinned llama-cpp-python sdist vendors
+(scripts/build-llama.sh) and linked into the venv's bin/ by setup.
+
+Each slot holds its own context: a request may use up to `context_length` tokens (prompt and answer), and the
+engine's KV cache is `parallel` x `context_length` tokens. Requests beyond `parallel` wait in the engine's queue.
+"""
+
+import hashlib
+import shutil
 import sys
+from pathlib import Path
+
+import httpx
+from django.conf import settings as django_settings
+from prometheus_client.parser import text_string_to_metric_families
 
 from serving.engines.base import CHAT, COMPLETION, EngineAdapter, EngineRefused, LaunchSpec, register_engine
+from serving.gguf_info import InvalidModelFile, read_gguf
 
-
-# A CPU box rarely wants more; a deployment's settings can ask for the model's full context.
+# A CPU box rarely wants more per request; a deployment's settings can ask for the model's full context.
 DEFAULT_CONTEXT = 4096
+# Slots beyond about two per core add queueing inside the engine rather than throughput (bench/engine_concurrency).
+SLOTS_PER_THREAD = 2
+MAX_DEFAULT_SLOTS = 8
+MAX_SLOTS = 64
+# The default slot count never sizes a KV cache past this many tokens in all.
+DEFAULT_KV_BUDGET_TOKENS = 32768
+# A page load waits for the replicas' answers this long at most.
+STATS_TIMEOUT_S = 1.0
+# What a deployment's KV cache may take of its node's memory, next to the weights.
+MAX_MEMORY_SHARE = 0.8
+INTEGER_SETTINGS = {"context_length": (16, None), "parallel": (1, MAX_SLOTS), "threads": (1, 512),
+                    "batch_size": (1, 65536), "ubatch_size": (1, 65536), "gpu_layers": (0, 10000)}
+
+
+def server_binary() -> str:
+    """llama-server beside this interpreter (setup links it into the venv), else on PATH."""
+    beside = Path(sys.executable).parent / "llama-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("llama-server")
+    if found is None:
+        raise EngineRefused("llama-server is not installed on this node; run `make install` (scripts/install.sh) "
+                            "there, which builds it once.")
+    return found
+
+
+def _chat_template_file(template: str) -> Path:
+    """The template as a file named by its checksum, so that replicas of one model share it and an edit makes a
+    new file rather than changing one a running replica reads."""
+    digest = hashlib.sha256(template.encode()).hexdigest()[:16]
+    path = Path(django_settings.DATA_DIR) / "chat-templates" / f"{digest}.jinja"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text(template)
+        partial.replace(path)
+    return path
 
 
 @register_engine
 class LlamaCppEngine(EngineAdapter):
-    """`python -m llama_cpp.server`, one process per replica. It serves one request at a time, so replicas give
-    concurrency, and it streams no usage, so the gateway counts tokens with /extras/tokenize."""
-
     name = "llamacpp"
 
     def check(self, *, model, node) -> None:
@@ -20,26 +71,102 @@ class LlamaCppEngine(EngineAdapter):
         if model.is_embedding:
             raise EngineRefused("Serve embedding models with the 'embedding' engine.")
 
+    def check_settings(self, *, model, settings: dict, nodes) -> dict:
+        for name, (low, high) in INTEGER_SETTINGS.items():
+            value = settings.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < low or (high and value > high):
+                bounds = f"from {low} to {high}" if high else f"at least {low}"
+                raise EngineRefused(f"'{name}' must be a whole number {bounds}; got {value!r}.")
+        context = self.context_length(model=model, settings=settings)
+        if model.context_length and context > model.context_length:
+            raise EngineRefused(f"A context of {context} tokens is beyond what '{model.name}' was trained for "
+                                f"({model.context_length}).")
+        slots = self.slots(model=model, settings=settings)
+        try:
+            per_token = read_gguf(Path(model.path)).kv_bytes_per_token
+        except InvalidModelFile as exc:
+            raise EngineRefused(str(exc))
+        kv_bytes = per_token * context * slots
+        for node in nodes:
+            room = node.memory_bytes * MAX_MEMORY_SHARE - (model.size_bytes or 0)
+            if node.memory_bytes and kv_bytes > room:
+                raise EngineRefused(
+                    f"{slots} slots of {context} tokens need a {kv_bytes / 2**30:.1f} GiB KV cache, more than node "
+                    f"'{node.name}' can hold next to the model ({max(room, 0) / 2**30:.1f} GiB free for it); "
+                    f"lower 'parallel' or 'context_length'.")
+        return {"parallel": slots, "context_length": context, "kv_cache_bytes": kv_bytes}
+
     def capabilities(self, model) -> set[str]:
         return {CHAT, COMPLETION} if model.supports_chat else {COMPLETION}
 
     def context_length(self, *, model, settings: dict) -> int:
         return settings.get("context_length") or min(model.context_length or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
 
+    def slots(self, *, model, settings: dict) -> int:
+        if settings.get("parallel"):
+            return settings["parallel"]
+        by_threads = SLOTS_PER_THREAD * (settings.get("threads") or 2)
+        by_memory = DEFAULT_KV_BUDGET_TOKENS // self.context_length(model=model, settings=settings)
+        return max(1, min(by_threads, by_memory, MAX_DEFAULT_SLOTS))
+
     def launch_spec(self, *, model, settings: dict, served_name: str, port: int) -> LaunchSpec:
+        context, slots = self.context_length(model=model, settings=settings), self.slots(model=model, settings=settings)
+        threads = settings.get("threads") or 2
         argv = [
-            sys.executable, "-m", "llama_cpp.server",
+            server_binary(),
             "--model", model.path,
-            "--model_alias", served_name,
+            "--alias", served_name,
             "--host", "127.0.0.1",
             "--port", str(port),
-            "--n_ctx", str(self.context_length(model=model, settings=settings)),
-            "--n_threads", str(settings.get("threads") or 2),
-            "--n_gpu_layers", str(settings.get("gpu_layers", 0)),
-            # The default cancels a running stream whenever the next request arrives.
-            "--interrupt_requests", "False",
-            # Keeping logits for every position costs context x vocabulary floats (32 GiB for Gemma-3 at 32k);
-            # only deployments that want logprobs pay for it.
-            "--logits_all", str(bool(settings.get("logprobs"))),
+            # The whole KV cache, split evenly: every slot holds a full context of its own.
+            "--ctx-size", str(context * slots),
+            "--parallel", str(slots),
+            "--no-kv-unified",
+            "--threads", str(threads),
+            "--threads-http", str(max(4, slots)),
+            "--n-gpu-layers", str(settings.get("gpu_layers", 0)),
+            "--jinja",
+            "--metrics",
+            # The platform's GUI is the only front end, and nothing is ever downloaded.
+            "--no-webui",
+            "--offline",
         ]
-        return LaunchSpec(argv=argv)
+        if settings.get("batch_size"):
+            argv += ["--batch-size", str(settings["batch_size"])]
+        if settings.get("ubatch_size"):
+            argv += ["--ubatch-size", str(settings["ubatch_size"])]
+        if model.chat_template:
+            argv += ["--chat-template-file", str(_chat_template_file(model.chat_template))]
+        # The platform's processes make OpenMP threads sleep when idle (factory/settings.py), which llama-server's
+        # decode threads must not: they idle between every token, and waking them made TPOT 2.5x slower (22 ms
+        # against 8.5 ms for SmolLM2 on 2 cores). OpenMP's default, a short spin, is fastest.
+        return LaunchSpec(argv=argv, env={"OMP_WAIT_POLICY": None}, health_path="/health", start_timeout_s=180.0)
+
+    def live_stats(self, base_url: str) -> dict | None:
+        """From the replica's Prometheus /metrics and /slots: busy and total slots, the requests waiting for one,
+        the KV cache the slots hold, and the engine's own token counters and speeds."""
+        root = base_url.removesuffix("/v1")
+        try:
+            metrics_text = httpx.get(f"{root}/metrics", timeout=STATS_TIMEOUT_S).raise_for_status().text
+            slots = httpx.get(f"{root}/slots", timeout=STATS_TIMEOUT_S).raise_for_status().json()
+        except (httpx.HTTPError, ValueError) as exc:
+            return {"error": f"The engine did not report its load: {exc.__class__.__name__}"}
+        values = {sample.name.removeprefix("llamacpp:"): sample.value
+                  for family in text_string_to_metric_families(metrics_text) for sample in family.samples}
+        capacity = sum(slot.get("n_ctx", 0) for slot in slots)
+        held = sum(slot.get("n_prompt_tokens", 0) + sum(t.get("n_decoded", 0) for t in slot.get("next_token", []))
+                   for slot in slots if slot.get("is_processing"))
+        return {
+            "slots_total": len(slots),
+            "slots_busy": sum(1 for slot in slots if slot.get("is_processing")),
+            "requests_waiting": int(values.get("requests_deferred", 0)),
+            "kv_cache_tokens": held,
+            "kv_cache_capacity": capacity,
+            "kv_cache_use": round(held / capacity, 4) if capacity else None,
+            "prompt_tokens_total": int(values.get("prompt_tokens_total", 0)),
+            "output_tokens_total": int(values.get("tokens_predicted_total", 0)),
+            "prompt_tokens_per_s": values.get("prompt_tokens_seconds"),
+            "output_tokens_per_s": values.get("predicted_tokens_seconds"),
+        }

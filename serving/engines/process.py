@@ -31,9 +31,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def launch(argv: list[str], *, log_path: Path, env: dict[str, str] | None = None) -> int:
+def launch(argv: list[str], *, log_path: Path, env: dict[str, str | None] | None = None) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, **(env or {})}
+    full_env = {name: value for name, value in {**os.environ, **(env or {})}.items() if value is not None}
     done = subprocess.run([sys.executable, "-c", LAUNCHER, json.dumps(argv), str(log_path), json.dumps(full_env)],
                           capture_output=True, text=True, timeout=60, check=True)
     return int(done.stdout.strip())

@@ -59,6 +59,11 @@ function pollState(url) {
       row.querySelector('[data-field="pid"]').textContent = replica.pid ?? "—";
       row.querySelector('[data-field="restarts"]').textContent = replica.restarts;
       row.querySelector('[data-field="last_error"]').textContent = replica.last_error.slice(0, 160);
+      const engine = replica.engine && !replica.engine.error ? replica.engine : null;
+      row.querySelector('[data-field="slots"]').textContent = engine ? `${engine.slots_busy} / ${engine.slots_total}` : "—";
+      row.querySelector('[data-field="waiting"]').textContent = engine ? engine.requests_waiting : "—";
+      row.querySelector('[data-field="kv_cache"]').textContent = engine && engine.kv_cache_use !== null
+        ? `${(engine.kv_cache_use * 100).toFixed(1)}% of ${engine.kv_cache_capacity} tokens` : "—";
     }
   };
   setInterval(refresh, 2000);

@@ -58,3 +58,7 @@ def test_deploy_chat_in_the_playground_and_see_the_metrics(platform, open_page):
     expect(row).to_contain_text("chat/completions (stream)")
     expect(row).to_contain_text("200")
     expect(page.locator("#overall")).to_contain_text("1 requests, 0 errors")
+    # The replica's own llama-server reports its slots and KV cache, polled every 2 s.
+    replica = page.locator("tr[data-replica]").first
+    expect(replica.locator("[data-field='slots']")).to_have_text(re.compile(r"^0 / [1-9]\d*$"), timeout=10_000)
+    expect(replica.locator("[data-field='kv_cache']")).to_contain_text("0.0% of")

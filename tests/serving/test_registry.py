@@ -1,7 +1,12 @@
+from pathlib import Path
+
 import pytest
 from rest_framework.test import APIClient
 
-from serving.presets import MINILM, SMOLLM2, _smollm2_path, register_presets
+from accounts.models import Role
+from serving.gguf_info import read_gguf
+from serving.models import Model
+from serving.presets import GEMMA3, GEMMA3_CHAT_TEMPLATE, MINILM, SMOLLM2, _smollm2_path, register_presets
 
 pytestmark = pytest.mark.django_db
 
@@ -21,8 +26,9 @@ def test_the_presets_are_registered_from_their_packages():
     assert 130_000_000 < smollm.parameter_count < 140_000_000
     assert smollm.supports_chat
     gemma = models["gemma-3-270m"]
-    assert gemma.family == "gemma3" and not gemma.supports_chat
-    assert "completion only" in " ".join(lines)
+    # A base model whose file has no chat template: the registry gives it Gemma 3's, so it serves chat.
+    assert gemma.family == "gemma3" and gemma.supports_chat and "<start_of_turn>" in gemma.chat_template
+    assert read_gguf(Path(gemma.path)).chat_template == ""
     assert models[MINILM].is_embedding and models[MINILM].embedding_dimensions == 384
     assert register_presets(lines.append) == models
 
@@ -70,3 +76,62 @@ def test_an_external_endpoint_registers_by_url(developer):
     assert response.status_code == 201
     assert response.json()["supports_chat"] is True
     assert "api_key" not in response.json()
+
+
+def test_a_preset_registered_before_it_had_a_template_gets_one_at_the_next_setup():
+    register_presets(lambda line: None)
+    Model.objects.filter(name=GEMMA3).update(chat_template="")
+    lines = []
+
+    gemma = register_presets(lines.append)[GEMMA3]
+
+    assert gemma.chat_template == GEMMA3_CHAT_TEMPLATE and gemma.supports_chat
+    assert lines == [f"Set the chat template of preset model {GEMMA3}"]
+
+
+def test_a_chat_template_turns_a_base_model_into_a_chat_model_and_blank_restores_the_files(developer):
+    registered = developer.post("/api/serving/models/", {"name": "base", "path": str(_smollm2_path()),
+                                                         "chat_template": ""}, format="json").json()
+    assert registered["supports_chat"] is False
+
+    url = f"/api/serving/models/{registered['id']}/chat-template/"
+    set_one = developer.post(url, {"chat_template": GEMMA3_CHAT_TEMPLATE}, format="json")
+    assert set_one.status_code == 200 and set_one.json()["supports_chat"] is True
+    broken = developer.post(url, {"chat_template": "{% for m in messages %}{{ m.content }}"}, format="json")
+    assert broken.status_code == 400 and "not valid Jinja (line 1" in broken.json()["error"]["message"]
+    restored = developer.post(url, {"chat_template": ""}, format="json")
+    assert restored.json()["supports_chat"] is True
+    assert Model.objects.get(pk=registered["id"]).chat_template == read_gguf(_smollm2_path()).chat_template
+
+
+def test_only_admins_change_a_shared_models_template(make_workspace, key_client):
+    gemma = register_presets(lambda line: None)[GEMMA3]
+    workspace = make_workspace("Acme", owner="ann", dev="developer")
+    url = f"/api/serving/models/{gemma.pk}/chat-template/"
+
+    refused = key_client("dev", workspace, role=Role.DEVELOPER).post(url, {"chat_template": "{{ x }}"},
+                                                                     format="json")
+    assert refused.status_code == 403
+    assert Model.objects.get(pk=gemma.pk).chat_template == GEMMA3_CHAT_TEMPLATE
+    allowed = key_client("ann", workspace, role=Role.ADMIN).post(url, {"chat_template": "{{ x }}"}, format="json")
+    assert allowed.status_code == 200
+
+
+@pytest.mark.parametrize("engine_settings, message", [
+    ({"context_length": 100_000}, "beyond what 'smollm2-135m-instruct' was trained for (8192)"),
+    ({"parallel": 0}, "'parallel' must be a whole number from 1 to 64; got 0."),
+    ({"threads": "two"}, "'threads' must be a whole number from 1 to 512; got 'two'."),
+    ({"parallel": 64, "context_length": 8192}, "64 slots of 8192 tokens need a 11.2 GiB KV cache, more than node 'small-box' can hold"),
+])
+def test_engine_settings_that_cannot_work_are_refused_before_anything_starts(developer, engine_settings, message):
+    from cluster.models import Node
+
+    Node.objects.create(name="small-box", memory_bytes=2 * 2**30)
+    register_presets(lambda line: None)
+
+    response = developer.post("/api/serving/deployments/", {
+        "model": SMOLLM2, "engine": "llamacpp", "settings": engine_settings, "start": False,
+        "replicas": [{"node": "small-box"}]}, format="json")
+
+    assert response.status_code == 400
+    assert message in response.json()["error"]["message"]
