@@ -17,6 +17,6 @@ def chat_model(workspace_id: int, model: str, *, temperature: float = 0.2, max_t
 
     return ChatOpenAI(base_url=settings.GATEWAY_URL, api_key=service_token(workspace_id=workspace_id),
                       model=model, temperature=temperature, max_tokens=max_tokens, max_retries=0, timeout=300,
-                      # A request queued behind others on a one-at-a-time llama.cpp replica waits for its first
-                      # token longer than LangChain's default 120 s between chunks.
+                      # A request queued behind busy slots waits for its first token longer than LangChain's default
+                      # 120 s between chunks.
                       stream_usage=True, stream_chunk_timeout=300)

@@ -19,8 +19,6 @@ from langchain_core.prompts import ChatPromptTemplate
 from rag_studio.gateway_client import chat_model
 from rag_studio.models import KnowledgeBase, RagTemplate
 from rag_studio.retrieval import Hit, retrieve
-from serving.models import Deployment
-from serving.tokenizers import count_tokens
 
 DEFAULT_PROMPTS = {
     RagTemplate.BASIC: (
@@ -170,19 +168,6 @@ class RagPipeline:
                 result.usage = dict(chunk.usage_metadata)
         result.answer = "".join(parts)
         result.timings_ms["generation"] = round((time.perf_counter() - started) * 1000, 2)
-        if not result.usage:
-            result.usage = await sync_to_async(self._counted_usage, thread_sensitive=False)(
-                self._prompt_inputs(result.question, result.hits), result.answer)
         yield "done", result
 
-    def _counted_usage(self, prompt_inputs: dict, answer: str) -> dict:
-        """An engine that streams no usage (llama.cpp): count with the model's own tokenizer, as the gateway does
-        for its metrics. The prompt is counted without the chat template's few wrapper tokens."""
-        path = Deployment.objects.filter(name=self.settings["model"]).values_list("model__path", flat=True).first()
-        if not path or not path.endswith(".gguf"):
-            return {}
-        prompt = "\n".join(str(m.content) for m in self.prompt.format_messages(**prompt_inputs))
-        input_tokens, output_tokens = count_tokens(path, prompt), count_tokens(path, answer)
-        return {"input_tokens": input_tokens, "output_tokens": output_tokens,
-                "total_tokens": input_tokens + output_tokens}
 

@@ -19,15 +19,16 @@ from dataclasses import dataclass, field
 import httpx
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from accounts.errors import Unauthenticated
-from accounts.services import SERVICE_TOKEN_PREFIX, authenticate_api_key, authenticate_service_token
+from accounts.services import SERVICE_TOKEN_PREFIX, authenticate_api_key, authenticate_service_token, hash_secret
 from serving import metrics
 from serving.engines.base import CHAT, COMPLETION, EMBEDDING
 from serving.models import RequestRecord, ServingState
 from serving.router import Route, Target, router
-from serving.tokenizers import count_tokens
+from serving.sse import SSEParser
 
 logger = logging.getLogger(__name__)
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -37,8 +38,21 @@ JSON = "application/json"
 # Connect errors, timeouts, and resets of a pooled connection to a replica that died: all safe to retry on
 # another replica while nothing has reached the client.
 RETRYABLE = httpx.TransportError
+# Answers that say the replica, not the request, is at fault. 501 (a feature the engine lacks) is the request's.
+REPLICA_FAULTS = {500, 502, 503, 504}
+# Engines that stream usage only when asked; the gateway always asks, for its metrics.
+USAGE_ON_REQUEST = {"llamacpp", "vllm"}
+# llama-server closes its connection after every streamed answer without saying so (no `Connection: close`), so a
+# pooled connection reused before its close arrives fails with "Server disconnected" (1 stream in 9 at 8 streams
+# in flight). Asking for the close up front keeps those connections out of the pool.
+CLOSES_AFTER_STREAM = {"llamacpp"}
+# Checking an API key is a database read behind a thread hop (0.8 ms, a fifth of what the gateway adds to TTFT);
+# a key that passed within this long passes again without it, so a revoked key stops working within this long.
+KEY_TRUST_S = 5.0
+MAX_TRUSTED_KEYS = 10_000
 _client: httpx.AsyncClient | None = None
 _background: set[asyncio.Task] = set()
+_trusted_keys: dict[str, tuple[float, int]] = {}  # hash of the secret -> (trusted until, workspace id)
 
 
 @dataclass(frozen=True)
@@ -89,11 +103,25 @@ async def _authenticate(authorization: str) -> Caller:
     try:
         if raw.startswith(SERVICE_TOKEN_PREFIX):  # the platform's own RAG and agent calls: no database needed
             return Caller(workspace_id=authenticate_service_token(raw=raw))
+        digest = hash_secret(raw)
+        trusted_until, workspace_id = _trusted_keys.get(digest, (0.0, 0))
+        if time.monotonic() < trusted_until:
+            return Caller(workspace_id=workspace_id)
         # Not thread-sensitive: a sync view of this same process may be waiting on this very request.
         api_key = await sync_to_async(authenticate_api_key, thread_sensitive=False)(raw=raw)
     except Unauthenticated as exc:
         raise GatewayError(401, exc.message, code="invalid_api_key")
+    _trust(digest, api_key)
     return Caller(workspace_id=api_key.workspace_id)
+
+
+def _trust(digest: str, api_key) -> None:
+    trust_s = KEY_TRUST_S
+    if api_key.expires_at is not None:
+        trust_s = min(trust_s, (api_key.expires_at - timezone.now()).total_seconds())
+    if len(_trusted_keys) >= MAX_TRUSTED_KEYS:
+        _trusted_keys.clear()
+    _trusted_keys[digest] = (time.monotonic() + trust_s, api_key.workspace_id)
 
 
 def _parse_body(content: bytes) -> dict:
@@ -162,13 +190,6 @@ def _content_of(chunk: dict) -> str:
     return "".join(parts)
 
 
-def _prompt_text(body: dict) -> str:
-    if "messages" in body:
-        return "\n".join(m["content"] for m in body["messages"] if isinstance(m.get("content"), str))
-    prompt = body.get("prompt")
-    return "\n".join(prompt) if isinstance(prompt, list) else str(prompt or "")
-
-
 @dataclass
 class Exchange:
     """One request on its way through the gateway: who asked, what for, and where it went."""
@@ -182,16 +203,17 @@ class Exchange:
     timing: metrics.RequestTiming
     body: dict
 
+    @staticmethod
+    def wants_usage(body: dict) -> bool:
+        options = body.get("stream_options")
+        return isinstance(options, dict) and bool(options.get("include_usage"))
 
-async def _record(exchange: Exchange, *, stream: bool, status: int, usage: dict | None, output_text: str,
-                  error: str = "") -> None:
-    """Store the request's figures. Without usage from the engine, tokens are counted with its tokenizer."""
+
+async def _record(exchange: Exchange, *, stream: bool, status: int, usage: dict | None, error: str = "") -> None:
+    """Store the request's figures, with the token counts the engine reported (none if it reported none)."""
     target, timing = exchange.target, exchange.timing
     input_tokens = (usage or {}).get("prompt_tokens")
     output_tokens = (usage or {}).get("completion_tokens")
-    if usage is None and target.model_path.endswith(".gguf"):
-        input_tokens = await asyncio.to_thread(count_tokens, target.model_path, _prompt_text(exchange.body))
-        output_tokens = await asyncio.to_thread(count_tokens, target.model_path, output_text)
     metrics.observe(deployment=target.name, replica=exchange.route.label, status=status, timing=timing,
                     input_tokens=input_tokens, output_tokens=output_tokens)
     await RequestRecord.objects.acreate(
@@ -213,6 +235,8 @@ async def _open_upstream(target: Target, endpoint: str, content: bytes, stream: 
     """Send to a replica, failing over to another while nothing has reached the client yet."""
     tried: set[int] = set()
     headers = {"Content-Type": JSON} | ({"Authorization": f"Bearer {target.api_key}"} if target.api_key else {})
+    if stream and target.engine in CLOSES_AFTER_STREAM:
+        headers["Connection"] = "close"
     last_error = "no replica is ready"
     while (route := router.pick(target, exclude=tried)) is not None:
         tried.add(route.replica_id)
@@ -224,7 +248,7 @@ async def _open_upstream(target: Target, endpoint: str, content: bytes, stream: 
             last_error = f"replica {route.replica_id}: {exc.__class__.__name__} {exc}".strip()
             router.cool_down(route, target.cooldown_s)
             continue
-        if response.status_code >= 500:
+        if response.status_code in REPLICA_FAULTS:
             last_error = f"replica {route.replica_id} answered {response.status_code}"
             await response.aclose()
             router.cool_down(route, target.cooldown_s)
@@ -235,14 +259,16 @@ async def _open_upstream(target: Target, endpoint: str, content: bytes, stream: 
                        kind="server_error")
 
 
+def _gateway_asks_usage(target: Target, body: dict) -> bool:
+    return target.engine in USAGE_ON_REQUEST and not Exchange.wants_usage(body)
+
+
 def _upstream_content(target: Target, body: dict, content: bytes, stream: bool) -> bytes:
-    """The client's own bytes, unless the engine needs a field changed: vLLM streams usage only when asked to, and
-    llama.cpp's server ignores OpenAI's newer `max_completion_tokens` (which LangChain sends), so an answer would
-    run to the end of the context."""
-    if stream and target.engine == "vllm" and "stream_options" not in body:
-        return json.dumps(body | {"stream_options": {"include_usage": True}}).encode()
-    if target.engine == "llamacpp" and "max_completion_tokens" in body and "max_tokens" not in body:
-        return json.dumps(body | {"max_tokens": body["max_completion_tokens"]}).encode()
+    """The client's own bytes, unless the gateway needs usage in the stream for its metrics: the engines that send
+    it only when asked are asked, and the usage-only chunk is held back from a client that did not ask."""
+    if stream and _gateway_asks_usage(target, body):
+        options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+        return json.dumps(body | {"stream_options": options | {"include_usage": True}}).encode()
     return content
 
 
@@ -308,46 +334,42 @@ async def _relay_whole(exchange: Exchange, upstream: httpx.Response) -> Reply:
     finally:
         await upstream.aclose()
     exchange.timing.content_chunk(time.perf_counter())
-    usage, text = None, ""
+    usage = None
     if upstream.status_code == 200:
         try:
-            payload = json.loads(content)
-            usage = payload.get("usage")
-            text = _content_of({"choices": [c | {"delta": c.get("message") or {}}
-                                            for c in payload.get("choices") or []]})
+            usage = json.loads(content).get("usage")
         except (json.JSONDecodeError, AttributeError):
             pass
     error = "" if upstream.status_code == 200 else content.decode(errors="replace")[:500]
-    _in_background(_record(exchange, stream=False, status=upstream.status_code, usage=usage, output_text=text,
-                           error=error))
+    _in_background(_record(exchange, stream=False, status=upstream.status_code, usage=usage, error=error))
     return Reply(upstream.status_code, content, {"Content-Type": upstream.headers.get("content-type", JSON)})
 
 
 async def _relay_stream(exchange: Exchange, upstream: httpx.Response):
-    """Forward the engine's bytes as they arrive; parse complete SSE events on the side for the metrics."""
-    buffer, pieces, usage, finished = "", [], None, False
+    """Forward the engine's events as they complete, reading each on the way for the metrics."""
+    parser, usage, finished = SSEParser(), None, False
     status, error = upstream.status_code, ""
+    hold_back_usage = _gateway_asks_usage(exchange.target, exchange.body)
     try:
         async for raw in upstream.aiter_raw():
             arrived = time.perf_counter()
-            yield raw
-            buffer += raw.decode("utf-8", errors="replace")
-            *events, buffer = buffer.split("\n\n")
+            events = parser.feed(raw)
+            forward = []
             for event in events:
-                for line in event.splitlines():
-                    if line[5:].strip() == "[DONE]":
-                        finished = True
-                    if not line.startswith("data:") or finished:
-                        continue
-                    try:
-                        chunk = json.loads(line[5:])
-                    except json.JSONDecodeError:
-                        continue
-                    text = _content_of(chunk)
-                    if text:
+                finished = finished or event.is_done
+                chunk = event.json()
+                if chunk is not None and not finished:
+                    if _content_of(chunk):
                         exchange.timing.content_chunk(arrived)
-                        pieces.append(text)
-                    usage = chunk.get("usage") or usage
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                        if hold_back_usage and not chunk.get("choices"):
+                            continue  # the usage-only chunk the gateway asked for, not the client
+                forward.append(event.encode())
+            if forward:
+                yield b"".join(forward)
+        if rest := b"".join(event.encode() for event in parser.close()):
+            yield rest
     except httpx.HTTPError as exc:
         # Bytes already reached the client, so there is no retry: end the stream with an error event.
         status, error = 502, f"The replica failed mid-stream: {exc.__class__.__name__}"
@@ -361,8 +383,7 @@ async def _relay_stream(exchange: Exchange, upstream: httpx.Response):
         raise
     finally:
         await upstream.aclose()
-        _in_background(_record(exchange, stream=True, status=status, usage=usage, output_text="".join(pieces),
-                               error=error))
+        _in_background(_record(exchange, stream=True, status=status, usage=usage, error=error))
 
 
 async def _list_models(authorization: str) -> Reply:

@@ -1,6 +1,7 @@
 """The gateway, end to end: deployments started as jobs on a real Celery worker, real llama.cpp and embedding
 engine processes, the real ASGI web process, and the official OpenAI and LangChain clients."""
 
+import json
 import os
 import signal
 
@@ -12,6 +13,7 @@ from openai import OpenAI
 
 from accounts.services import SYSTEM, Actor, create_api_key, create_workspace
 from cluster import inventory
+from cluster.models import Node
 from cluster.services import register_node
 from serving import services
 from serving.engines import process
@@ -85,6 +87,10 @@ def test_non_streaming_chat_completions_and_models(stack, client):
     assert answer.usage.completion_tokens > 0
     completion = client.completions.create(model=GEMMA3, prompt="The capital of France is", max_tokens=6)
     assert completion.choices[0].text
+    # Gemma's GGUF has no chat template; the preset's own makes the base model chat.
+    gemma_chat = client.chat.completions.create(model=GEMMA3, messages=[{"role": "user", "content": "Hello"}],
+                                                max_tokens=6)
+    assert gemma_chat.choices[0].message.content is not None and gemma_chat.usage.prompt_tokens > 3
     listed = {m.id for m in client.models.list().data}
     assert {SMOLLM2, GEMMA3, MINILM} <= listed
 
@@ -111,7 +117,7 @@ def test_langchain_chat_and_embeddings_work_unchanged(stack):
     (b'{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 999999}',
      400, "context_length_exceeded"),
     (b'{"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}', 404, "model_not_found"),
-    (b'{"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}]}', 400, "unsupported_endpoint"),
+    (b'{"model": "all-minilm-l6-v2", "messages": [{"role": "user", "content": "hi"}]}', 400, "unsupported_endpoint"),
 ])
 def test_bad_requests_get_openai_style_errors(stack, body, status, code):
     response = httpx.post(f"{stack['url']}/v1/chat/completions", content=body,
@@ -119,6 +125,63 @@ def test_bad_requests_get_openai_style_errors(stack, body, status, code):
     assert response.status_code == status
     error = response.json()["error"]
     assert error["code"] == code and error["message"] and "type" in error
+
+
+def test_the_usage_chunk_reaches_only_clients_that_ask_for_it(stack, client, live_db):
+    def stream(**options) -> list:
+        return list(client.chat.completions.create(
+            model=SMOLLM2, messages=[{"role": "user", "content": "Hi"}], stream=True, max_tokens=5, **options))
+
+    before = RequestRecord.objects.count()
+    unasked = stream()
+    asked = stream(stream_options={"include_usage": True})
+
+    assert all(chunk.choices and chunk.usage is None for chunk in unasked)
+    assert asked[-1].choices == [] and asked[-1].usage.completion_tokens == 5
+    wait_for(lambda: RequestRecord.objects.count() == before + 2, what="both requests' metrics rows")
+    measured = RequestRecord.objects.order_by("-id")[:2]
+    assert [record.output_tokens for record in measured] == [5, 5]
+
+
+def test_a_prompt_beyond_a_slot_s_context_is_refused_by_the_engine_with_a_400(stack, live_db):
+    context = Deployment.objects.get(name=SMOLLM2).settings.get("context_length") or 4096
+    response = httpx.post(f"{stack['url']}/v1/chat/completions", timeout=60,
+                          headers={"Authorization": f"Bearer {stack['key']}"},
+                          json={"model": SMOLLM2, "stream": True, "max_tokens": 4,
+                                "messages": [{"role": "user", "content": "cat " * (context + 100)}]})
+
+    assert response.status_code == 400
+    assert "context" in response.json()["error"]["message"]
+
+
+def test_parallel_slots_serve_concurrent_streams_and_report_their_load(stack, live_db):
+    import concurrent.futures
+
+    deployment = Deployment.objects.get(name=SMOLLM2)
+    auth = {"Authorization": f"Bearer {stack['key']}"}
+    seen_busy = []
+
+    def long_stream() -> int:
+        with httpx.stream("POST", f"{stack['url']}/v1/chat/completions", headers=auth, timeout=120,
+                          json={"model": SMOLLM2, "stream": True, "max_tokens": 48,
+                                "messages": [{"role": "user", "content": "Tell a long story."}]}) as response:
+            chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+            return sum(1 for chunk in chunks if chunk["choices"] and chunk["choices"][0]["delta"].get("content"))
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        streams = [pool.submit(long_stream) for _ in range(4)]
+        while not all(stream.done() for stream in streams):
+            engine = httpx.get(f"{stack['url']}/api/serving/deployments/{deployment.name}/engine/",
+                               headers=auth, timeout=10).json()
+            seen_busy.append(sum(r.get("slots_busy", 0) for r in engine["replicas"].values()))
+        streamed = [stream.result() for stream in streams]
+
+    assert min(streamed) > 10
+    assert max(seen_busy) >= 2, "two replicas with several slots each should run the streams side by side"
+    reports = httpx.get(f"{stack['url']}/api/serving/deployments/{deployment.name}/engine/", headers=auth,
+                        timeout=10).json()["replicas"].values()
+    assert all(r["slots_total"] >= 2 and r["kv_cache_capacity"] >= 2 * 2048 for r in reports)
+    assert sum(r["output_tokens_total"] for r in reports) >= sum(streamed)
 
 
 def test_missing_or_revoked_keys_are_refused(stack):
@@ -189,3 +252,27 @@ def test_a_non_streaming_request_is_measured_and_found_by_its_request_id(stack, 
     assert record.output_tokens == response.json()["usage"]["completion_tokens"]
     looked_up = httpx.get(f"{stack['url']}/api/serving/requests/{request_id}/", headers=auth).json()
     assert looked_up["e2e_ms"] == pytest.approx(record.e2e_ms)
+
+
+def test_a_model_llama_server_cannot_load_fails_its_replica_with_the_engine_s_reason(stack, live_db, tmp_path,
+                                                                                    celery_worker_process):
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(tmp_path / "alien.gguf"), "alien")
+    writer.add_context_length(512)
+    writer.add_tensor("weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    model = services.register_model(actor=SYSTEM, workspace=stack["workspace"], name="alien",
+                                    path=str(tmp_path / "alien.gguf"))
+    node = Node.objects.get(name=celery_worker_process["node"])
+    deployment = services.create_deployment(actor=SYSTEM, workspace=stack["workspace"], model=model, name="alien",
+                                            replicas=[(node, 1.0)])
+    services.start_deployment(actor=SYSTEM, deployment=deployment)
+
+    wait_for(lambda: Deployment.objects.get(pk=deployment.pk).state == ServingState.FAILED, timeout=60,
+             what="the deployment to fail")
+    assert "unknown model architecture: 'alien'" in deployment.replicas.get().last_error

@@ -41,6 +41,10 @@ class ScriptedEngine(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body.get("refuse_with"):
+            error = {"error": {"code": body["refuse_with"], "message": "scripted refusal"}}
+            self._answer(body["refuse_with"], json.dumps(error).encode(), "application/json")
+            return
         tokens = body.get("max_tokens") or 3
         usage = {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + tokens}
         if not body.get("stream"):
@@ -86,6 +90,7 @@ def engine_url():
 def fresh_upstream_client(monkeypatch):
     """The gateway keeps one httpx client per process; each test runs its own event loop, which needs its own."""
     monkeypatch.setattr(gateway, "_client", None)
+    monkeypatch.setattr(gateway, "_trusted_keys", {})
     ScriptedEngine.hung_up.clear()
     ScriptedEngine.sent.clear()
 
@@ -169,6 +174,16 @@ def test_a_revoked_key_is_refused(workspace, api_key):
     assert response.status_code == 401 and "revoked" in response.json()["error"]["message"]
 
 
+def test_a_key_revoked_while_in_use_stops_working_within_the_trust_window(workspace, api_key, monkeypatch):
+    monkeypatch.setattr(gateway, "KEY_TRUST_S", 0.5)
+    assert _call("GET", "/v1/models", key=api_key)[0].status_code == 200
+    revoke_api_key(actor=Actor(user=workspace.memberships.get().user), api_key=workspace.api_keys.get())
+
+    assert _call("GET", "/v1/models", key=api_key)[0].status_code == 200, "trusted for KEY_TRUST_S after its check"
+    time.sleep(0.6)
+    assert _call("GET", "/v1/models", key=api_key)[0].status_code == 401
+
+
 @pytest.mark.parametrize("content, status, code", [
     (b"{not json", 400, "invalid_json"),
     (b"[1, 2]", 400, "invalid_json"),
@@ -246,6 +261,16 @@ def test_a_whole_answer_is_relayed_after_failing_over_from_a_dead_replica(deploy
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"] == "tok tok tok "
     assert (record.status, record.stream, record.attempts, record.output_tokens) == (200, False, 2, 3)
+
+
+def test_a_feature_the_engine_lacks_501_is_the_requests_fault_and_is_not_retried(deploy, api_key, engine_url):
+    deployment = deploy([(engine_url, 1.0), (engine_url, 1.0)])
+
+    response, record = _call("POST", "/v1/chat/completions", key=api_key,
+                             content=json.dumps(_chat(deployment.name, stream=False) | {"refuse_with": 501}).encode())
+
+    assert response.status_code == 501 and response.json()["error"]["message"] == "scripted refusal"
+    assert (record.status, record.attempts) == (501, 1)
 
 
 @pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
