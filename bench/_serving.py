@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import TypeVar
 
@@ -47,9 +48,9 @@ from accounts.models import Workspace  # noqa: E402
 from accounts.services import Actor, create_api_key, revoke_api_key  # noqa: E402
 from cluster.models import Node  # noqa: E402
 from serving import services  # noqa: E402
+from serving.engines.base import engine  # noqa: E402
 from serving.metrics import RequestTiming  # noqa: E402
 from serving.models import Deployment, Model, Replica, RequestRecord, ServingState  # noqa: E402
-from serving.tokenizers import count_tokens  # noqa: E402
 
 # FACTORY_URL is where the platform answers; the gateway is under /v1 and the Prometheus scrape at /metrics.
 PLATFORM_URL = os.environ.get("FACTORY_URL", "http://127.0.0.1:8000").rstrip("/").removesuffix("/v1")
@@ -80,8 +81,25 @@ def prompts(count: int) -> list[str]:
 
 
 def chat_body(*, model: str, prompt: str, max_tokens: int, stream: bool) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+    """A chat completion; a stream asks for the usage chunk, whose token count TPOT is computed with."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": stream}
+    return body | {"stream_options": {"include_usage": True}} if stream else body
+
+
+@lru_cache(maxsize=4)
+def _vocabulary(model_path: str):
+    from llama_cpp import Llama
+
+    return Llama(model_path=model_path, vocab_only=True, verbose=False)
+
+
+def count_tokens(model_path: str, text: str) -> int:
+    """Tokens in `text` by the GGUF's own tokenizer (its vocabulary only, never the weights), for answers that
+    come without a usage count, such as a published app's."""
+    if not text:
+        return 0
+    return len(_vocabulary(model_path).tokenize(text.encode(), add_bos=False, special=True))
 
 
 def wait_for(read: Callable[[], T], *, done: Callable[[T], bool], timeout_s: float, interval_s: float = 0.25,
@@ -133,8 +151,9 @@ class BenchDeployment:
     def describe(self) -> str:
         replicas = ", ".join(f"replica {r.pk} weight {r.weight:g} pid {r.pid} at {r.base_url}"
                              for r in self.replicas())
-        return (f"Deployment {self.name} ({PRESET_MODEL}, llama.cpp, threads={self.deployment.settings['threads']} "
-                f"per replica, cooldown {self.deployment.cooldown_s:g}s): {replicas}")
+        settings_ = self.deployment.settings
+        return (f"Deployment {self.name} ({PRESET_MODEL}, llama-server, threads={settings_['threads']} and "
+                f"{engine('llamacpp').slots(model=self.deployment.model, settings=settings_)} slots per replica, cooldown {self.deployment.cooldown_s:g}s): {replicas}")
 
     def record_count(self) -> int:
         return RequestRecord.objects.filter(deployment=self.deployment).count()
@@ -210,6 +229,7 @@ class StreamResult:
     timing: RequestTiming
     finished_at: float = 0.0
     pieces: list[str] = field(default_factory=list)
+    output_tokens: int | None = None
     error: str = ""
 
     @property
@@ -220,19 +240,24 @@ class StreamResult:
     def text(self) -> str:
         return "".join(self.pieces)
 
-    def tpot_ms(self, model_path: str) -> float | None:
-        # Chunks are not tokens: count the streamed text with the model's own tokenizer.
-        return self.timing.tpot_ms(count_tokens(model_path, self.text))
+    def tpot_ms(self) -> float | None:
+        # Chunks are not tokens: the engine's usage count says how many tokens the answer took.
+        return self.timing.tpot_ms(self.output_tokens) if self.output_tokens else None
 
 
 def _chunk_content(chunk: dict) -> str:
     return "".join((choice.get("delta") or {}).get("content") or "" for choice in chunk.get("choices") or [])
 
 
-async def stream_chat(client: httpx.AsyncClient, *, base_url: str, api_key: str | None, body: dict) -> StreamResult:
+async def stream_chat(client: httpx.AsyncClient, *, base_url: str, api_key: str | None, body: dict,
+                      to_llama_server: bool = False) -> StreamResult:
     """Send a streaming chat completion and time its content chunks. Any way the stream can go wrong (an HTTP
-    error, a transport error, an error event, no [DONE]) ends up in `error`, never raised."""
+    error, a transport error, an error event, no [DONE]) ends up in `error`, never raised. A request straight to a
+    llama-server asks for the connection close that server does after a stream anyway, as the gateway does
+    (serving.gateway.CLOSES_AFTER_STREAM), rather than race it."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if to_llama_server:
+        headers["Connection"] = "close"
     result = StreamResult(timing=RequestTiming(received_at=time.perf_counter()))
     finished = False
     try:
@@ -256,6 +281,8 @@ async def stream_chat(client: httpx.AsyncClient, *, base_url: str, api_key: str 
                     if content := _chunk_content(chunk):
                         result.timing.content_chunk(time.perf_counter())
                         result.pieces.append(content)
+                    if chunk.get("usage"):
+                        result.output_tokens = chunk["usage"].get("completion_tokens")
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         result.error = f"{exc.__class__.__name__}: {exc}"
     if not result.error and not finished:

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import httpx
 
 # First: it reads the instance's settings and sets Django up, which the project's models need.
-from bench._serving import (ADMIN_USERNAME, CLIENT_TIMEOUT, PLATFORM_URL, PRESET_MODEL, REPO_ROOT,
+from bench._serving import (ADMIN_USERNAME, CLIENT_TIMEOUT, PLATFORM_URL, PRESET_MODEL, REPO_ROOT, count_tokens,
                             percentile, print_header, wait_for)
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
@@ -46,7 +46,6 @@ from runtime import services as runtime_services  # noqa: E402
 from runtime.models import App  # noqa: E402
 from runtime.services import IssuedAppKey  # noqa: E402
 from serving.models import Model  # noqa: E402
-from serving.tokenizers import count_tokens  # noqa: E402
 
 # sentence-transformers draws a tqdm bar on every encode() while its logger is at INFO, the project's level. The
 # raw measurement is of the model alone, as in bench.ingest.

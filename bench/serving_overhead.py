@@ -17,7 +17,8 @@ from serving.models import RequestRecord
 MAX_TOKENS = 32
 WARMUP_PER_PATH = 3
 THREADS = 2
-TTFT_TARGET_PERCENT = 10.0
+# With llama-server's TTFT near 14 ms a ratio would hide the gateway, so its TTFT target is in milliseconds.
+TTFT_TARGET_MS = 2.0
 TPOT_TARGET_PERCENT = 5.0
 DIRECT, GATEWAY = "direct", "gateway"
 
@@ -39,23 +40,25 @@ async def _run(bench: BenchDeployment, replica_url: str, count: int) -> dict[str
     results: dict[str, dict[int, StreamResult]] = {DIRECT: {}, GATEWAY: {}}
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
         for warmup in range(WARMUP_PER_PATH):
-            for base_url, api_key in endpoints.values():
+            for path, (base_url, api_key) in endpoints.items():
                 body = chat_body(model=bench.name, prompt=f"Say hello ({warmup}).", max_tokens=MAX_TOKENS,
                                  stream=True)
-                await stream_chat(client, base_url=base_url, api_key=api_key, body=body)
+                await stream_chat(client, base_url=base_url, api_key=api_key, body=body,
+                                  to_llama_server=path == DIRECT)
         for path, index in _schedule(count):
             base_url, api_key = endpoints[path]
             body = chat_body(model=bench.name, prompt=questions[index], max_tokens=MAX_TOKENS, stream=True)
-            results[path][index] = await stream_chat(client, base_url=base_url, api_key=api_key, body=body)
+            results[path][index] = await stream_chat(client, base_url=base_url, api_key=api_key, body=body,
+                                                     to_llama_server=path == DIRECT)
     return results
 
 
-def _figures(path: str, results: dict[int, StreamResult], model_path: str) -> dict[str, float]:
+def _figures(path: str, results: dict[int, StreamResult]) -> dict[str, float]:
     succeeded = [r for r in results.values() if r.ok]
     for failed in (r for r in results.values() if not r.ok):
         print(f"  {path} request failed: {failed.error}")
     ttfts = [r.timing.ttft_ms for r in succeeded if r.timing.ttft_ms is not None]
-    tpots = [tpot for tpot in (r.tpot_ms(model_path) for r in succeeded) if tpot is not None]
+    tpots = [tpot for tpot in (r.tpot_ms() for r in succeeded) if tpot is not None]
     print(f"{path}: {len(succeeded)}/{len(results)} succeeded, {len(tpots)} with a TPOT (>= 2 output tokens)")
     return {"TTFT p50": percentile(ttfts, 50), "TTFT p90": percentile(ttfts, 90),
             "TPOT p50": percentile(tpots, 50), "TPOT p90": percentile(tpots, 90)}
@@ -72,7 +75,8 @@ def _recorded_ttfts(bench: BenchDeployment, gateway_results: dict[int, StreamRes
     return dict(zip(gateway_results, ttfts))
 
 
-def _print_ttft_breakdown(results: dict[str, dict[int, StreamResult]], recorded: dict[int, float | None]) -> None:
+def _print_ttft_breakdown(results: dict[str, dict[int, StreamResult]],
+                          recorded: dict[int, float | None]) -> float | None:
     """Split the added TTFT at the gateway's own measurement, with medians of differences over the same prompts."""
     client_ttfts = {path: {index: r.timing.ttft_ms for index, r in by_prompt.items() if r.ok}
                     for path, by_prompt in results.items()}
@@ -80,7 +84,7 @@ def _print_ttft_breakdown(results: dict[str, dict[int, StreamResult]], recorded:
               if recorded[i] is not None and i in client_ttfts[DIRECT] and i in client_ttfts[GATEWAY]]
     if not paired:
         print("The gateway did not leave a RequestRecord row for every request, so its TTFT cannot be split.")
-        return
+        return None
     inside = median(own - direct for direct, own, _ in paired)
     outside = median(seen - own for _, own, seen in paired)
     total = median(seen - direct for direct, _, seen in paired)
@@ -88,6 +92,7 @@ def _print_ttft_breakdown(results: dict[str, dict[int, StreamResult]], recorded:
           f"TTFT (RequestRecord, timed from when its view starts):")
     print(f"  {inside:+.2f} ms inside the gateway view (auth, routing, opening the upstream stream)")
     print(f"  {outside:+.2f} ms outside it (ASGI server and routing, handing the first chunk back)")
+    return total
 
 
 def _overhead_percent(gateway: float, direct: float) -> float:
@@ -113,23 +118,26 @@ def main() -> None:
                                      f"{MAX_TOKENS}, temperature 0, concurrency 1) sent straight to the replica and "
                                      f"the same {args.requests} through the gateway, alternating, after "
                                      f"{WARMUP_PER_PATH} warm-up requests per path. Client-side timings with "
-                                     f"serving.metrics.RequestTiming; output tokens counted with the SmolLM2 "
-                                     f"tokenizer.")
+                                     f"serving.metrics.RequestTiming; output tokens from the engine's usage "
+                                     f"chunk.")
     with bench_deployment(label="overhead", weights=[1.0], threads=THREADS) as bench:
         print(bench.describe())
         results = asyncio.run(_run(bench, bench.replicas()[0].base_url, args.requests))
-        figures = {path: _figures(path, by_prompt, bench.model_path) for path, by_prompt in results.items()}
+        figures = {path: _figures(path, by_prompt) for path, by_prompt in results.items()}
         recorded = _recorded_ttfts(bench, results[GATEWAY])
 
     print()
     _print_table(figures)
     print()
-    _print_ttft_breakdown(results, recorded)
+    added_ttft = _print_ttft_breakdown(results, recorded)
     print()
-    for column, target in (("TTFT p50", TTFT_TARGET_PERCENT), ("TPOT p50", TPOT_TARGET_PERCENT)):
-        overhead = _overhead_percent(figures[GATEWAY][column], figures[DIRECT][column])
-        verdict = "met" if overhead <= target else "NOT met"
-        print(f"Target: the gateway adds <= {target:g}% to {column}: {overhead:+.1f}% -> {verdict}")
+    if added_ttft is not None:
+        verdict = "met" if added_ttft <= TTFT_TARGET_MS else "NOT met"
+        print(f"Target: the gateway adds <= {TTFT_TARGET_MS:g} ms to TTFT (median of paired prompts): "
+              f"{added_ttft:+.2f} ms -> {verdict}")
+    overhead = _overhead_percent(figures[GATEWAY]["TPOT p50"], figures[DIRECT]["TPOT p50"])
+    verdict = "met" if overhead <= TPOT_TARGET_PERCENT else "NOT met"
+    print(f"Target: the gateway adds <= {TPOT_TARGET_PERCENT:g}% to TPOT p50: {overhead:+.1f}% -> {verdict}")
 
 
 if __name__ == "__main__":
