@@ -61,7 +61,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Deployment
         fields = ["id", "name", "model", "engine", "settings", "state", "desired_running", "cooldown_s",
-                  "capabilities", "replicas", "created_at"]
+                  "tool_strategy", "capabilities", "replicas", "created_at"]
 
     def get_capabilities(self, obj) -> list[str]:
         return sorted(engine(obj.engine).capabilities(obj.model))

@@ -24,9 +24,9 @@ from django.views.decorators.csrf import csrf_exempt
 
 from accounts.errors import Unauthenticated
 from accounts.services import SERVICE_TOKEN_PREFIX, authenticate_api_key, authenticate_service_token, hash_secret
-from serving import metrics
+from serving import metrics, toolcalls
 from serving.engines.base import CHAT, COMPLETION, EMBEDDING
-from serving.models import RequestRecord, ServingState
+from serving.models import RequestRecord, ServingState, ToolStrategy
 from serving.router import Route, Target, router
 from serving.sse import SSEParser
 
@@ -312,12 +312,19 @@ async def serve(endpoint: str, *, method: str, content: bytes, authorization: st
         target = await _resolve(body, caller, capability)
         _check_max_tokens(body, target)
         stream = bool(body.get("stream"))
+        sent, maps_tool_calls = body, False
+        if capability == CHAT and "tools" in body and target.tool_strategy == ToolStrategy.CONSTRAINED:
+            sent, maps_tool_calls = _constrained_tools(body)
+            content = json.dumps(sent).encode()
+        upstream_stream = stream and not maps_tool_calls
         route, upstream, attempts = await _open_upstream(
-            target, endpoint, _upstream_content(target, body, content, stream), stream)
+            target, endpoint, _upstream_content(target, sent, content, upstream_stream), upstream_stream)
     except GatewayError as exc:
         return exc.reply()
     exchange = Exchange(request_id=request_id, caller=caller, target=target, route=route, endpoint=endpoint,
                         attempts=attempts, timing=timing, body=body)
+    if maps_tool_calls:
+        return await _relay_tool_reply(exchange, upstream, stream)
     if not stream:
         reply = await _relay_whole(exchange, upstream)
     else:
@@ -328,21 +335,60 @@ async def serve(endpoint: str, *, method: str, content: bytes, authorization: st
     return reply
 
 
-async def _relay_whole(exchange: Exchange, upstream: httpx.Response) -> Reply:
+def _constrained_tools(body: dict) -> tuple[dict, bool]:
+    """For an engine that would drop `tools` (a chat template without a tool-call format): the request to send in
+    place of `body`, and whether its answer is JSON to map back into tool calls."""
+    try:
+        functions = toolcalls.functions_of(body)
+        choice = toolcalls.choice_of(body, functions)
+    except toolcalls.ToolsInvalid as exc:
+        raise GatewayError(400, exc.message, code="invalid_tools", param=exc.param)
+    if choice == toolcalls.NONE:
+        return toolcalls.without_tools(body), False
+    return toolcalls.constrained_request(body, functions, choice), True
+
+
+async def _read_whole(exchange: Exchange, upstream: httpx.Response) -> tuple[bytes, dict | None]:
+    """The engine's whole answer, and the parsed JSON of a successful one."""
     try:
         content = await upstream.aread()
     finally:
         await upstream.aclose()
     exchange.timing.content_chunk(time.perf_counter())
-    usage = None
+    payload = None
     if upstream.status_code == 200:
         try:
-            usage = json.loads(content).get("usage")
-        except (json.JSONDecodeError, AttributeError):
+            payload = json.loads(content)
+        except json.JSONDecodeError:
             pass
+    return content, payload if isinstance(payload, dict) else None
+
+
+def _record_whole(exchange: Exchange, upstream: httpx.Response, content: bytes, payload: dict | None, *,
+                  stream: bool) -> None:
     error = "" if upstream.status_code == 200 else content.decode(errors="replace")[:500]
-    _in_background(_record(exchange, stream=False, status=upstream.status_code, usage=usage, error=error))
+    _in_background(_record(exchange, stream=stream, status=upstream.status_code,
+                           usage=(payload or {}).get("usage"), error=error))
+
+
+async def _relay_whole(exchange: Exchange, upstream: httpx.Response) -> Reply:
+    content, payload = await _read_whole(exchange, upstream)
+    _record_whole(exchange, upstream, content, payload, stream=False)
     return Reply(upstream.status_code, content, {"Content-Type": upstream.headers.get("content-type", JSON)})
+
+
+async def _relay_tool_reply(exchange: Exchange, upstream: httpx.Response, stream: bool) -> Reply:
+    """A constrained answer mapped back into tool calls, whole or as a stream's chunks (which all arrive at once:
+    the JSON must be complete before it can be mapped)."""
+    content, payload = await _read_whole(exchange, upstream)
+    _record_whole(exchange, upstream, content, payload, stream=stream)
+    if payload is None or "choices" not in payload:
+        return Reply(upstream.status_code, content, {"Content-Type": upstream.headers.get("content-type", JSON)})
+    reply = toolcalls.tool_reply(payload)
+    if stream:
+        return Reply(200, toolcalls.as_stream(reply, include_usage=Exchange.wants_usage(exchange.body)),
+                     {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    return json_reply(reply)
 
 
 async def _relay_stream(exchange: Exchange, upstream: httpx.Response):

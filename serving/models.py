@@ -68,6 +68,11 @@ class ServingState(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+class ToolStrategy(models.TextChoices):
+    NATIVE = "native", "Native: the engine's own tool calls"
+    CONSTRAINED = "constrained", "Constrained: the gateway's JSON-schema tool calls"
+
+
 class Deployment(models.Model):
     """A model served by an engine with settings, over N weighted replicas. Its `name` is what clients pass as
     `model` to the gateway."""
@@ -83,6 +88,8 @@ class Deployment(models.Model):
     desired_running = models.BooleanField(default=False)
     # How long a replica that failed a request is left out of routing.
     cooldown_s = models.FloatField(default=30.0)
+    # How the gateway serves `tools`, probed from the engine each time a replica starts (serving/toolcalls.py).
+    tool_strategy = models.CharField(max_length=16, choices=ToolStrategy.choices, default=ToolStrategy.NATIVE)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -46,6 +46,7 @@ class Target:
     cooldown_s: float
     model_path: str
     api_key: str
+    tool_strategy: str = "native"
     routes: list[Route] = field(default_factory=list)
 
     def visible_to(self, workspace_id: int) -> bool:
@@ -65,7 +66,8 @@ def _load(name: str) -> Target | None:
         engine=deployment.engine, state=deployment.state,
         capabilities=adapter.capabilities(model),
         context_length=adapter.context_length(model=model, settings=deployment.settings),
-        cooldown_s=deployment.cooldown_s, model_path=model.path, api_key=model.api_key, routes=routes,
+        cooldown_s=deployment.cooldown_s, model_path=model.path, api_key=model.api_key,
+        tool_strategy=deployment.tool_strategy, routes=routes,
     )
 
 

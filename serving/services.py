@@ -292,8 +292,11 @@ def _launch(replica: Replica) -> Replica:
     replica.pid, replica.port, replica.base_url = pid, port, base_url
     process.wait_healthy(f"http://127.0.0.1:{port}{spec.health_path}", pid=pid, log_path=log_path,
                          timeout_s=spec.start_timeout_s)
-    return _set_replica_state(replica, ServingState.READY, f"Engine pid {pid} answers on port {port}",
-                              last_health_at=timezone.now(), last_error="")
+    tool_strategy = adapter.tool_strategy(base_url)
+    Deployment.objects.filter(pk=deployment.pk).exclude(tool_strategy=tool_strategy).update(
+        tool_strategy=tool_strategy)
+    return _set_replica_state(replica, ServingState.READY, f"Engine pid {pid} answers on port {port}; tool calls: "
+                              f"{tool_strategy}", last_health_at=timezone.now(), last_error="")
 
 
 def _auth_headers(model: Model) -> dict:

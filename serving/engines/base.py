@@ -44,6 +44,10 @@ class EngineAdapter:
     def context_length(self, *, model, settings: dict) -> int | None:
         return settings.get("context_length") or model.context_length
 
+    def tool_strategy(self, base_url: str) -> str:
+        """How the gateway serves `tools` to a replica answering at `base_url`: 'native' passes them on."""
+        return "native"
+
     def live_stats(self, base_url: str) -> dict | None:
         """What a running replica at `base_url` reports of its own load (slots, queue, cache), or None when the
         engine reports nothing."""

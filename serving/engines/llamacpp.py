@@ -144,6 +144,16 @@ class LlamaCppEngine(EngineAdapter):
         # against 8.5 ms for SmolLM2 on 2 cores). OpenMP's default, a short spin, is fastest.
         return LaunchSpec(argv=argv, env={"OMP_WAIT_POLICY": None}, health_path="/health", start_timeout_s=180.0)
 
+    def tool_strategy(self, base_url: str) -> str:
+        """'native' when the chat template has a tool-call format llama-server parses; otherwise llama-server drops
+        `tools`, so the gateway constrains the reply instead."""
+        try:
+            props = httpx.get(f"{base_url.removesuffix('/v1')}/props", timeout=STATS_TIMEOUT_S * 5)
+            caps = props.raise_for_status().json().get("chat_template_caps") or {}
+        except (httpx.HTTPError, ValueError):
+            caps = {}
+        return "native" if caps.get("supports_tool_calls") else "constrained"
+
     def live_stats(self, base_url: str) -> dict | None:
         """From the replica's Prometheus /metrics and /slots: busy and total slots, the requests waiting for one,
         the KV cache the slots hold, and the engine's own token counters and speeds."""

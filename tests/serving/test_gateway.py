@@ -184,6 +184,66 @@ def test_parallel_slots_serve_concurrent_streams_and_report_their_load(stack, li
     assert sum(r["output_tokens_total"] for r in reports) >= sum(streamed)
 
 
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_smollm2_calls_tools_through_the_gateway_though_its_template_has_no_tool_format(stack, client, live_db):
+    assert Deployment.objects.get(name=SMOLLM2).tool_strategy == "constrained"
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+    # A tiny model's choice between calling and answering is its own; only the form of each is asserted.
+    either = client.chat.completions.create(model=SMOLLM2, messages=question, tools=[WEATHER_TOOL], max_tokens=60)
+    named = client.chat.completions.create(model=SMOLLM2, messages=question, tools=[WEATHER_TOOL], max_tokens=60,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    chunks = list(client.chat.completions.create(model=SMOLLM2, messages=question, tools=[WEATHER_TOOL],
+                                                 tool_choice="required", max_tokens=60, stream=True))
+
+    if either.choices[0].finish_reason == "tool_calls":
+        assert either.choices[0].message.tool_calls[0].function.name == "get_weather"
+    else:
+        assert isinstance(either.choices[0].message.content, str) and not either.choices[0].message.tool_calls
+    call = named.choices[0].message.tool_calls[0]
+    assert named.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
+    streamed = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert streamed[0].function.name == "get_weather"
+    assert isinstance(json.loads(streamed[0].function.arguments)["city"], str)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_langchain_agent_loop_runs_on_smollm2_tool_calls(stack):
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city."""
+        return f"It is 18 degrees and sunny in {city}."
+
+    chat = ChatOpenAI(model=SMOLLM2, base_url=f"{stack['url']}/v1", api_key=stack["key"], max_tokens=60,
+                      temperature=0)
+    with_tools = chat.bind_tools([get_weather], tool_choice="get_weather")
+    messages = [HumanMessage("What is the weather in Paris?")]
+    asked = with_tools.invoke(messages)
+    assert asked.tool_calls and asked.tool_calls[0]["name"] == "get_weather"
+
+    messages += [asked, ToolMessage(get_weather.invoke(asked.tool_calls[0]["args"]),
+                                    tool_call_id=asked.tool_calls[0]["id"])]
+    final = chat.bind_tools([get_weather], tool_choice="none").invoke(messages)
+    assert isinstance(final.content, str) and not final.tool_calls
+
+
+def test_malformed_tools_are_a_400_naming_the_field(stack):
+    response = httpx.post(f"{stack['url']}/v1/chat/completions", headers={"Authorization": f"Bearer {stack['key']}"},
+                          json={"model": SMOLLM2, "messages": [{"role": "user", "content": "hi"}],
+                                "tools": [{"type": "function", "function": {"name": "bad name"}}]})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "tools[0].function.name"
+
+
 def test_missing_or_revoked_keys_are_refused(stack):
     missing = httpx.get(f"{stack['url']}/v1/models")
     assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
