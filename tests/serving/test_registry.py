@@ -4,8 +4,11 @@ import pytest
 from rest_framework.test import APIClient
 
 from accounts.models import Role
+from accounts.services import SYSTEM
+from cluster.models import Node
+from serving import services
 from serving.gguf_info import read_gguf
-from serving.models import Model
+from serving.models import Deployment, Model
 from serving.presets import GEMMA3, GEMMA3_CHAT_TEMPLATE, MINILM, SMOLLM2, _smollm2_path, register_presets
 
 pytestmark = pytest.mark.django_db
@@ -117,6 +120,24 @@ def test_only_admins_change_a_shared_models_template(make_workspace, key_client)
     assert allowed.status_code == 200
 
 
+def test_another_workspaces_model_and_deployment_are_404_to_the_new_endpoints(developer, make_workspace, key_client):
+    registered = developer.post("/api/serving/models/", {"name": "own", "path": str(_smollm2_path())},
+                                format="json").json()
+    model = Model.objects.get(pk=registered["id"])
+    node = Node.objects.create(name="box", memory_bytes=16 * 2**30)
+    deployment = services.create_deployment(actor=SYSTEM, workspace=model.workspace, model=model, name="own",
+                                            replicas=[(node, 1.0)])
+    stranger = key_client("zed", make_workspace("Other", owner="zed"))
+
+    template = stranger.post(f"/api/serving/models/{model.pk}/chat-template/", {"chat_template": "{{ x }}"},
+                             format="json")
+    engine = stranger.get(f"/api/serving/deployments/{deployment.name}/engine/")
+
+    assert (template.status_code, engine.status_code) == (404, 404)
+    assert Model.objects.get(pk=model.pk).chat_template == read_gguf(_smollm2_path()).chat_template
+    assert Deployment.objects.filter(name="own").exists()
+
+
 @pytest.mark.parametrize("engine_settings, message", [
     ({"context_length": 100_000}, "beyond what 'smollm2-135m-instruct' was trained for (8192)"),
     ({"parallel": 0}, "'parallel' must be a whole number from 1 to 64; got 0."),
@@ -124,8 +145,6 @@ def test_only_admins_change_a_shared_models_template(make_workspace, key_client)
     ({"parallel": 64, "context_length": 8192}, "64 slots of 8192 tokens need a 11.2 GiB KV cache, more than node 'small-box' can hold"),
 ])
 def test_engine_settings_that_cannot_work_are_refused_before_anything_starts(developer, engine_settings, message):
-    from cluster.models import Node
-
     Node.objects.create(name="small-box", memory_bytes=2 * 2**30)
     register_presets(lambda line: None)
 
