@@ -4,7 +4,6 @@ with the definitions in serving/metrics.py.
 
 Run the benchmarks from the repository root against a running instance (`make run`)."""
 
-import json
 import os
 import platform
 import secrets
@@ -50,6 +49,7 @@ from cluster.models import Node  # noqa: E402
 from serving import services  # noqa: E402
 from serving.engines.base import engine  # noqa: E402
 from serving.metrics import RequestTiming  # noqa: E402
+from serving.sse import SSEParser  # noqa: E402
 from serving.models import Deployment, Model, Replica, RequestRecord, ServingState  # noqa: E402
 
 # FACTORY_URL is where the platform answers; the gateway is under /v1 and the Prometheus scrape at /metrics.
@@ -266,24 +266,23 @@ async def stream_chat(client: httpx.AsyncClient, *, base_url: str, api_key: str 
                 detail = (await response.aread()).decode(errors="replace")[:200]
                 result.error = f"HTTP {response.status_code}: {detail}"
             else:
-                async for line in response.aiter_lines():
-                    # Past [DONE], read on to the end of the body so that the connection goes back to the pool.
-                    if not line.startswith("data:") or finished:
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        finished = True
-                        continue
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        result.error = f"error event: {chunk['error'].get('message', chunk['error'])}"
-                        break
-                    if content := _chunk_content(chunk):
-                        result.timing.content_chunk(time.perf_counter())
-                        result.pieces.append(content)
-                    if chunk.get("usage"):
-                        result.output_tokens = chunk["usage"].get("completion_tokens")
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+                parser = SSEParser()
+                # Past [DONE], read on to the end of the body so that the connection goes back to the pool.
+                async for raw in response.aiter_raw():
+                    arrived = time.perf_counter()
+                    for event in parser.feed(raw):
+                        finished = finished or event.is_done
+                        chunk = event.json()
+                        if finished or chunk is None:
+                            continue
+                        if "error" in chunk:
+                            result.error = f"error event: {chunk['error'].get('message', chunk['error'])}"
+                        if content := _chunk_content(chunk):
+                            result.timing.content_chunk(arrived)
+                            result.pieces.append(content)
+                        if chunk.get("usage"):
+                            result.output_tokens = chunk["usage"].get("completion_tokens")
+    except httpx.HTTPError as exc:
         result.error = f"{exc.__class__.__name__}: {exc}"
     if not result.error and not finished:
         result.error = "the stream ended without [DONE]"

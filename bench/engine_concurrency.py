@@ -27,6 +27,7 @@ from serving.presets import SMOLLM2, _smollm2_path
 
 ALIAS = "bench"
 ENGINE_START_TIMEOUT_S = 180
+TARGET_CONCURRENCY = 4
 TTFT_TARGET_SHARE = 0.10
 THROUGHPUT_TARGET_RATIO = 3.0
 
@@ -153,10 +154,12 @@ def main() -> None:
             continue
         share = now["ttft_p50"] / before["ttft_p50"]
         ratio = now["tokens_per_s"] / before["tokens_per_s"]
-        print(f"concurrency {level}: TTFT p50 is {100 * share:.1f}% of before (target < "
-              f"{100 * TTFT_TARGET_SHARE:.0f}%: {'met' if share < TTFT_TARGET_SHARE else 'missed'}), throughput "
-              f"{ratio:.1f}x (target >= {THROUGHPUT_TARGET_RATIO:.0f}x: "
-              f"{'met' if ratio >= THROUGHPUT_TARGET_RATIO else 'missed'})")
+        line = f"concurrency {level}: TTFT p50 is {100 * share:.1f}% of before, throughput {ratio:.1f}x"
+        if level == TARGET_CONCURRENCY:
+            met = share < TTFT_TARGET_SHARE and ratio >= THROUGHPUT_TARGET_RATIO
+            line += (f" (target at concurrency {TARGET_CONCURRENCY}: TTFT p50 < {100 * TTFT_TARGET_SHARE:.0f}% and "
+                     f">= {THROUGHPUT_TARGET_RATIO:.0f}x: {'met' if met else 'NOT met'})")
+        print(line)
 
 
 if __name__ == "__main__":
