@@ -164,6 +164,22 @@ def web_server(django_db_setup, web_port):
         yield url
 
 
+@contextmanager
+def local_http_server(handler):
+    """A threaded HTTP server on a free loopback port answering with `handler` (a request handler class); yields
+    the port, and stops the server on the way out."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def free_port() -> int:
     import socket
 

@@ -3,8 +3,7 @@ an answer with its sources and takes a thumbs down, which the app's log then sho
 app's list cannot frame it."""
 
 import functools
-import threading
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import SimpleHTTPRequestHandler
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -15,7 +14,7 @@ from rag_studio import services as rag_services
 from rag_studio.models import DocumentStatus
 from runtime.models import Feedback
 from serving.presets import SMOLLM2
-from tests.conftest import deploy_presets, stop_engines_and_flush, wait_for
+from tests.conftest import deploy_presets, local_http_server, stop_engines_and_flush, wait_for
 from tests.e2e.conftest import sign_in
 from tests.rag_studio.conftest import SAMPLE_FILES, sample
 
@@ -41,11 +40,8 @@ def platform(celery_worker_process, web_server, django_db_blocker):
 @pytest.fixture
 def other_site(tmp_path):
     """Another site: a static page server on its own port, reached as http://localhost:<port>."""
-    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield tmp_path, server.server_address[1]
-    server.shutdown()
+    with local_http_server(functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))) as port:
+        yield tmp_path, port
 
 
 def test_publish_then_chat_through_the_widget_embedded_on_another_site(platform, other_site, open_page, live_db):
