@@ -164,6 +164,9 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
 }
 
+# Hosts (`*.corp.example`) and networks (`10.0.0.0/8`) every workspace's user-supplied URLs may reach though they
+# are not public (workbridge/egress.py); each workspace's admins can add their own.
+EGRESS_ALLOW = [entry.strip() for entry in os.environ.get("FACTORY_EGRESS_ALLOW", "").split(",") if entry.strip()]
 GATEWAY_URL = os.environ.get("FACTORY_GATEWAY_URL") or f"http://127.0.0.1:{os.environ.get('FACTORY_PORT', '8000')}/v1"
 
 # RAG ingestion. Embedding batches are sent `RAG_EMBED_CONCURRENCY` at a time to an embedding deployment; a local

@@ -9,6 +9,7 @@ import cluster.urls
 import rag_studio.urls
 import runtime.urls
 import serving.urls
+import workbridge.urls
 from factory import views
 
 api_urlpatterns = [
@@ -16,6 +17,7 @@ api_urlpatterns = [
     *cluster.urls.api_urlpatterns,
     *assets.urls.api_urlpatterns,
     *serving.urls.api_urlpatterns,
+    *workbridge.urls.api_urlpatterns,
     *rag_studio.urls.api_urlpatterns,
     *runtime.urls.api_urlpatterns,
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

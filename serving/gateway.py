@@ -29,6 +29,7 @@ from serving.engines.base import CHAT, COMPLETION, EMBEDDING
 from serving.models import RequestRecord, ServingState, ToolStrategy
 from serving.router import Route, Target, router
 from serving.sse import SSEParser
+from workbridge import egress
 
 logger = logging.getLogger(__name__)
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -89,7 +90,9 @@ def json_reply(payload: dict, *, status: int = 200) -> Reply:
 def _http_client() -> httpx.AsyncClient:
     global _client
     if _client is None:
+        # No proxies from the environment: a proxy would undo the egress guard's pinning to a checked address.
         _client = httpx.AsyncClient(
+            trust_env=False,
             timeout=httpx.Timeout(connect=3.0, read=300.0, write=30.0, pool=60.0),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
         )
@@ -231,6 +234,15 @@ def _in_background(coroutine) -> None:
     task.add_done_callback(_background.discard)
 
 
+async def _upstream_request(target: Target, url: str, content: bytes, headers: dict) -> httpx.Request:
+    """Engines the platform started are called directly; an external endpoint is a user's URL, so it goes through
+    the egress guard: resolved, checked against the allowlist, and pinned to the checked address."""
+    if target.allowlist is None:
+        return _http_client().build_request("POST", url, content=content, headers=headers)
+    return await egress.pinned(_http_client(), "POST", url, allowlist=target.allowlist, headers=headers,
+                               content=content)
+
+
 async def _open_upstream(target: Target, endpoint: str, content: bytes, stream: bool):
     """Send to a replica, failing over to another while nothing has reached the client yet."""
     tried: set[int] = set()
@@ -240,10 +252,13 @@ async def _open_upstream(target: Target, endpoint: str, content: bytes, stream: 
     last_error = "no replica is ready"
     while (route := router.pick(target, exclude=tried)) is not None:
         tried.add(route.replica_id)
-        request = _http_client().build_request("POST", f"{route.base_url}/{endpoint}", content=content,
-                                               headers=headers)
         try:
+            request = await _upstream_request(target, f"{route.base_url}/{endpoint}", content, headers)
             response = await _http_client().send(request, stream=stream)
+        except egress.EgressRefused as exc:
+            last_error = f"replica {route.replica_id}: {exc}"
+            router.cool_down(route, target.cooldown_s)
+            continue
         except RETRYABLE as exc:
             last_error = f"replica {route.replica_id}: {exc.__class__.__name__} {exc}".strip()
             router.cool_down(route, target.cooldown_s)

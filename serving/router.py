@@ -15,6 +15,8 @@ from asgiref.sync import sync_to_async
 
 from serving.engines.base import engine
 from serving.models import Deployment, ServingState
+from workbridge.egress import Allowlist
+from workbridge.selectors import allowlist_for
 
 logger = logging.getLogger(__name__)
 TABLE_TTL_S = 1.0
@@ -47,6 +49,8 @@ class Target:
     model_path: str
     api_key: str
     tool_strategy: str = "native"
+    # Where an external endpoint (a user's URL) may be reached: it is called through the egress guard.
+    allowlist: Allowlist | None = None
     routes: list[Route] = field(default_factory=list)
 
     def visible_to(self, workspace_id: int) -> bool:
@@ -68,6 +72,7 @@ def _load(name: str) -> Target | None:
         context_length=adapter.context_length(model=model, settings=deployment.settings),
         cooldown_s=deployment.cooldown_s, model_path=model.path, api_key=model.api_key,
         tool_strategy=deployment.tool_strategy, routes=routes,
+        allowlist=None if adapter.runs_process else allowlist_for(workspace_id=deployment.workspace_id),
     )
 
 

@@ -1,5 +1,6 @@
 import json
 import logging
+import time
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlparse
@@ -20,6 +21,8 @@ from serving.engines import process
 from serving.engines.base import EngineRefused, engine
 from serving.gguf_info import InvalidModelFile, read_gguf
 from serving.models import Deployment, Engine, Model, ModelKind, Replica, RoleHint, ServingEvent, ServingState
+from workbridge import egress
+from workbridge.selectors import allowlist_for
 
 logger = logging.getLogger(__name__)
 START_REPLICA, STOP_REPLICA = "serving.start_replica", "serving.stop_replica"
@@ -58,6 +61,14 @@ def register_model(*, actor: Actor, workspace: Workspace | None, name: str, path
         parsed = urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValidationFailed(f"'{url}' is not an http(s) URL.", fields={"url": ["Not an http(s) URL."]})
+        if parsed.query or parsed.fragment or "?" in url or "#" in url:
+            # The gateway appends /chat/completions and the like; a query or fragment would swallow that path.
+            raise ValidationFailed(f"'{url}' has a query or fragment; give the endpoint's base URL, such as "
+                                   f"https://host/v1.", fields={"url": ["Base URL only."]})
+        try:
+            egress.check(url, allowlist_for(workspace_id=workspace.pk if workspace else None))
+        except egress.EgressRefused as exc:
+            raise ValidationFailed(str(exc), fields={"url": [str(exc)]})
         fields |= {"kind": ModelKind.EXTERNAL, "url": url.rstrip("/"), "api_key": api_key}
     else:
         location = Path(path).expanduser()
@@ -277,8 +288,7 @@ def _launch(replica: Replica) -> Replica:
     deployment = replica.deployment
     adapter = engine(deployment.engine)
     if not adapter.runs_process:
-        process.wait_healthy(f"{deployment.model.url}/models", pid=None, log_path=None, timeout_s=30,
-                             headers=_auth_headers(deployment.model))
+        _wait_external(deployment)
         return _set_replica_state(replica, ServingState.READY, "External endpoint answers",
                                   base_url=deployment.model.url, last_health_at=timezone.now())
     port = process.free_port()
@@ -301,6 +311,26 @@ def _launch(replica: Replica) -> Replica:
 
 def _auth_headers(model: Model) -> dict:
     return {"Authorization": f"Bearer {model.api_key}"} if model.api_key else {}
+
+
+def _external_problem(deployment: Deployment) -> str:
+    """Why the deployment's external endpoint does not answer /models with 200 now, or '' when it does; asked
+    through the egress guard, since the URL is the user's."""
+    model = deployment.model
+    try:
+        answer = egress.request("GET", f"{model.url}/models", headers=_auth_headers(model), timeout_s=5,
+                                allowlist=allowlist_for(workspace_id=deployment.workspace_id), max_bytes=2**20)
+    except egress.EgressRefused as exc:
+        return str(exc)
+    return "" if answer.status_code == 200 else f"{model.url}/models answered {answer.status_code}"
+
+
+def _wait_external(deployment: Deployment, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while problem := _external_problem(deployment):
+        if time.monotonic() >= deadline:
+            raise process.EngineStartFailed(f"The external endpoint did not answer: {problem}")
+        time.sleep(1.0)
 
 
 def _replica_for_job(job) -> Replica:
@@ -343,7 +373,7 @@ def check_local_replicas() -> list[str]:
         if replica.state == ServingState.STARTING:
             continue  # its start job owns it
         if not engine(replica.deployment.engine).runs_process:
-            healthy = process.probe(f"{replica.base_url}/models", headers=_auth_headers(replica.deployment.model))
+            healthy = not _external_problem(replica.deployment)
             Replica.objects.filter(pk=replica.pk).update(last_health_at=now if healthy else replica.last_health_at)
             continue
         if replica.state == ServingState.READY and process.is_alive(replica.pid):

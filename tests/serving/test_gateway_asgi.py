@@ -6,7 +6,7 @@ import json
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
@@ -20,7 +20,7 @@ from serving import gateway, services
 from serving.gateway_asgi import app
 from serving.models import Deployment, Replica, RequestRecord, ServingState
 from serving.router import TABLE_TTL_S
-from tests.conftest import free_port
+from tests.conftest import free_port, local_http_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CHUNK_INTERVAL_S = 0.02
@@ -35,12 +35,14 @@ class ScriptedEngine(BaseHTTPRequestHandler):
 
     hung_up = threading.Event()
     sent: list[bytes] = []
+    answered = 0
 
     def do_GET(self) -> None:
         self._answer(200, json.dumps({"object": "list", "data": []}).encode(), "application/json")
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ScriptedEngine.answered += 1
         if body.get("refuse_with"):
             error = {"error": {"code": body["refuse_with"], "message": "scripted refusal"}}
             self._answer(body["refuse_with"], json.dumps(error).encode(), "application/json")
@@ -79,11 +81,8 @@ class ScriptedEngine(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def engine_url():
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), ScriptedEngine)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/v1"
-    server.shutdown()
-    server.server_close()
+    with local_http_server(ScriptedEngine) as port:
+        yield f"http://127.0.0.1:{port}/v1"
 
 
 @pytest.fixture(autouse=True)
@@ -91,8 +90,15 @@ def fresh_upstream_client(monkeypatch):
     """The gateway keeps one httpx client per process; each test runs its own event loop, which needs its own."""
     monkeypatch.setattr(gateway, "_client", None)
     monkeypatch.setattr(gateway, "_trusted_keys", {})
+
+
+@pytest.fixture(autouse=True)
+def loopback_allowed(settings):
+    """The scripted engines are external endpoints on loopback, which the egress guard opens only when allowed."""
+    settings.EGRESS_ALLOW = ["127.0.0.1/32"]
     ScriptedEngine.hung_up.clear()
     ScriptedEngine.sent.clear()
+    ScriptedEngine.answered = 0
 
 
 @pytest.fixture
@@ -261,6 +267,19 @@ def test_a_whole_answer_is_relayed_after_failing_over_from_a_dead_replica(deploy
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"] == "tok tok tok "
     assert (record.status, record.stream, record.attempts, record.output_tokens) == (200, False, 2, 3)
+
+
+def test_an_external_endpoint_no_longer_allowed_is_not_called(deploy, api_key, settings):
+    deployment = deploy()
+    settings.EGRESS_ALLOW = []
+    time.sleep(TABLE_TTL_S)
+
+    response, _ = _call("POST", "/v1/chat/completions", key=api_key,
+                        content=json.dumps(_chat(deployment.name, stream=False)).encode())
+
+    assert response.status_code == 503 and _error_code(response) == "no_healthy_replica"
+    assert "127.0.0.1, which is not a public address" in response.json()["error"]["message"]
+    assert ScriptedEngine.sent == [] and not ScriptedEngine.answered
 
 
 def test_a_feature_the_engine_lacks_501_is_the_requests_fault_and_is_not_retried(deploy, api_key, engine_url):
