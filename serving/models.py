@@ -2,6 +2,7 @@ from django.db import models
 
 from accounts.models import Workspace
 from cluster.models import Node
+from workbridge.vault import EncryptedTextField
 
 
 class ModelKind(models.TextChoices):
@@ -24,7 +25,8 @@ class Model(models.Model):
     kind = models.CharField(max_length=16, choices=ModelKind.choices)
     path = models.CharField(max_length=1024, blank=True)
     url = models.URLField(max_length=512, blank=True)
-    api_key = models.CharField(max_length=512, blank=True)
+    # An external endpoint's key, encrypted at rest (workbridge/vault.py).
+    api_key = EncryptedTextField(blank=True)
     family = models.CharField(max_length=64, blank=True)
     parameter_count = models.BigIntegerField(null=True, blank=True)
     quantization = models.CharField(max_length=32, blank=True)

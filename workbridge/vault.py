@@ -1,0 +1,79 @@
+"""The one secrets module (DESIGN.md §7, "Egress and secrets"): credentials the platform must send on a user's behalf
+(an external model's API key; tool secrets as Work Bridge grows) are encrypted at rest with Fernet (AES-128-CBC with
+an HMAC-SHA256, from `cryptography`).
+
+The keys come from FACTORY_SECRETS_KEY: Fernet keys separated by commas, the first encrypting and all decrypting,
+so a key is rotated by putting the new one first and running `manage.py rotate_secrets`. Without it, a key is made
+once in the data directory (readable by its owner only), so that a fresh `make run` encrypts from the start.
+"""
+
+import os
+from functools import lru_cache
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from django.conf import settings
+from django.db import models
+
+# Stored values carry this prefix, so that a value written before encryption reads back as the text it is.
+PREFIX = "fernet:"
+
+
+class SecretUnreadable(Exception):
+    """A stored secret that no configured key decrypts: the key was changed without rotating."""
+
+
+def _generated_key() -> bytes:
+    path = settings.DATA_DIR / "secrets.key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path.with_suffix(".partial"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(Fernet.generate_key())
+        os.replace(path.with_suffix(".partial"), path)
+    return path.read_bytes().strip()
+
+
+@lru_cache(maxsize=1)
+def _fernet() -> MultiFernet:
+    configured = [key.strip() for key in os.environ.get("FACTORY_SECRETS_KEY", "").split(",") if key.strip()]
+    keys = [key.encode() for key in configured] or [_generated_key()]
+    return MultiFernet([Fernet(key) for key in keys])
+
+
+def encrypt(plain: str) -> str:
+    return PREFIX + _fernet().encrypt(plain.encode()).decode() if plain else ""
+
+
+def decrypt(stored: str) -> str:
+    if not stored.startswith(PREFIX):
+        return stored
+    try:
+        return _fernet().decrypt(stored[len(PREFIX):].encode()).decode()
+    except InvalidToken as exc:
+        raise SecretUnreadable("A stored secret cannot be decrypted with FACTORY_SECRETS_KEY; put the key it was "
+                               "written with back in the list.") from exc
+
+
+def rotated(stored: str) -> str:
+    """The value encrypted with the first key (and a plaintext one encrypted for the first time)."""
+    if not stored:
+        return stored
+    if not stored.startswith(PREFIX):
+        return encrypt(stored)
+    return PREFIX + _fernet().rotate(stored[len(PREFIX):].encode()).decode()
+
+
+def mask(plain: str) -> str:
+    """What a saved secret shows: enough to recognise it, never enough to use it."""
+    return "" if not plain else ("•" * 8 + plain[-4:] if len(plain) > 12 else "•" * 8)
+
+
+class EncryptedTextField(models.TextField):
+    """A text column holding a secret: encrypted when saved, decrypted when read."""
+
+    def from_db_value(self, value, expression, connection):
+        return decrypt(value) if value else value
+
+    def get_prep_value(self, value):
+        value = super().get_prep_value(value)
+        return encrypt(value) if value and not value.startswith(PREFIX) else value
