@@ -2,6 +2,7 @@ from django.conf import settings
 from django.db import models
 
 from accounts.models import Workspace
+from workbridge.vault import EncryptedTextField
 
 
 class EgressRule(models.Model):
@@ -20,3 +21,73 @@ class EgressRule(models.Model):
 
     def __str__(self) -> str:
         return self.entry
+
+
+class Binding(models.TextChoices):
+    HTTP = "http", "HTTP request"
+
+
+class Tool(models.Model):
+    """Something a model can call: a name and description written for the model, a JSON Schema for the arguments,
+    and a binding that says what a call does (an HTTP request, for now)."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="tools")
+    name = models.CharField(max_length=64)
+    description = models.TextField()
+    binding = models.CharField(max_length=16, choices=Binding.choices, default=Binding.HTTP)
+    parameters = models.JSONField(default=dict)
+    # The binding's own settings; for http: method, url (with {argument} placeholders), query, body, headers, auth.
+    config = models.JSONField(default=dict)
+    timeout_s = models.FloatField(default=30.0)
+    max_output_bytes = models.PositiveIntegerField(default=1_048_576)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="unique_tool_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Secret(models.Model):
+    """A credential tools send (a bearer token, an API key), encrypted at rest and never shown again in full."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="secrets")
+    name = models.CharField(max_length=64)
+    value = EncryptedTextField()
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="unique_secret_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class InvocationStatus(models.TextChoices):
+    OK = "ok", "OK"
+    FAILED = "failed", "Failed"
+
+
+class Invocation(models.Model):
+    """One call of a tool, from whichever caller: its arguments (secrets never among them), what came back, how
+    long it took, and why it failed."""
+
+    tool = models.ForeignKey(Tool, on_delete=models.CASCADE, related_name="invocations")
+    caller = models.CharField(max_length=64)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    arguments = models.JSONField(default=dict)
+    status = models.CharField(max_length=8, choices=InvocationStatus.choices)
+    http_status = models.PositiveSmallIntegerField(null=True)
+    latency_ms = models.FloatField()
+    result_excerpt = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]

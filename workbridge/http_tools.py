@@ -1,0 +1,127 @@
+"""The http binding: a tool's config and a call's arguments turned into one HTTP request.
+
+    {"method": "POST", "url": "https://api.example.com/orders/{order_id}/notes",
+     "query": ["notify"], "body": "json", "headers": {"Accept": "application/json"},
+     "auth": {"type": "bearer", "secret": "SHOP_TOKEN"}}
+
+`{argument}` placeholders in the URL are filled (URL-quoted); arguments named in `query` go to the query string; the
+rest go in a JSON or form body (`body`), or to the query string for a method without one. `auth` takes its value
+from a workspace secret: `bearer`, `header` (with `name`), `query` (with `name`) or `basic` (with `username`).
+"""
+
+import base64
+import string
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+import httpx
+
+METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE"}
+BODILESS = {"GET", "DELETE"}
+BODIES = {"json", "form", "none"}
+AUTH_TYPES = {"none", "bearer", "header", "query", "basic"}
+MASK = "••••••••"
+
+
+class ToolConfigInvalid(ValueError):
+    pass
+
+
+def placeholders(url: str) -> list[str]:
+    try:
+        return [name for _, name, _, _ in string.Formatter().parse(url) if name is not None]
+    except ValueError as exc:
+        raise ToolConfigInvalid(f"The URL template is malformed: {exc}.") from exc
+
+
+def check_config(config: dict, parameters: dict) -> dict:
+    """The config with its defaults, or ToolConfigInvalid naming what is wrong."""
+    if not isinstance(config, dict):
+        raise ToolConfigInvalid("The http binding's config must be an object.")
+    method = str(config.get("method", "GET")).upper()
+    if method not in METHODS:
+        raise ToolConfigInvalid(f"'method' must be one of {sorted(METHODS)}.")
+    url = config.get("url")
+    parsed = httpx.URL(url) if isinstance(url, str) and url else None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ToolConfigInvalid("'url' must be an http(s) URL, with {argument} placeholders where arguments go.")
+    names = set((parameters.get("properties") or {}).keys())
+    required = set(parameters.get("required") or [])
+    for name in placeholders(url):
+        if name not in required:
+            raise ToolConfigInvalid(f"The URL uses {{{name}}}, which is not a required argument of the tool.")
+    query = config.get("query", [])
+    if not isinstance(query, list) or not set(query) <= names:
+        raise ToolConfigInvalid("'query' must list argument names of the tool.")
+    body = config.get("body", "none" if method in BODILESS else "json")
+    if body not in BODIES or (body != "none" and method in BODILESS):
+        raise ToolConfigInvalid(f"'body' must be one of {sorted(BODIES)}, and 'none' for {method}.")
+    headers = config.get("headers", {})
+    if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in
+                                                headers.items()):
+        raise ToolConfigInvalid("'headers' must map header names to strings.")
+    auth = config.get("auth") or {"type": "none"}
+    if not isinstance(auth, dict) or auth.get("type") not in AUTH_TYPES:
+        raise ToolConfigInvalid(f"'auth.type' must be one of {sorted(AUTH_TYPES)}.")
+    if auth["type"] != "none" and not auth.get("secret"):
+        raise ToolConfigInvalid("'auth.secret' must name a workspace secret.")
+    if auth["type"] in ("header", "query") and not auth.get("name"):
+        raise ToolConfigInvalid(f"'auth.name' must say which {auth['type']} carries the secret.")
+    return {"method": method, "url": url, "query": query, "body": body, "headers": headers, "auth": auth}
+
+
+@dataclass
+class HttpCall:
+    method: str
+    url: str
+    params: dict = field(default_factory=dict)
+    headers: dict = field(default_factory=dict)
+    json_body: dict | None = None
+    content: bytes | None = None
+    secret_values: list[str] = field(default_factory=list)
+
+    def redact(self, text: str) -> str:
+        for value in self.secret_values:
+            text = text.replace(value, MASK)
+        return text
+
+    def describe(self) -> dict:
+        """The request as the GUI shows it before and after sending: every secret masked."""
+        return {"method": self.method, "url": self.redact(str(httpx.URL(self.url, params=self.params))),
+                "headers": {k: self.redact(v) for k, v in self.headers.items()},
+                "body": self.json_body if self.json_body is not None else
+                (self.redact(self.content.decode()) if self.content else None)}
+
+
+def render(config: dict, arguments: dict, secret: Callable[[str], str]) -> HttpCall:
+    """The request one call sends; `secret(name)` gives a workspace secret's value."""
+    in_url = placeholders(config["url"])
+    url = config["url"].format(**{name: quote(str(arguments[name]), safe="") for name in in_url})
+    rest = {name: value for name, value in arguments.items() if name not in in_url}
+    params = {name: rest.pop(name) for name in config["query"] if name in rest}
+    call = HttpCall(method=config["method"], url=url, headers=dict(config["headers"]))
+    if config["body"] == "json":
+        call.json_body = rest
+    elif config["body"] == "form":
+        call.content = str(httpx.QueryParams(rest)).encode()
+        call.headers["Content-Type"] = "application/x-www-form-urlencoded"
+    else:
+        params |= rest
+    call.params = {name: value if isinstance(value, str) else str(value).lower() if isinstance(value, bool)
+                   else str(value) for name, value in params.items()}
+    auth = config["auth"]
+    if auth["type"] != "none":
+        value = secret(auth["secret"])
+        call.secret_values.append(value)
+        if auth["type"] == "bearer":
+            call.headers["Authorization"] = f"Bearer {value}"
+        elif auth["type"] == "header":
+            call.headers[auth["name"]] = value
+        elif auth["type"] == "query":
+            call.params[auth["name"]] = value
+        else:
+            token = base64.b64encode(f"{auth.get('username', '')}:{value}".encode()).decode()
+            call.headers["Authorization"] = f"Basic {token}"
+            call.secret_values.append(token)
+    return call
