@@ -13,9 +13,8 @@ import base64
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import quote
+from urllib.parse import quote, urlencode, urlsplit
 
-import httpx
 
 METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE"}
 BODILESS = {"GET", "DELETE"}
@@ -43,8 +42,12 @@ def check_config(config: dict, parameters: dict) -> dict:
     if method not in METHODS:
         raise ToolConfigInvalid(f"'method' must be one of {sorted(METHODS)}.")
     url = config.get("url")
-    parsed = httpx.URL(url) if isinstance(url, str) and url else None
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+    try:
+        parsed = urlsplit(url) if isinstance(url, str) else None
+        host = parsed.hostname if parsed else None
+    except ValueError:
+        parsed = host = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not host:
         raise ToolConfigInvalid("'url' must be an http(s) URL, with {argument} placeholders where arguments go.")
     names = set((parameters.get("properties") or {}).keys())
     required = set(parameters.get("required") or [])
@@ -88,7 +91,8 @@ class HttpCall:
 
     def describe(self) -> dict:
         """The request as the GUI shows it before and after sending: every secret masked."""
-        return {"method": self.method, "url": self.redact(str(httpx.URL(self.url, params=self.params))),
+        query = f"{'&' if '?' in self.url else '?'}{urlencode(self.params)}" if self.params else ""
+        return {"method": self.method, "url": self.redact(self.url + query),
                 "headers": {k: self.redact(v) for k, v in self.headers.items()},
                 "body": self.json_body if self.json_body is not None else
                 (self.redact(self.content.decode()) if self.content else None)}
@@ -104,7 +108,7 @@ def render(config: dict, arguments: dict, secret: Callable[[str], str]) -> HttpC
     if config["body"] == "json":
         call.json_body = rest
     elif config["body"] == "form":
-        call.content = str(httpx.QueryParams(rest)).encode()
+        call.content = urlencode({name: str(value) for name, value in rest.items()}).encode()
         call.headers["Content-Type"] = "application/x-www-form-urlencoded"
     else:
         params |= rest
