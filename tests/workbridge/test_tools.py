@@ -178,3 +178,19 @@ def test_langchain_gets_the_tools_and_failures_come_back_as_messages(shop, dev, 
     assert done["path"] == "/orders/9/notes" and broken.startswith("Tool error: The arguments do not fit")
     assert missing == "Tool error: POST answered 404"
     assert Invocation.objects.filter(caller="agent:test").count() == 2
+
+
+def test_another_workspace_cannot_see_call_change_or_delete_the_tools_and_secrets(shop, dev, make_workspace,
+                                                                                  key_client):
+    tool = dev.post(TOOLS, _note_tool(shop), format="json").json()
+    secret = dev.get(SECRETS).json()["results"][0]
+    stranger = key_client("zed", make_workspace("Other", owner="zed"))
+
+    assert stranger.get(TOOLS).json()["results"] == [] and stranger.get(SECRETS).json()["results"] == []
+    assert stranger.get(f"{TOOLS}{tool['id']}/").status_code == 404
+    assert stranger.post(f"{TOOLS}{tool['id']}/invoke/", {"arguments": {"order_id": "1", "text": "x"}},
+                         format="json").status_code == 404
+    assert stranger.put(f"{TOOLS}{tool['id']}/", _note_tool(shop), format="json").status_code == 404
+    assert stranger.delete(f"{TOOLS}{tool['id']}/").status_code == 404
+    assert stranger.delete(f"{SECRETS}{secret['id']}/").status_code == 404
+    assert not Invocation.objects.exists() and dev.get(f"{TOOLS}{tool['id']}/").status_code == 200
