@@ -15,6 +15,7 @@ django_application = ASGIStaticFilesHandler(get_asgi_application())
 # The lean apps use the ORM, so they are imported once get_asgi_application() has set Django up.
 from runtime.app_api_asgi import PREFIX as APP_API_PREFIX, app as app_api_application  # noqa: E402
 from serving.gateway_asgi import PREFIX as GATEWAY_PREFIX, app as gateway_application  # noqa: E402
+from workbridge.mcp_server import PATH as MCP_PATH, app as mcp_application  # noqa: E402
 
 
 def _import_the_embedding_stack() -> None:
@@ -40,7 +41,7 @@ def _use_request_threads() -> None:
 
 
 async def application(scope, receive, send):
-    """The gateway's and the published apps' API requests skip Django's handler and middleware (a fifth of the
+    """The gateway's, the published apps' and MCP's requests skip Django's handler and middleware (a fifth of the
     gateway's TTFT; half the CPU of an app's retrieval); everything else, lifespan and websocket messages
     included, goes to Django as before."""
     _use_request_threads()
@@ -49,4 +50,6 @@ async def application(scope, receive, send):
             return await gateway_application(scope, receive, send)
         if scope["path"].startswith(APP_API_PREFIX):
             return await app_api_application(scope, receive, send)
+        if scope["path"].rstrip("/") == MCP_PATH:
+            return await mcp_application(scope, receive, send)
     return await django_application(scope, receive, send)

@@ -10,6 +10,10 @@ FACTORY_GATEWAY_URL    where workers reach the OpenAI-compatible gateway (defaul
 FACTORY_RAG_*          ingestion limits and tuning, below
 FACTORY_TRUSTED_BUNDLE_KEYS  other instances' public keys (base64, comma-separated) whose signed bundles are accepted
 FACTORY_BUNDLE_MAX_BYTES     the most data one imported bundle may unpack to (default 4 GiB)
+FACTORY_EGRESS_ALLOW   hosts and networks every workspace's tools may reach though they are not public
+FACTORY_MCP_ALLOWED_HOSTS    the names /mcp answers to (default: loopback, FACTORY_HOST, ALLOWED_HOSTS)
+FACTORY_SANDBOX        bwrap (default) or unsafe-dev: how python tools are isolated
+FACTORY_SANDBOX_MEMORY_MB, FACTORY_SANDBOX_PROCESSES  each python tool run's memory and process limits (512, 32)
 """
 
 import os
@@ -167,6 +171,17 @@ SPECTACULAR_SETTINGS = {
 # Hosts (`*.corp.example`) and networks (`10.0.0.0/8`) every workspace's user-supplied URLs may reach though they
 # are not public (workbridge/egress.py); each workspace's admins can add their own.
 EGRESS_ALLOW = [entry.strip() for entry in os.environ.get("FACTORY_EGRESS_ALLOW", "").split(",") if entry.strip()]
+# The names /mcp answers to (Host and Origin are checked against them: DNS rebinding). Loopback, FACTORY_HOST and
+# the specific ALLOWED_HOSTS by default; FACTORY_MCP_ALLOWED_HOSTS replaces the list.
+MCP_ALLOWED_HOSTS = [host for host in os.environ.get("FACTORY_MCP_ALLOWED_HOSTS", "").split(",") if host] or [
+    "127.0.0.1", "localhost", "[::1]",
+    *(host for host in [os.environ.get("FACTORY_HOST", ""), *ALLOWED_HOSTS] if host not in ("", "*", "0.0.0.0"))]
+# Python tools run under bubblewrap; `unsafe-dev` runs them without it (rlimits only), for machines without user
+# namespaces, and the GUI says so.
+SANDBOX_MODE = os.environ.get("FACTORY_SANDBOX", "bwrap")
+# Each python tool run's address space and processes (the CPU limit is its timeout).
+SANDBOX_MEMORY_MB = int(os.environ.get("FACTORY_SANDBOX_MEMORY_MB", "512"))
+SANDBOX_PROCESSES = int(os.environ.get("FACTORY_SANDBOX_PROCESSES", "32"))
 GATEWAY_URL = os.environ.get("FACTORY_GATEWAY_URL") or f"http://127.0.0.1:{os.environ.get('FACTORY_PORT', '8000')}/v1"
 
 # RAG ingestion. Embedding batches are sent `RAG_EMBED_CONCURRENCY` at a time to an embedding deployment; a local

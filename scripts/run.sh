@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/procs.lib.sh
 
 scripts/install.sh
-scripts/system-deps.sh redis
+scripts/system-deps.sh redis bwrap
 mkdir -p .run logs
 export FACTORY_DATA_DIR=${FACTORY_DATA_DIR:-$PWD/data}
 export FACTORY_HOST=${FACTORY_HOST:-127.0.0.1} FACTORY_PORT=${FACTORY_PORT:-8000}

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs the Debian packages a command needs, only when missing: redis-server, chromium.
+# Installs the Debian packages a command needs, only when missing: redis-server, chromium, bubblewrap (the python
+# tools' sandbox).
 set -euo pipefail
 missing=()
 for want in "$@"; do
   case "$want" in
     redis) command -v redis-server >/dev/null || missing+=(redis-server) ;;
     chromium) [ -x /usr/bin/chromium ] || missing+=(chromium) ;;
+    bwrap) command -v bwrap >/dev/null || missing+=(bubblewrap) ;;
     *) echo "unknown system dependency: $want" >&2; exit 2 ;;
   esac
 done

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install.sh
-scripts/system-deps.sh redis chromium
+scripts/system-deps.sh redis chromium bwrap
 
 scratch=$(mktemp -d)
 port=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

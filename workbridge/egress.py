@@ -249,3 +249,34 @@ async def pinned(client: httpx.AsyncClient, method: str, url: str, *, allowlist:
     destination = await asyncio.to_thread(check, url, allowlist)
     return client.build_request(method, destination.pinned_url, headers={**(headers or {}), **destination.headers},
                                 content=content, extensions=destination.extensions)
+
+
+class _GuardedTransport(httpx.AsyncBaseTransport):
+    """Checks and pins every request a library sends through its own client, as `request` does; redirects are
+    not followed (the client is made without them)."""
+
+    def __init__(self, allowlist: Allowlist):
+        self._allowlist = allowlist
+        self._inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            destination = await asyncio.to_thread(check, request.url, self._allowlist)
+        except EgressRefused as exc:
+            # httpx errors are what such a library expects and reports; the reason is kept.
+            raise httpx.ConnectError(str(exc), request=request) from exc
+        request.url = destination.pinned_url
+        request.headers["Host"] = destination.headers["Host"]
+        request.extensions = {**request.extensions, **destination.extensions}
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def guarded_async_client(*, allowlist: Allowlist = Allowlist(), headers: dict | None = None,
+                         timeout_s: float = DEFAULT_TIMEOUT_S) -> httpx.AsyncClient:
+    """An httpx client for a library that speaks its own protocol over HTTP (the MCP client), whose every request
+    is checked and pinned here."""
+    return httpx.AsyncClient(transport=_GuardedTransport(allowlist), headers=headers, trust_env=False,
+                             follow_redirects=False, timeout=httpx.Timeout(timeout_s))

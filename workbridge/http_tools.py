@@ -1,15 +1,18 @@
 """The http binding: a tool's config and a call's arguments turned into one HTTP request.
 
     {"method": "POST", "url": "https://api.example.com/orders/{order_id}/notes",
-     "query": ["notify"], "body": "json", "headers": {"Accept": "application/json"},
-     "auth": {"type": "bearer", "secret": "SHOP_TOKEN"}}
+     "query": {"notify": "notify"}, "header_args": {"request_id": "X-Request-Id"}, "body": "json",
+     "headers": {"Accept": "application/json"}, "auth": {"type": "bearer", "secret": "SHOP_TOKEN"}}
 
-`{argument}` placeholders in the URL are filled (URL-quoted); arguments named in `query` go to the query string; the
-rest go in a JSON or form body (`body`), or to the query string for a method without one. `auth` takes its value
-from a workspace secret: `bearer`, `header` (with `name`), `query` (with `name`) or `basic` (with `username`).
+`{argument}` placeholders in the URL are filled (URL-quoted); arguments named in `query` go to the query string and
+those in `header_args` to headers, each under its wire name (an imported spec's `page[size]` is the argument
+`page_size`); the rest go in a JSON or form body (`body`), or to the query string for a method without one.
+`body_arg` names an argument whose value is the whole body (a spec whose body is an array, say). `auth` takes its
+value from a workspace secret: `bearer`, `header` (with `name`), `query` (with `name`) or `basic` (with `username`).
 """
 
 import base64
+import json
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,12 +57,14 @@ def check_config(config: dict, parameters: dict) -> dict:
     for name in placeholders(url):
         if name not in required:
             raise ToolConfigInvalid(f"The URL uses {{{name}}}, which is not a required argument of the tool.")
-    query = config.get("query", [])
-    if not isinstance(query, list) or not set(query) <= names:
-        raise ToolConfigInvalid("'query' must list argument names of the tool.")
+    query = _wire_names(config.get("query", {}), names, "query")
+    header_args = _wire_names(config.get("header_args", {}), names, "header_args")
     body = config.get("body", "none" if method in BODILESS else "json")
     if body not in BODIES or (body != "none" and method in BODILESS):
         raise ToolConfigInvalid(f"'body' must be one of {sorted(BODIES)}, and 'none' for {method}.")
+    body_arg = config.get("body_arg")
+    if body_arg is not None and (body != "json" or body_arg not in names):
+        raise ToolConfigInvalid("'body_arg' must name an argument of the tool, with a json body.")
     headers = config.get("headers", {})
     if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in
                                                 headers.items()):
@@ -71,7 +76,20 @@ def check_config(config: dict, parameters: dict) -> dict:
         raise ToolConfigInvalid("'auth.secret' must name a workspace secret.")
     if auth["type"] in ("header", "query") and not auth.get("name"):
         raise ToolConfigInvalid(f"'auth.name' must say which {auth['type']} carries the secret.")
-    return {"method": method, "url": url, "query": query, "body": body, "headers": headers, "auth": auth}
+    checked = {"method": method, "url": url, "query": query, "header_args": header_args, "body": body,
+               "headers": headers, "auth": auth}
+    return checked | ({"body_arg": body_arg} if body_arg else {})
+
+
+def _wire_names(mapping, names: set[str], key: str) -> dict[str, str]:
+    """`{argument: name on the wire}`; a plain list of arguments sends each under its own name."""
+    if isinstance(mapping, list):
+        mapping = {name: name for name in mapping if isinstance(name, str)} if all(
+            isinstance(name, str) for name in mapping) else None
+    if not isinstance(mapping, dict) or not set(mapping) <= names or not all(
+            isinstance(wire, str) and wire for wire in mapping.values()):
+        raise ToolConfigInvalid(f"'{key}' must map argument names of the tool to the names they are sent under.")
+    return mapping
 
 
 @dataclass
@@ -103,9 +121,15 @@ def render(config: dict, arguments: dict, secret: Callable[[str], str]) -> HttpC
     in_url = placeholders(config["url"])
     url = config["url"].format(**{name: quote(str(arguments[name]), safe="") for name in in_url})
     rest = {name: value for name, value in arguments.items() if name not in in_url}
-    params = {name: rest.pop(name) for name in config["query"] if name in rest}
+    params = {wire: rest.pop(name) for name, wire in config["query"].items() if name in rest}
     call = HttpCall(method=config["method"], url=url, headers=dict(config["headers"]))
-    if config["body"] == "json":
+    for name, header in config.get("header_args", {}).items():
+        if name in rest:
+            value = rest.pop(name)
+            call.headers[header] = value if isinstance(value, str) else json.dumps(value)
+    if config.get("body_arg"):
+        call.json_body = rest.get(config["body_arg"])
+    elif config["body"] == "json":
         call.json_body = rest
     elif config["body"] == "form":
         call.content = urlencode({name: str(value) for name, value in rest.items()}).encode()

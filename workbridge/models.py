@@ -2,7 +2,7 @@ from django.conf import settings
 from django.db import models
 
 from accounts.models import Workspace
-from workbridge.vault import EncryptedTextField
+from workbridge.vault import EncryptedTextField, mask
 
 
 class EgressRule(models.Model):
@@ -25,19 +25,74 @@ class EgressRule(models.Model):
 
 class Binding(models.TextChoices):
     HTTP = "http", "HTTP request"
+    OPENAPI = "openapi", "OpenAPI operation"
+    PYTHON = "python", "Python function"
+    MCP = "mcp", "MCP server tool"
+
+
+class ApiSpec(models.Model):
+    """An imported OpenAPI or Swagger document, stored once and shared by the tools made from its operations."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="api_specs")
+    title = models.CharField(max_length=200)
+    version = models.CharField(max_length=64, blank=True)
+    # Where it came from: the URL it was fetched from, or "upload" / "pasted".
+    source = models.CharField(max_length=2000)
+    base_url = models.CharField(max_length=2000)
+    document = models.JSONField()
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.title
+
+
+class McpTransport(models.TextChoices):
+    HTTP = "http", "Streamable HTTP"
+    STDIO = "stdio", "Local command (stdio)"
+
+
+class McpServer(models.Model):
+    """An MCP server whose tools the workspace imports: reached at a URL through the egress guard, or started as a
+    local command, which only an admin may register since it runs on the platform's own machine."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="mcp_servers")
+    name = models.CharField(max_length=64)
+    transport = models.CharField(max_length=8, choices=McpTransport.choices)
+    url = models.CharField(max_length=2000, blank=True)
+    command = models.JSONField(default=list, blank=True)
+    # A workspace secret sent as `Authorization: Bearer …` to an HTTP server.
+    auth_secret = models.CharField(max_length=64, blank=True)
+    timeout_s = models.FloatField(default=30.0)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="unique_mcp_server_name")]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Tool(models.Model):
     """Something a model can call: a name and description written for the model, a JSON Schema for the arguments,
-    and a binding that says what a call does (an HTTP request, for now)."""
+    and a binding that says what a call does: an HTTP request, an operation of an imported spec, a Python function
+    run in the sandbox, or a tool of an MCP server."""
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="tools")
     name = models.CharField(max_length=64)
     description = models.TextField()
     binding = models.CharField(max_length=16, choices=Binding.choices, default=Binding.HTTP)
     parameters = models.JSONField(default=dict)
-    # The binding's own settings; for http: method, url (with {argument} placeholders), query, body, headers, auth.
+    # The binding's own settings. http and openapi: the request (workbridge/http_tools.py); python: {"code": ...};
+    # mcp: {"tool": the server's name for it}.
     config = models.JSONField(default=dict)
+    spec = models.ForeignKey(ApiSpec, on_delete=models.PROTECT, null=True, blank=True, related_name="tools")
+    mcp_server = models.ForeignKey(McpServer, on_delete=models.PROTECT, null=True, blank=True, related_name="tools")
     timeout_s = models.FloatField(default=30.0)
     max_output_bytes = models.PositiveIntegerField(default=1_048_576)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
@@ -67,6 +122,10 @@ class Secret(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def masked(self) -> str:
+        return mask(self.value)
 
 
 class InvocationStatus(models.TextChoices):

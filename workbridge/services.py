@@ -2,7 +2,7 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import IntegrityError, transaction
 from jsonschema import Draft202012Validator
@@ -13,9 +13,11 @@ from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from assets.models import AssetKind
 from assets.services import forget_asset, register_asset
-from workbridge import egress, http_tools
+from workbridge import egress, http_tools, mcp_client, sandbox
 from workbridge.egress import EgressRefused, check_entry
-from workbridge.models import Binding, EgressRule, Invocation, InvocationStatus, Secret, Tool
+from workbridge.importers import ToolDraft, curl, function_name, openapi
+from workbridge.models import (ApiSpec, Binding, EgressRule, Invocation, InvocationStatus, McpServer, McpTransport,
+                               Secret, Tool)
 from workbridge.selectors import allowlist_for
 
 TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
@@ -23,6 +25,7 @@ SECRET_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
 MAX_TOOL_TIMEOUT_S = 300.0
 MAX_TOOL_OUTPUT_BYTES = 16 * 2**20
 INVOCATION_EXCERPT_CHARS = 2000
+SPEC_MAX_BYTES = 5 * 2**20
 
 
 @transaction.atomic
@@ -65,11 +68,12 @@ class ToolResult:
         return self.invocation.status == InvocationStatus.OK
 
 
-def _check_tool(*, name: str, description: str, parameters: dict, binding: str, config: dict, timeout_s: float,
-                max_output_bytes: int) -> dict:
+def _check_tool(*, workspace: Workspace, name: str, description: str, parameters: dict, binding: str,
+                config: dict, timeout_s: float, max_output_bytes: int, spec: ApiSpec | None,
+                mcp_server: McpServer | None) -> dict:
     if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-        raise ValidationFailed("A tool's name must be a function name: letters, digits and '_', starting with a "
-                               "letter, at most 64.", fields={"name": ["Not a function name."]})
+        raise ValidationFailed(f"A tool's name must be a function name: letters, digits and '_', starting with a "
+                               f"letter, at most 64; '{name}' is not.", fields={"name": ["Not a function name."]})
     if not str(description).strip():
         raise ValidationFailed("Describe the tool for the model that will call it.",
                                fields={"description": ["This field may not be blank."]})
@@ -86,16 +90,38 @@ def _check_tool(*, name: str, description: str, parameters: dict, binding: str, 
     if not 0 < timeout_s <= MAX_TOOL_TIMEOUT_S or not 0 < max_output_bytes <= MAX_TOOL_OUTPUT_BYTES:
         raise ValidationFailed(f"The timeout must be within (0, {MAX_TOOL_TIMEOUT_S:g}] s and the output cap within "
                                f"(0, {MAX_TOOL_OUTPUT_BYTES}] bytes.")
+    for needed, given, label in ((Binding.OPENAPI, spec, "spec"), (Binding.MCP, mcp_server, "mcp_server")):
+        if (binding == needed) != (given is not None) or (given is not None and given.workspace_id != workspace.pk):
+            raise ValidationFailed(f"A tool has a {label} exactly when its binding is {needed}.",
+                                   fields={label: [f"Only for the {needed} binding, from this workspace."]})
+    if not isinstance(config, dict):
+        raise ValidationFailed("'config' must be an object.", fields={"config": ["Not an object."]})
     try:
-        return http_tools.check_config(config, parameters)
-    except http_tools.ToolConfigInvalid as exc:
+        if binding in (Binding.HTTP, Binding.OPENAPI):
+            return http_tools.check_config(config, parameters) | (
+                {"operation": str(config.get("operation", ""))[:200]} if binding == Binding.OPENAPI else {})
+        if binding == Binding.PYTHON:
+            _require_sandbox()
+            sandbox.check_code(config.get("code"))
+            return {"code": config["code"]}
+    except (http_tools.ToolConfigInvalid, sandbox.SandboxCodeInvalid) as exc:
         raise ValidationFailed(str(exc), fields={"config": [str(exc)]})
+    if not isinstance(config.get("tool"), str) or not config["tool"]:
+        raise ValidationFailed("An mcp tool's config names the server's tool: {\"tool\": \"name\"}.",
+                               fields={"config": ["'tool' is missing."]})
+    return {"tool": config["tool"]}
+
+
+def _require_sandbox() -> None:
+    available, reason = sandbox.availability()
+    if not available:
+        raise ValidationFailed(reason, fields={"binding": [reason]})
 
 
 def _register(actor: Actor, tool: Tool) -> None:
     payload = {"name": tool.name, "description": tool.description, "binding": tool.binding,
                "parameters": tool.parameters, "config": tool.config, "timeout_s": tool.timeout_s,
-               "max_output_bytes": tool.max_output_bytes}
+               "max_output_bytes": tool.max_output_bytes, "spec": tool.spec_id, "mcp_server": tool.mcp_server_id}
     register_asset(workspace=tool.workspace, kind=AssetKind.TOOL, ref_id=tool.pk, name=tool.name, payload=payload,
                    summary={"binding": tool.binding, "method": tool.config.get("method")}, actor=actor)
 
@@ -103,13 +129,16 @@ def _register(actor: Actor, tool: Tool) -> None:
 @transaction.atomic
 def save_tool(*, actor: Actor, workspace: Workspace, tool: Tool | None = None, name: str, description: str,
               parameters: dict, config: dict, binding: str = Binding.HTTP, timeout_s: float = 30.0,
-              max_output_bytes: int = 1_048_576) -> Tool:
+              max_output_bytes: int = 1_048_576, spec: ApiSpec | None = None,
+              mcp_server: McpServer | None = None) -> Tool:
     """Create a tool, or change `tool`: each change that alters it is a new version in the asset registry."""
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
-    config = _check_tool(name=name, description=description, parameters=parameters, binding=binding, config=config,
-                         timeout_s=timeout_s, max_output_bytes=max_output_bytes)
+    config = _check_tool(workspace=workspace, name=name, description=description, parameters=parameters,
+                         binding=binding, config=config, timeout_s=timeout_s, max_output_bytes=max_output_bytes,
+                         spec=spec, mcp_server=mcp_server)
     fields = {"name": name, "description": description.strip(), "binding": binding, "parameters": parameters,
-              "config": config, "timeout_s": timeout_s, "max_output_bytes": max_output_bytes}
+              "config": config, "timeout_s": timeout_s, "max_output_bytes": max_output_bytes, "spec": spec,
+              "mcp_server": mcp_server}
     try:
         with transaction.atomic():
             if tool is None:
@@ -119,7 +148,7 @@ def save_tool(*, actor: Actor, workspace: Workspace, tool: Tool | None = None, n
                     setattr(tool, key, value)
                 tool.save()
     except IntegrityError:
-        raise Conflict(f"This workspace already has a tool called '{name}'.")
+        raise Conflict(f"This workspace already has a tool called '{name}'.", fields={"name": ["Taken."]})
     _register(actor, tool)
     record_audit(actor=actor, workspace=workspace, action="tool.save", target=tool, detail={"name": name})
     return tool
@@ -172,10 +201,246 @@ def _excerpt(output) -> str:
     return text[:INVOCATION_EXCERPT_CHARS]
 
 
+@dataclass(frozen=True)
+class SpecPreview:
+    document: dict
+    source: str
+    base_url: str
+    drafts: list[ToolDraft]
+    # Operations no tool can be made of, with the reason: {"operation": "POST /upload", "reason": ...}.
+    skipped: list[dict]
+
+    @property
+    def title(self) -> str:
+        return str((self.document.get("info") or {}).get("title") or "Untitled API")[:200]
+
+    @property
+    def version(self) -> str:
+        return str((self.document.get("info") or {}).get("version") or "")[:64]
+
+
+def _spec_text(*, workspace: Workspace, text: str, url: str) -> str:
+    if bool(text) == bool(url):
+        raise ValidationFailed("Give the spec as a file, as pasted text, or as a URL: one of them.",
+                               fields={"spec": ["Exactly one of text and url."]})
+    if text:
+        return text
+    try:
+        answer = egress.request("GET", url, allowlist=allowlist_for(workspace_id=workspace.pk),
+                                headers={"Accept": "application/json, application/yaml, text/yaml, */*"},
+                                max_bytes=SPEC_MAX_BYTES)
+    except egress.EgressRefused as exc:
+        raise ValidationFailed(str(exc), fields={"url": [str(exc)]})
+    if answer.status_code >= 400:
+        raise ValidationFailed(f"{url} answered {answer.status_code}.", fields={"url": ["Not fetched."]})
+    return answer.text
+
+
+def preview_spec(*, actor: Actor, workspace: Workspace, text: str = "", url: str = "", base_url: str = "",
+                 source: str = "pasted") -> SpecPreview:
+    """An OpenAPI 3.x or Swagger 2.0 spec (JSON or YAML, as text or fetched from `url` through the egress guard)
+    read, validated and turned into one draft tool per operation, for the user to pick, rename and edit."""
+    require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    spec_text = _spec_text(workspace=workspace, text=text, url=url)
+    try:
+        document = openapi.load_spec(spec_text)
+        drafts, skipped = openapi.drafts(document, base_url=base_url or None)
+    except openapi.BaseUrlNeeded as exc:
+        raise ValidationFailed(str(exc), fields={"base_url": [str(exc)]})
+    except openapi.ImportInvalid as exc:
+        raise ValidationFailed(f"The spec cannot be imported: {exc}", fields={"spec": [str(exc)]})
+    return SpecPreview(document=document, source=url or source, base_url=base_url, drafts=drafts, skipped=skipped)
+
+
+@transaction.atomic
+def import_spec(*, actor: Actor, workspace: Workspace, text: str = "", url: str = "", base_url: str = "",
+                source: str = "pasted", operations: list[dict] | None = None) -> ApiSpec:
+    """Store the spec once and make an `openapi` tool of each chosen operation (`{"operation": "GET /pets",
+    "name": ..., "description": ...}`, name and description optional; all operations when None). A name already
+    taken in the workspace fails the whole import."""
+    preview = preview_spec(actor=actor, workspace=workspace, text=text, url=url, base_url=base_url, source=source)
+    by_operation = {draft.operation: draft for draft in preview.drafts}
+    chosen = operations if operations is not None else [{"operation": key} for key in by_operation]
+    unknown = [str(choice.get("operation")) for choice in chosen if choice.get("operation") not in by_operation]
+    if unknown or not chosen:
+        message = f"The spec has no operation {', '.join(unknown)}." if unknown else "Choose at least one operation."
+        raise ValidationFailed(message, fields={"operations": [message]})
+    spec = ApiSpec.objects.create(workspace=workspace, title=preview.title, version=preview.version,
+                                  source=preview.source[:2000], base_url=base_url[:2000],
+                                  document=preview.document, created_by=actor.user)
+    for choice in chosen:
+        draft = by_operation[choice["operation"]]
+        save_tool(actor=actor, workspace=workspace, name=choice.get("name") or draft.name,
+                  description=choice.get("description") or draft.description, parameters=draft.parameters,
+                  config=draft.config | {"operation": draft.operation}, binding=Binding.OPENAPI, spec=spec)
+    record_audit(actor=actor, workspace=workspace, action="api_spec.import", target=spec,
+                 detail={"title": spec.title, "tools": len(chosen)})
+    return spec
+
+
+@transaction.atomic
+def delete_spec(*, actor: Actor, spec: ApiSpec) -> None:
+    """The spec goes with the tools made from it."""
+    require_role(actor=actor, workspace=spec.workspace, role=Role.DEVELOPER)
+    for tool in spec.tools.all():
+        delete_tool(actor=actor, tool=tool)
+    record_audit(actor=actor, workspace=spec.workspace, action="api_spec.delete", target=spec,
+                 detail={"title": spec.title})
+    spec.delete()
+
+
+def preview_curl(*, actor: Actor, workspace: Workspace, command: str) -> ToolDraft:
+    require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    try:
+        return curl.draft_from_curl(command)
+    except curl.ImportInvalid as exc:
+        raise ValidationFailed(str(exc), fields={"command": [str(exc)]})
+
+
+@transaction.atomic
+def import_curl(*, actor: Actor, workspace: Workspace, command: str, name: str = "", description: str = "") -> Tool:
+    """One cURL command made an http tool. Credentials in it (a bearer token, a password, an API-key header)
+    become workspace secrets the tool refers to; a secret of that name holding another value is kept, and the new
+    one gets a free name."""
+    draft = preview_curl(actor=actor, workspace=workspace, command=command)
+    config = dict(draft.config)
+    for secret_name, value in draft.secrets.items():
+        stored = _free_secret_name(workspace, secret_name, value)
+        set_secret(actor=actor, workspace=workspace, name=stored, value=value)
+        if config.get("auth", {}).get("secret") == secret_name:
+            config["auth"] = config["auth"] | {"secret": stored}
+    return save_tool(actor=actor, workspace=workspace, name=name or draft.name,
+                     description=description or draft.description, parameters=draft.parameters, config=config)
+
+
+def _free_secret_name(workspace: Workspace, name: str, value: str) -> str:
+    candidate, number = name, 1
+    while (held := Secret.objects.filter(workspace=workspace, name=candidate).first()) and held.value != value:
+        number += 1
+        candidate = f"{name[:60]}_{number}"
+    return candidate
+
+
+def _connection(server: McpServer) -> mcp_client.Connection:
+    headers = {"Authorization": f"Bearer {_secret_of(server.workspace)(server.auth_secret)}"} \
+        if server.auth_secret else {}
+    return mcp_client.Connection(transport=server.transport, url=server.url, command=tuple(server.command),
+                                 headers=headers, allowlist=allowlist_for(workspace_id=server.workspace_id),
+                                 timeout_s=server.timeout_s)
+
+
+def _redactor(server: McpServer) -> Callable[[str], str]:
+    if not server.auth_secret:
+        return str
+    value = Secret.objects.filter(workspace=server.workspace, name=server.auth_secret).first()
+    return (lambda text: text.replace(value.value, http_tools.MASK)) if value else str
+
+
+@transaction.atomic
+def save_mcp_server(*, actor: Actor, workspace: Workspace, server: McpServer | None = None, name: str,
+                    transport: str, url: str = "", command: list[str] | None = None, auth_secret: str = "",
+                    timeout_s: float = 30.0) -> McpServer:
+    """Register (or change) an MCP server. A URL must pass the egress guard now, not first at a call; a local
+    command runs on the platform's machine with its rights, so only an admin may register one."""
+    require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    if not isinstance(name, str) or not SECRET_NAME.fullmatch(name):
+        raise ValidationFailed("An MCP server's name is letters, digits and '_' (at most 64).",
+                               fields={"name": ["Invalid name."]})
+    command = list(command or [])
+    if transport == McpTransport.HTTP:
+        try:
+            egress.check(url, allowlist_for(workspace_id=workspace.pk))
+        except egress.EgressRefused as exc:
+            raise ValidationFailed(str(exc), fields={"url": [str(exc)]})
+        command = []
+    elif transport == McpTransport.STDIO:
+        require_role(actor=actor, workspace=workspace, role=Role.ADMIN)
+        if not command or not all(isinstance(part, str) and part for part in command):
+            raise ValidationFailed("A stdio server needs its command as a list of words, e.g. "
+                                   "[\"python\", \"-m\", \"my_server\"].", fields={"command": ["Missing."]})
+        url = ""
+    else:
+        raise ValidationFailed(f"'transport' must be one of {McpTransport.values}.",
+                               fields={"transport": ["Unknown transport."]})
+    if auth_secret and not Secret.objects.filter(workspace=workspace, name=auth_secret).exists():
+        raise ValidationFailed(f"This workspace has no secret '{auth_secret}'.", fields={"auth_secret": ["Unknown."]})
+    if not 0 < timeout_s <= MAX_TOOL_TIMEOUT_S:
+        raise ValidationFailed(f"The timeout must be within (0, {MAX_TOOL_TIMEOUT_S:g}] s.",
+                               fields={"timeout_s": ["Out of range."]})
+    fields = {"name": name, "transport": transport, "url": url, "command": command, "auth_secret": auth_secret,
+              "timeout_s": timeout_s}
+    try:
+        with transaction.atomic():
+            if server is None:
+                server = McpServer.objects.create(workspace=workspace, created_by=actor.user, **fields)
+            else:
+                McpServer.objects.filter(pk=server.pk).update(**fields)
+                server.refresh_from_db()
+    except IntegrityError:
+        raise Conflict(f"This workspace already has an MCP server called '{name}'.", fields={"name": ["Taken."]})
+    record_audit(actor=actor, workspace=workspace, action="mcp_server.save", target=server,
+                 detail={"name": name, "transport": transport, "url": url, "command": command})
+    return server
+
+
+@transaction.atomic
+def delete_mcp_server(*, actor: Actor, server: McpServer) -> None:
+    """The server goes with the tools imported from it."""
+    require_role(actor=actor, workspace=server.workspace,
+                 role=Role.ADMIN if server.transport == McpTransport.STDIO else Role.DEVELOPER)
+    for tool in server.tools.all():
+        delete_tool(actor=actor, tool=tool)
+    record_audit(actor=actor, workspace=server.workspace, action="mcp_server.delete", target=server,
+                 detail={"name": server.name})
+    server.delete()
+
+
+def mcp_server_tools(*, actor: Actor, server: McpServer) -> list[mcp_client.RemoteTool]:
+    """The tools the server offers now; an unreachable server is a 400 with the reason."""
+    require_role(actor=actor, workspace=server.workspace, role=Role.DEVELOPER)
+    try:
+        return mcp_client.list_tools(_connection(server))
+    except mcp_client.McpUnreachable as exc:
+        raise ValidationFailed(_redactor(server)(str(exc)))
+
+
+@transaction.atomic
+def import_mcp_tools(*, actor: Actor, server: McpServer, names: list[str] | None = None) -> list[Tool]:
+    """Import the server's tools named (all when None) as `mcp` tools; a remote name that is not a function name
+    is imported under a sanitised one. Importing a tool again updates it."""
+    offered = {remote.name: remote for remote in mcp_server_tools(actor=actor, server=server)}
+    missing = sorted(set(names or []) - set(offered))
+    if missing:
+        raise ValidationFailed(f"The server offers no tool {', '.join(missing)}.", fields={"tools": missing})
+    imported = []
+    for remote in (offered[name] for name in (names if names is not None else offered)):
+        existing = server.tools.filter(config__tool=remote.name).first()
+        local = existing.name if existing else function_name(remote.name)
+        schema = remote.input_schema if remote.input_schema.get("type") == "object" else {"type": "object"}
+        imported.append(save_tool(actor=actor, workspace=server.workspace, tool=existing, name=local,
+                                  description=remote.description or f"{remote.name} on {server.name}",
+                                  parameters=schema, binding=Binding.MCP, config={"tool": remote.name},
+                                  timeout_s=server.timeout_s, mcp_server=server))
+    return imported
+
+
+@dataclass
+class _Outcome:
+    output: object = None
+    error: str = ""
+    http_status: int | None = None
+    request: dict = field(default_factory=dict)
+    redact: Callable[[str], str] = str
+
+    @property
+    def status(self) -> str:
+        return InvocationStatus.FAILED if self.error else InvocationStatus.OK
+
+
 def invoke_tool(*, actor: Actor, tool: Tool, arguments: dict, caller: str) -> ToolResult:
     """Call the tool once and record the call. Arguments that break its schema are a ToolArgumentsInvalid (400);
-    anything that goes wrong on the way out (a refused host, a timeout, a cap, an error status) is a failed
-    invocation with its reason, returned, never raised."""
+    anything that goes wrong on the way out (a refused host, a timeout, a cap, an error status, an exception in
+    the code) is a failed invocation with its reason, returned, never raised."""
     require_role(actor=actor, workspace=tool.workspace, role=Role.DEVELOPER)
     if not isinstance(arguments, dict):
         raise ToolArgumentsInvalid("The arguments must be a JSON object.", fields={"arguments": ["Not an object."]})
@@ -184,27 +449,60 @@ def invoke_tool(*, actor: Actor, tool: Tool, arguments: dict, caller: str) -> To
         where = "/".join(str(part) for part in problems[0].absolute_path) or "arguments"
         raise ToolArgumentsInvalid(f"The arguments do not fit the tool's schema at {where}: {problems[0].message}",
                                    fields={"arguments": [problems[0].message]})
-    call = http_tools.render(tool.config, arguments, _secret_of(tool.workspace))
     started = time.perf_counter()
-    status, output, error, http_status = InvocationStatus.OK, None, "", None
+    outcome = _CALLS[tool.binding](tool, arguments)
+    latency_ms = (time.perf_counter() - started) * 1000
+    redact = outcome.redact
+    invocation = Invocation.objects.create(
+        tool=tool, caller=caller[:64], actor=actor.user, arguments=json.loads(redact(json.dumps(arguments))),
+        status=outcome.status, http_status=outcome.http_status, latency_ms=latency_ms,
+        error=redact(outcome.error)[:INVOCATION_EXCERPT_CHARS],
+        result_excerpt=redact(_excerpt(outcome.output)) if outcome.output is not None else "")
+    return ToolResult(invocation=invocation, output=outcome.output, request=outcome.request)
+
+
+def _call_http(tool: Tool, arguments: dict) -> _Outcome:
+    call = http_tools.render(tool.config, arguments, _secret_of(tool.workspace))
+    outcome = _Outcome(request=call.describe(), redact=call.redact)
     try:
         answer = egress.request(call.method, call.url, params=call.params, headers=call.headers,
                                 json_body=call.json_body, content=call.content, timeout_s=tool.timeout_s,
                                 max_bytes=tool.max_output_bytes,
                                 allowlist=allowlist_for(workspace_id=tool.workspace_id))
-        http_status = answer.status_code
-        output = _output_of(answer)
-        if answer.status_code >= 400:
-            status, error = InvocationStatus.FAILED, f"{call.method} answered {answer.status_code}"
     except egress.EgressRefused as exc:
-        status, error = InvocationStatus.FAILED, str(exc)
-    latency_ms = (time.perf_counter() - started) * 1000
-    invocation = Invocation.objects.create(
-        tool=tool, caller=caller[:64], actor=actor.user, arguments=json.loads(call.redact(json.dumps(arguments))),
-        status=status,
-        http_status=http_status, latency_ms=latency_ms, error=call.redact(error),
-        result_excerpt=call.redact(_excerpt(output)) if output is not None else "")
-    return ToolResult(invocation=invocation, output=output, request=call.describe())
+        outcome.error = str(exc)
+        return outcome
+    outcome.http_status, outcome.output = answer.status_code, _output_of(answer)
+    if answer.status_code >= 400:
+        outcome.error = f"{call.method} answered {answer.status_code}"
+    return outcome
+
+
+def _call_python(tool: Tool, arguments: dict) -> _Outcome:
+    try:
+        result = sandbox.run_python(tool.config["code"], arguments, timeout_s=tool.timeout_s,
+                                    max_output_bytes=tool.max_output_bytes)
+    except sandbox.SandboxUnavailable as exc:
+        return _Outcome(error=str(exc), request={"sandbox": sandbox.mode()})
+    return _Outcome(output=result.output, error=result.error,
+                    request={"sandbox": sandbox.mode(), "stdout": result.stdout, "stderr": result.stderr})
+
+
+def _call_mcp(tool: Tool, arguments: dict) -> _Outcome:
+    server = tool.mcp_server
+    request = {"server": server.name, "tool": tool.config["tool"], "arguments": arguments}
+    try:
+        reply = mcp_client.call_tool(_connection(server), tool.config["tool"], arguments, timeout_s=tool.timeout_s)
+    except mcp_client.McpUnreachable as exc:
+        return _Outcome(error=str(exc), request=request, redact=_redactor(server))
+    text = json.dumps(reply.output, ensure_ascii=False) if not isinstance(reply.output, str) else reply.output
+    if len(text.encode()) > tool.max_output_bytes:
+        return _Outcome(error=f"The answer is larger than {tool.max_output_bytes} bytes.", request=request)
+    return _Outcome(output=reply.output, error=reply.error, request=request, redact=_redactor(server))
+
+
+_CALLS: dict[str, Callable[[Tool, dict], _Outcome]] = {
+    Binding.HTTP: _call_http, Binding.OPENAPI: _call_http, Binding.PYTHON: _call_python, Binding.MCP: _call_mcp}
 
 
 def _output_of(answer: egress.Answer):

@@ -1,11 +1,13 @@
 """The egress guard: every address form it must refuse, allowlists, pinning against DNS rebinding, redirects, size and
 time caps. No network: a local server on loopback (allowlisted where a test needs it) and scripted DNS."""
 
+import asyncio
 import ipaddress
 import re
 import time
 from http.server import BaseHTTPRequestHandler
 
+import httpx
 import pytest
 
 from tests.conftest import ROOT, free_port, local_http_server
@@ -147,6 +149,21 @@ def test_each_redirect_hop_is_checked_again(endpoint, dns):
                               f"{base}/redirect?to={base}/redirect?to={base}/ok", allowlist=LOOPBACK)
 
 
+def test_a_library_s_own_requests_are_checked_and_pinned_by_the_guarded_client(endpoint, dns):
+    """The MCP client sends its requests through egress.guarded_async_client: the same checks, the same pinning."""
+    answers, lookups = dns
+    answers["rebind.test"] = [["127.0.0.1"], ["169.254.169.254"]]
+
+    async def fetch(url: str, allowlist: Allowlist = LOOPBACK):
+        async with egress.guarded_async_client(allowlist=allowlist) as client:
+            return await client.get(url)
+
+    pinned = asyncio.run(fetch(f"http://rebind.test:{endpoint}/host"))
+    assert pinned.text == f"rebind.test:{endpoint}" and lookups == ["rebind.test"]
+    with pytest.raises(httpx.ConnectError, match="not a public address"):
+        asyncio.run(fetch(f"http://127.0.0.1:{endpoint}/host", Allowlist()))
+
+
 def test_answers_are_capped_in_size_and_time(endpoint):
     with pytest.raises(EgressRefused, match="larger than 1048576 bytes"):
         egress.request("GET", f"http://127.0.0.1:{endpoint}/big", allowlist=LOOPBACK, max_bytes=2**20)
@@ -171,9 +188,10 @@ DIRECT_HTTP = {
     "serving/engines/llamacpp.py": "a local llama-server's /props, /metrics and /slots",
     "rag_studio/gateway_client.py": "the platform's own gateway (settings.GATEWAY_URL)",
     "rag_studio/embedding.py": "the platform's own gateway (settings.GATEWAY_URL)",
+    "workbridge/mcp_client.py": "MCP servers: an HTTP one through egress.guarded_async_client",
 }
 OPENS_HTTP = re.compile(r"^\s*(import|from)\s+(httpx|requests|urllib3|aiohttp|openai|langchain_openai|urllib\.request"
-                        r"|http\.client)\b")
+                        r"|http\.client|mcp\.client)\b")
 
 
 def test_no_module_outside_the_egress_guard_and_the_engines_opens_http_itself():

@@ -25,7 +25,7 @@ class Echo(BaseHTTPRequestHandler):
         if self.path.startswith("/slow"):
             time.sleep(2)
         body = json.dumps({"method": self.command, "path": self.path, "auth": self.headers.get("Authorization"),
-                           "key": self.headers.get("X-Api-Key"),
+                           "key": self.headers.get("X-Api-Key"), "request_id": self.headers.get("X-Request-Id"),
                            "body": self.rfile.read(length).decode() if length else None}).encode()
         self.send_response(404 if "missing" in self.path else 200)
         self.send_header("Content-Type", "application/json")
@@ -94,6 +94,23 @@ def test_secrets_are_shown_masked_and_a_header_or_query_key_is_masked_too(shop, 
     assert called["output"]["key"] == TOKEN and called["request"]["headers"]["X-Api-Key"] == "••••••••"
 
 
+def test_arguments_go_out_under_their_wire_names_in_the_query_and_headers_and_one_can_be_the_whole_body(shop, dev):
+    """What an imported spec needs: `page[size]` is not an argument name, a header parameter, an array body."""
+    tool = dev.post(TOOLS, {
+        "name": "tag_orders", "description": "Tag orders.",
+        "parameters": {"type": "object", "required": ["orders"], "properties": {
+            "page_size": {"type": "integer"}, "request_id": {"type": "string"},
+            "orders": {"type": "array", "items": {"type": "string"}}}},
+        "config": {"method": "POST", "url": f"{shop}/orders/tags", "query": {"page_size": "page[size]"},
+                   "header_args": {"request_id": "X-Request-Id"}, "body_arg": "orders"}}, format="json").json()
+
+    echoed = dev.post(f"{TOOLS}{tool['id']}/invoke/", {"arguments": {
+        "page_size": 5, "request_id": "req-1", "orders": ["A1", "B2"]}}, format="json").json()["output"]
+
+    assert echoed["path"] == "/orders/tags?page%5Bsize%5D=5" and echoed["request_id"] == "req-1"
+    assert json.loads(echoed["body"]) == ["A1", "B2"]
+
+
 @pytest.mark.parametrize("change, message", [
     ({"name": "add note"}, "function name"),
     ({"description": " "}, "may not be blank"),
@@ -106,6 +123,11 @@ def test_secrets_are_shown_masked_and_a_header_or_query_key_is_masked_too(shop, 
     ({"config": {"method": "GET", "url": "http://x.example/", "body": "json"}}, "'none' for GET"),
     ({"config": {"method": "GET", "url": "http://x.example/", "auth": {"type": "bearer"}}}, "'auth.secret'"),
     ({"timeout_s": 0}, "The timeout must be within"),
+    ({"config": {"method": "GET", "url": "http://x.example/", "query": {"nope": "q"}}}, "'query' must map"),
+    ({"config": {"method": "GET", "url": "http://x.example/", "header_args": {"text": ""}}}, "'header_args' must map"),
+    ({"config": {"method": "POST", "url": "http://x.example/", "body_arg": "nope"}}, "'body_arg' must name"),
+    ({"binding": "openapi"}, "has a spec exactly when"),
+    ({"binding": "mcp", "config": {"tool": "x"}}, "has a mcp_server exactly when"),
 ])
 def test_a_tool_that_cannot_work_is_refused_when_saved(shop, dev, change, message):
     response = dev.post(TOOLS, _note_tool(shop) | change, format="json")

@@ -1,0 +1,27 @@
+"""A small MCP server for the tests, built with the official SDK's FastMCP:
+`python mcp_fixture.py stdio`, or `python mcp_fixture.py http PORT` for streamable HTTP on loopback."""
+
+import sys
+
+from mcp.server.fastmcp import FastMCP
+
+server = FastMCP("inventory", host="127.0.0.1", port=int(sys.argv[2]) if len(sys.argv) > 2 else 8000)
+
+
+@server.tool(name="stock-level", description="How many units of a SKU are in stock.")
+def stock_level(sku: str, warehouse: str = "main") -> dict:
+    return {"sku": sku, "warehouse": warehouse, "units": len(sku) * 7}
+
+
+@server.tool(description="Greet someone by name.")
+def greet(name: str) -> str:
+    return f"你好, {name}!"
+
+
+@server.tool(description="Always fails.")
+def broken() -> str:
+    raise RuntimeError("the warehouse system is down")
+
+
+if __name__ == "__main__":
+    server.run(transport="streamable-http" if sys.argv[1] == "http" else "stdio")
