@@ -38,6 +38,7 @@ urlpatterns = [
     path("", include(cluster.urls.urlpatterns)),
     path("", include(assets.urls.urlpatterns)),
     path("", include(serving.urls.urlpatterns)),
+    path("", include(workbridge.urls.urlpatterns)),
     path("", include(rag_studio.urls.urlpatterns)),
     path("", include(runtime.urls.urlpatterns)),
 ]

@@ -13,7 +13,6 @@ from cluster.selectors import nodes, pool_summary
 
 SECTIONS = {
     "agents": ("Agent Studio", "Agents with tools, memory, planning and multi-agent teams."),
-    "tools": ("Work Bridge", "Tools from HTTP endpoints, OpenAPI specs, sandboxed code and MCP servers."),
 }
 
 
