@@ -76,7 +76,7 @@ def bench_workspace() -> tuple[Actor, Workspace]:
     call_command("migrate", verbosity=0)
     # Only the embedding preset: presets.register_presets would also assemble and register the Gemma GGUF
     # (~35 s of setup), which nothing here uses. Same locate function and role as register_presets.
-    locate, role = presets.PRESETS[presets.MINILM]
+    locate, role, _template = presets.PRESETS[presets.MINILM]
     register_model(actor=SYSTEM, workspace=None, name=presets.MINILM, path=str(locate()), role_hint=role)
     actor = Actor(user=get_user_model().objects.create_user(username="bench"))
     return actor, create_workspace(actor=actor, name="Bench")
