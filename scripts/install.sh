@@ -13,9 +13,13 @@ CACHE=${FACTORY_CACHE_DIR:-$HOME/.cache/aifactory}
 CONSTRAINTS=requirements/constraints.txt
 stamp=".venv/.installed-$(cat pyproject.toml "$CONSTRAINTS" scripts/build-llama.sh | sha256sum | cut -c1-16)"
 
-if [ -f "$stamp" ] && [ -x .venv/bin/llama-server ] && [ -x .venv/bin/llama-quantize ]; then
-  exit 0
-fi
+installed() { [ -f "$stamp" ] && [ -x .venv/bin/llama-server ] && [ -x .venv/bin/llama-quantize ]; }
+installed && exit 0
+# One install at a time: `make run` and `make test` started together must not run pip over each other.
+mkdir -p .venv
+exec 9>.venv/.install.lock
+flock 9
+installed && exit 0
 command -v "$PYTHON" >/dev/null || { echo "error: $PYTHON not found; AI Factory needs Python 3.11." >&2; exit 1; }
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 
