@@ -188,6 +188,8 @@ GATEWAY_URL = os.environ.get("FACTORY_GATEWAY_URL") or f"http://127.0.0.1:{os.en
 # sentence-transformers model uses that many torch threads instead, unless FACTORY_TORCH_THREADS says otherwise
 # (the web server sets 1 per worker process: see scripts/proc.sh).
 RAG_UPLOAD_MAX_BYTES = int(os.environ.get("FACTORY_RAG_UPLOAD_MAX_BYTES", str(50 * 1024 * 1024)))
+# The most a DOCX/XLSX may unpack to (their readers hold it all in memory): an archive declaring more is refused.
+RAG_MAX_UNPACKED_BYTES = int(os.environ.get("FACTORY_RAG_MAX_UNPACKED_BYTES", str(256 * 1024 * 1024)))
 RAG_EMBED_BATCH_SIZE = int(os.environ.get("FACTORY_RAG_EMBED_BATCH_SIZE", "32"))
 RAG_EMBED_CONCURRENCY = int(os.environ.get("FACTORY_RAG_EMBED_CONCURRENCY", "2"))
 TORCH_THREADS = int(os.environ.get("FACTORY_TORCH_THREADS") or RAG_EMBED_CONCURRENCY)

@@ -7,6 +7,7 @@ Structure that a chunker can use survives as Markdown: DOCX and HTML headings be
 import csv
 import io
 import re
+import zipfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,8 +19,10 @@ import openpyxl
 from bs4 import BeautifulSoup, Tag
 from bs4.element import PreformattedString
 from charset_normalizer import from_bytes
+from django.conf import settings
 from docx.table import Table
 from docx.text.paragraph import Paragraph
+from openpyxl.worksheet._reader import WorkSheetParser
 from pypdf import PasswordType, PdfReader
 
 
@@ -31,7 +34,8 @@ class ParsedPage:
 
 class ParseError(Exception):
     """A file that cannot be ingested. `code` is machine-readable; str(exc) and `.reason` are sentences a user can
-    read. Codes: unsupported_type, empty_file, encrypted_pdf, corrupt_file, wrong_encoding, no_text."""
+    read. Codes: unsupported_type, empty_file, encrypted_pdf, corrupt_file, wrong_encoding, no_text,
+    archive_bomb."""
 
     def __init__(self, code: str, reason: str):
         super().__init__(reason)
@@ -58,6 +62,12 @@ MAX_ENCODING_CHAOS = 0.1
 # Control characters that never occur in text; a stray form feed or DOS end-of-file mark is tolerated.
 _BINARY_CONTROLS = re.compile(r"[\x00-\x08\x0e-\x19\x1b-\x1f\x7f]")
 _BOMS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
+# DOCX and XLSX are zip archives: a few KB can declare gigabytes of XML. Their readers load it whole, so the
+# archive is checked first. Real documents stay far below these; bombs are compressed a thousand times or more.
+MAX_ARCHIVE_MEMBERS = 10_000
+MAX_COMPRESSION_RATIO = 200
+RATIO_CHECKED_ABOVE_BYTES = 1 << 20  # small members (styles, a short sheet) may compress as well as they like
+ARCHIVE_KINDS = ("docx", "xlsx")
 
 _BOILERPLATE_HTML_TAGS = ["head", "script", "style", "noscript", "template", "nav", "header", "footer"]
 _HEADING_HTML_TAGS = ["h1", "h2", "h3", "h4", "h5", "h6"]
@@ -81,6 +91,8 @@ def parse_document(path: Path, filename: str) -> list[ParsedPage]:
     kind = file_kind(filename)
     if path.stat().st_size == 0:
         raise ParseError("empty_file", "The file is empty (0 bytes).")
+    if kind in ARCHIVE_KINDS:
+        check_archive(path, kind)
     pages = PARSERS[kind](path)
     if not any(page.text.strip() for page in pages):
         raise ParseError("no_text", "The file contains no text to ingest.")
@@ -96,6 +108,35 @@ def _reading(reason: str) -> Iterator[None]:
         raise
     except Exception as exc:  # the readers raise many kinds of errors on truncated or mislabelled files
         raise ParseError("corrupt_file", reason) from exc
+
+
+def check_archive(path: Path, kind: str) -> None:
+    """Refuse a DOCX/XLSX whose zip would unpack to more than the reader should hold: too many members, too many
+    bytes in all, or a member inflating far more than documents do. The sizes are the archive's own declarations,
+    which zipfile enforces when it inflates (it stops at the declared size), so they are upper bounds."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return  # not a zip at all: its reader says so in its own words
+    if len(members) > MAX_ARCHIVE_MEMBERS:
+        raise ParseError("archive_bomb", f"The {kind.upper()} holds {len(members)} files; documents hold far "
+                                         f"fewer (the limit is {MAX_ARCHIVE_MEMBERS}).")
+    total = sum(member.file_size for member in members)
+    limit = settings.RAG_MAX_UNPACKED_BYTES
+    if total > limit:
+        raise ParseError("archive_bomb", f"The {kind.upper()} would unpack to {_size(total)}; the limit is "
+                                         f"{_size(limit)} (FACTORY_RAG_MAX_UNPACKED_BYTES).")
+    for member in members:
+        ratio = member.file_size / max(1, member.compress_size)
+        if member.file_size > RATIO_CHECKED_ABOVE_BYTES and ratio > MAX_COMPRESSION_RATIO:
+            raise ParseError("archive_bomb", f"{member.filename} inside the {kind.upper()} inflates {ratio:,.0f} "
+                                             f"times (to {_size(member.file_size)}); documents compress at most "
+                                             f"about {MAX_COMPRESSION_RATIO} times.")
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**20:,.1f} MiB" if count >= 2**20 else f"{count / 2**10:,.0f} KiB"
 
 
 # --- PDF ---
@@ -225,15 +266,33 @@ def _csv_dialect(text: str) -> type[csv.Dialect]:
 
 
 def _parse_xlsx(path: Path) -> list[ParsedPage]:
-    with _reading("The file is not a valid Excel workbook (.xlsx); older .xls files must be saved as .xlsx first."):
-        workbook = openpyxl.load_workbook(path, read_only=True, data_only=True)
+    # An open file, not the path: uploads are stored under their sha256 without an extension, and openpyxl refuses
+    # a path that does not end in .xlsx.
+    with _reading("The file is not a valid Excel workbook (.xlsx); older .xls files must be saved as .xlsx first."), \
+            path.open("rb") as stream:
+        workbook = openpyxl.load_workbook(stream, read_only=True, data_only=True)
         try:
-            sheets = [(sheet.title, [[_cell_text(value) for value in row] for row in sheet.iter_rows(values_only=True)])
-                      for sheet in workbook.worksheets]
+            sheets = [(sheet.title, list(_sheet_rows(workbook, sheet))) for sheet in workbook.worksheets]
         finally:
             workbook.close()
     return [ParsedPage(f"## Sheet: {title}\n\n" + "\n".join(records), None)
-            for title, rows in sheets if (records := _records(rows))]
+            for title, rows in sheets if (records := _sparse_records(rows))]
+
+
+def _sheet_rows(workbook, sheet) -> Iterator[dict[int, str]]:
+    """Each row's non-empty cells as {column number: text}.
+
+    openpyxl's row iterators pad every row to the sheet's declared width and fill in missing rows, so a sheet
+    declaring <dimension ref="A1:XFD1048576"/> becomes 10^6 x 16,384 cells. Its sheet parser (the one those
+    iterators read from) yields only the cells the XML holds, which is what is read here.
+    """
+    with workbook._archive.open(sheet._worksheet_path) as source:
+        parser = WorkSheetParser(source, workbook.shared_strings, data_only=True, epoch=workbook.epoch,
+                                 date_formats=workbook._date_formats, timedelta_formats=workbook._timedelta_formats)
+        for _, cells in parser.parse():
+            row = {cell["column"]: text for cell in cells if (text := _cell_text(cell["value"])).strip()}
+            if row:
+                yield row
 
 
 def _cell_text(value) -> str:
@@ -261,6 +320,16 @@ def _records(rows: Iterable[list[str]]) -> list[str]:
         return names[index] if index < len(names) and names[index] else f"column {index + 1}"
 
     return ["; ".join(f"{column(index)}: {_one_line(value)}" for index, value in enumerate(row) if value.strip())
+            for row in body]
+
+
+def _sparse_records(rows: list[dict[int, str]]) -> list[str]:
+    """`_records` for rows given as {column number: text} (only the cells that hold something)."""
+    if not rows:
+        return []
+    header, *body = rows
+    names = {column: _one_line(name) for column, name in header.items()}
+    return ["; ".join(f"{names.get(column) or f'column {column}'}: {_one_line(row[column])}" for column in sorted(row))
             for row in body]
 
 
