@@ -10,6 +10,7 @@ class AssetKind(models.TextChoices):
     APP = "app", "App"
     AGENT = "agent", "Agent"
     TOOL = "tool", "Tool"
+    DATASET = "dataset", "Dataset"
 
 
 class Asset(models.Model):

@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "serving",
     "workbridge",
     "rag_studio",
+    "enhancement",
     "agent_studio",
     "runtime",
 ]

@@ -6,6 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 import accounts.urls
 import assets.urls
 import cluster.urls
+import enhancement.urls
 import rag_studio.urls
 import runtime.urls
 import serving.urls
@@ -19,6 +20,7 @@ api_urlpatterns = [
     *serving.urls.api_urlpatterns,
     *workbridge.urls.api_urlpatterns,
     *rag_studio.urls.api_urlpatterns,
+    *enhancement.urls.api_urlpatterns,
     *runtime.urls.api_urlpatterns,
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
@@ -40,6 +42,7 @@ urlpatterns = [
     path("", include(serving.urls.urlpatterns)),
     path("", include(workbridge.urls.urlpatterns)),
     path("", include(rag_studio.urls.urlpatterns)),
+    path("", include(enhancement.urls.urlpatterns)),
     path("", include(runtime.urls.urlpatterns)),
 ]
 

@@ -34,7 +34,7 @@ fi
 
 echo "==> Installing Python dependencies into .venv"
 .venv/bin/pip install --quiet --disable-pip-version-check --find-links "$wheels" \
-  -c "$CONSTRAINTS" -e ".[test]"
+  -c "$CONSTRAINTS" -e ".[test,ray]"
 
 # The tools go beside the venv's python, where serving/engines/llamacpp.py looks for them; the libraries go where
 # llama-cpp-python loads its own from.

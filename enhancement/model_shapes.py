@@ -1,0 +1,67 @@
+"""A registered model's architecture for the planner (layers, widths, heads, vocabulary), from its GGUF header or
+its Hugging Face config, and whether the platform can train it at all."""
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from gguf import GGUFReader
+
+from accounts.errors import ValidationFailed
+from enhancement.planner import ModelShape
+from serving.models import Model, ModelKind
+
+
+def trainable_problem(model: Model) -> str:
+    """Why the model cannot be trained or compressed here, or '' when it can."""
+    if model.kind == ModelKind.EXTERNAL:
+        return (f"'{model.name}' is an external endpoint ({model.url}): only models whose files are on this "
+                f"platform (GGUF or Hugging Face) can be trained.")
+    if model.is_embedding:
+        return f"'{model.name}' is an embedding model; fine-tuning and compression here are for chat models."
+    if not Path(model.path).exists():
+        return f"The file of '{model.name}' is missing ({model.path})."
+    return ""
+
+
+def _field(reader: GGUFReader, key: str):
+    field = reader.fields.get(key)
+    return field.contents() if field is not None else None
+
+
+@lru_cache(maxsize=16)
+def _gguf_shape(path: str, modified_ns: int, parameters: int) -> ModelShape:
+    reader = GGUFReader(path)
+    arch = _field(reader, "general.architecture")
+    heads = _field(reader, f"{arch}.attention.head_count")
+    kv_heads = _field(reader, f"{arch}.attention.head_count_kv") or heads
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    return ModelShape(
+        parameters=parameters, layers=_field(reader, f"{arch}.block_count"),
+        hidden_size=_field(reader, f"{arch}.embedding_length"),
+        attention_heads=heads if isinstance(heads, int) else max(heads),
+        kv_heads=kv_heads if isinstance(kv_heads, int) else max(kv_heads),
+        vocab_size=len(tokens.data) if tokens is not None else 0,
+        intermediate_size=_field(reader, f"{arch}.feed_forward_length") or 0,
+        head_dim=_field(reader, f"{arch}.attention.key_length") or 0)
+
+
+def model_shape(model: Model) -> ModelShape:
+    path = Path(model.path)
+    try:
+        if model.kind == ModelKind.GGUF:
+            return _gguf_shape(str(path), path.stat().st_mtime_ns, model.parameter_count or 0)
+        config = json.loads((path / "config.json").read_text())
+        config = config.get("text_config", config)
+        hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+        heads = config["num_attention_heads"]
+        intermediate = config.get("intermediate_size") or 4 * hidden
+        # Attention (4 h²), the MLP (3 h·i for gated MLPs) and the embeddings, when no count was recorded.
+        parameters = model.parameter_count or layers * (4 * hidden * hidden + 3 * hidden * intermediate) + \
+            vocab * hidden
+        return ModelShape(parameters=parameters, layers=layers, hidden_size=hidden, attention_heads=heads,
+                          kv_heads=config.get("num_key_value_heads") or heads, vocab_size=vocab,
+                          intermediate_size=intermediate, head_dim=config.get("head_dim") or 0)
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise ValidationFailed(f"Cannot read the architecture of '{model.name}': {exc}",
+                               fields={"base_model": ["Unreadable architecture."]})

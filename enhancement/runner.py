@@ -1,0 +1,201 @@
+"""The worker's side of a job: it starts the job's process (enhancement/training/run.py) in a session of its own,
+watches it, copies its metrics into the database, kills its process group when the job is cancelled, and registers
+its outputs once the process has written them all.
+
+On disk, under `$FACTORY_DATA_DIR/enhancement/jobs/<id>/`: spec.json (what to do), train.log, metrics.jsonl,
+status.json, checkpoints/, the stage outputs, result.json (written last), error.json (a failure's reason).
+
+A worker that dies leaves the process running (its own session). The redelivered job finds it by its pid and start
+time and watches it again; if it died too, a new process continues from the last finished stage and checkpoint.
+Either way the job trains once, and models are registered only from a complete result.json.
+"""
+
+import json
+import logging
+import sys
+import time
+from datetime import datetime
+from datetime import timezone as dt_timezone
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+
+from accounts.services import Actor
+from cluster.models import Job, JobState
+from enhancement import files
+from enhancement.formats import parse_jsonl
+from enhancement.models import EnhancementJob, MetricSample, Stage
+from enhancement.training.run import write_json_atomic
+from serving.engines import process
+from serving.models import Model, ModelKind
+from serving.services import register_model
+
+logger = logging.getLogger(__name__)
+POLL_S = 1.0
+METRIC_FIELDS = ("train_loss", "validation_loss", "learning_rate", "tokens_per_s", "samples_per_s", "step_time_s",
+                 "eta_s", "cpu_percent", "memory_bytes", "gpu_percent", "gpu_memory_bytes")
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+def run_dir(job: EnhancementJob) -> Path:
+    return files.run_dir(job.pk)
+
+
+def build_spec(job: EnhancementJob, directory: Path) -> dict:
+    """What the job's process needs, as plain paths and numbers (it runs without Django)."""
+    base = job.base_model
+    if job.dataset_sha256:
+        eval_path, eval_validation = files.dataset_path(job.dataset_sha256), job.dataset.validation_count
+    else:
+        # A compression job without a dataset is measured on the shipped sample's conversations.
+        _, conversations = parse_jsonl(files.SAMPLE_DATASET.read_bytes())
+        eval_path, eval_validation = directory / "eval.jsonl", 0
+        eval_path.write_text("".join(json.dumps({"messages": c}, ensure_ascii=False) + "\n"
+                                     for c in conversations[-16:]), encoding="utf-8")
+    is_gguf = base.kind == ModelKind.GGUF
+    return {
+        "job": job.pk, "kind": job.kind, "method": job.method, "hyperparameters": job.hyperparameters,
+        "base_path": base.path, "base_gguf": base.path if is_gguf else "",
+        "base_quantization": base.quantization if is_gguf else "", "chat_template": base.chat_template,
+        "tokenizer_path": base.path, "quantizations": job.quantizations,
+        "dataset_path": str(files.dataset_path(job.dataset_sha256)) if job.dataset_sha256 else "",
+        "validation_count": job.dataset.validation_count if job.dataset_sha256 else 0,
+        "eval_dataset_path": str(eval_path), "eval_validation_count": eval_validation,
+    }
+
+
+def log_tail(job: EnhancementJob, lines: int = 40) -> str:
+    return process.log_tail(run_dir(job) / "train.log", lines)
+
+
+def read_status(job: EnhancementJob) -> dict:
+    try:
+        return json.loads((run_dir(job) / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _start_time(pid: int) -> float | None:
+    """The process's start time in clock ticks since boot: with the pid, it tells our process from a later one
+    that reused the number."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return float(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def is_running(job: EnhancementJob) -> bool:
+    return bool(job.pid) and process.is_alive(job.pid) and _start_time(job.pid) == job.pid_started_at
+
+
+def _launch(job: EnhancementJob, directory: Path) -> None:
+    argv = [sys.executable, "-m", "enhancement.training.run", str(directory)]
+    env = {"PYTHONPATH": str(settings.BASE_DIR), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    pid = process.launch(argv, log_path=directory / "train.log", env=env)
+    job.pid, job.pid_started_at = pid, _start_time(pid)
+    EnhancementJob.objects.filter(pk=job.pk).update(pid=job.pid, pid_started_at=job.pid_started_at)
+
+
+class MetricsReader:
+    """Follows metrics.jsonl; each step's figures are merged into its one MetricSample row."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset = path, 0
+
+    def ingest(self, job: EnhancementJob) -> None:
+        try:
+            with self.path.open("rb") as source:
+                source.seek(self.offset)
+                chunk = source.read()
+        except FileNotFoundError:
+            return
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode("utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            figures = {name: record[name] for name in METRIC_FIELDS if record.get(name) is not None}
+            if not figures:
+                continue
+            at = datetime.fromtimestamp(record.get("at", time.time()), tz=dt_timezone.utc)
+            sample, created = MetricSample.objects.get_or_create(job=job, step=record["step"],
+                                                                 defaults={"at": at, **figures})
+            if not created:
+                MetricSample.objects.filter(pk=sample.pk).update(at=at, **figures)
+
+
+def _cancelled(job: EnhancementJob) -> bool:
+    return Job.objects.filter(pk=job.cluster_job_id, state=JobState.CANCELLED).exists()
+
+
+def supervise(job: EnhancementJob, report) -> dict:
+    directory = run_dir(job)
+    if (directory / "result.json").exists():
+        return finish(job)
+    if not is_running(job):
+        directory.mkdir(parents=True, exist_ok=True)
+        if not (directory / "spec.json").exists():
+            write_json_atomic(directory / "spec.json", build_spec(job, directory))
+        elif (directory / "lock").exists():
+            report(0.0, "The job's process had stopped; continuing from its last finished stage")
+        _launch(job, directory)
+    reader = MetricsReader(directory / "metrics.jsonl")
+    while True:
+        reader.ingest(job)
+        status = read_status(job)
+        if status:
+            stage = status.get("stage", job.stage)
+            total, step = status.get("total_steps") or job.total_steps, status.get("step") or job.step
+            EnhancementJob.objects.filter(pk=job.pk).update(stage=stage if stage in Stage.values else job.stage,
+                                                            step=step, total_steps=total)
+            job.stage, job.step, job.total_steps = stage, step, total
+            report(_progress(job), "")
+        if _cancelled(job):
+            process.terminate(job.pid)
+            return {"cancelled": True}
+        if not is_running(job):
+            break
+        time.sleep(POLL_S)
+    reader.ingest(job)
+    if (directory / "result.json").exists():
+        return finish(job)
+    try:
+        reason = json.loads((directory / "error.json").read_text())["error"]
+    except (OSError, ValueError, KeyError):
+        reason = f"The job's process stopped without finishing:\n{log_tail(job, 12)}"
+    EnhancementJob.objects.filter(pk=job.pk).update(error=reason)
+    raise JobFailed(reason)
+
+
+def _progress(job: EnhancementJob) -> float:
+    if job.stage == Stage.TRAIN and job.total_steps:
+        return 0.8 * job.step / job.total_steps
+    return {Stage.MERGE: 0.82, Stage.CONVERT: 0.85, Stage.QUANTIZE: 0.9, Stage.EVALUATE: 0.95}.get(job.stage, 0.0)
+
+
+def finish(job: EnhancementJob) -> dict:
+    """Register each output as a model (once: a repeated finish finds them), then mark the job done."""
+    result = json.loads((run_dir(job) / "result.json").read_text())
+    job = EnhancementJob.objects.select_related("base_model", "workspace").get(pk=job.pk)
+    actor = Actor(user=job.created_by)
+    names = []
+    with transaction.atomic():
+        for output in result["outputs"]:
+            name = f"{job.name}-{output['quantization']}".replace("_", "-")
+            model = Model.objects.filter(workspace=job.workspace, name=name, path=output["path"]).first()
+            if model is None:
+                # The chat template travels inside the GGUF, so the registry reads it from the file.
+                model = register_model(actor=actor, workspace=job.workspace, name=name, path=output["path"],
+                                       role_hint=job.base_model.role_hint)
+            job.output_models.add(model)
+            names.append(model.name)
+        EnhancementJob.objects.filter(pk=job.pk).update(report=result["report"], stage=Stage.DONE, error="")
+    return {"models": names}
+

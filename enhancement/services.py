@@ -1,0 +1,281 @@
+import hashlib
+import json
+import os
+import random
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.utils.text import slugify
+
+from accounts.errors import Conflict, ValidationFailed
+from accounts.models import Role, Workspace
+from accounts.services import Actor, record_audit, require_role
+from assets.models import AssetKind
+from assets.services import register_asset
+from cluster.models import FINISHED_JOB_STATES, Node
+from cluster.services import cancel_job as cancel_cluster_job
+from cluster.services import dispatch_job
+from enhancement import planner, runner
+from enhancement.files import SAMPLE_DATASET, dataset_path
+from enhancement.formats import ColumnMapping, DatasetInvalid, parse_csv, parse_jsonl
+from enhancement.hyperparameters import checked
+from enhancement.jobs import RUN_KIND
+from enhancement.model_shapes import model_shape, trainable_problem
+from enhancement.models import Dataset, DatasetFormat, EnhancementJob, JobKind, Method
+from enhancement.training.export import QUANTIZATIONS
+from serving.engines import process
+from serving.models import Deployment, Model, ModelKind
+from serving.services import deploy_model
+
+SAMPLE_DATASET_NAME = "instructions-sample"
+MAX_DATASET_BYTES = 200 * 1024 * 1024
+
+
+def _write_once(path: Path, content: bytes) -> None:
+    """Files are named by their content, so an existing one is already right; a new one is written beside and
+    renamed, so a reader never sees half of it."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    with partial.open("wb") as out:
+        out.write(content)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(partial, path)
+
+
+def upload_dataset(*, actor: Actor, workspace: Workspace, name: str, filename: str, content: bytes,
+                   source_format: str = "", mapping: ColumnMapping | None = None, validation_share: float = 0.1,
+                   seed: int = 42, description: str = "") -> Dataset:
+    """Check every line, shuffle once with the seed, hold out the validation share, and store the conversations.
+    Uploading under an existing name makes a new version of that dataset."""
+    require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    name = name.strip()
+    if not name:
+        raise ValidationFailed("A dataset needs a name.", fields={"name": ["This field may not be blank."]})
+    if source_format and source_format not in DatasetFormat.values:
+        raise ValidationFailed(f"Unknown format '{source_format}'; use {', '.join(DatasetFormat.values)}.",
+                               fields={"format": ["Unknown format."]})
+    if not 0 <= validation_share <= 0.5:
+        raise ValidationFailed("The validation share must be between 0 and 0.5.",
+                               fields={"validation_share": ["Between 0 and 0.5."]})
+    if len(content) > MAX_DATASET_BYTES:
+        raise ValidationFailed(f"The file is {len(content)} bytes, over the limit of {MAX_DATASET_BYTES}.",
+                               fields={"file": ["Too large."]})
+    try:
+        if source_format == DatasetFormat.CSV or (not source_format and filename.lower().endswith(".csv")):
+            source_format, conversations = DatasetFormat.CSV, parse_csv(content, mapping=mapping or ColumnMapping())
+        else:
+            source_format, conversations = parse_jsonl(content, declared_format=source_format)
+    except DatasetInvalid as exc:
+        raise ValidationFailed(f"The dataset was not stored: {exc}", fields={"file": exc.errors[:20]})
+    random.Random(seed).shuffle(conversations)
+    validation_count = round(len(conversations) * validation_share)
+    if validation_share and len(conversations) >= 2:
+        validation_count = max(1, validation_count)
+    if validation_count >= len(conversations):
+        raise ValidationFailed(f"{len(conversations)} sample(s) leave nothing to train on after the validation "
+                               f"split.", fields={"validation_share": ["Too large for this dataset."]})
+    normalised = "".join(json.dumps({"messages": c}, ensure_ascii=False) + "\n" for c in conversations).encode()
+    sha256 = hashlib.sha256(normalised).hexdigest()
+    _write_once(dataset_path(sha256), normalised)
+    fields = {"source_format": source_format, "source_filename": filename[:255], "sha256": sha256,
+              "sample_count": len(conversations), "validation_count": validation_count, "seed": seed}
+    with transaction.atomic():
+        dataset = Dataset.objects.select_for_update().filter(workspace=workspace, name=name).first()
+        if dataset is None:
+            dataset = Dataset.objects.create(workspace=workspace, name=name, description=description, **fields)
+        else:
+            for field, value in fields.items():
+                setattr(dataset, field, value)
+            dataset.description = description or dataset.description
+            dataset.save()
+        version = register_asset(workspace=workspace, kind=AssetKind.DATASET, ref_id=dataset.pk, name=name,
+                                 payload={"sha256": sha256, "validation_count": validation_count, "seed": seed},
+                                 summary={"samples": len(conversations), "format": source_format,
+                                          "file": filename[:255]}, actor=actor)
+        record_audit(actor=actor, workspace=workspace, action="dataset.upload", target=dataset,
+                     detail={"samples": len(conversations), "version": version.number, "sha256": sha256})
+    return dataset
+
+
+def import_sample_dataset(*, actor: Actor, workspace: Workspace) -> Dataset:
+    """The instruction dataset shipped with the platform (English and Chinese), stored as an upload would be."""
+    return upload_dataset(actor=actor, workspace=workspace, name=SAMPLE_DATASET_NAME, filename=SAMPLE_DATASET.name,
+                          content=SAMPLE_DATASET.read_bytes(),
+                          description="Short instruction/answer pairs shipped with AI Factory (English and Chinese).")
+
+
+def dataset_from_pairs(*, actor: Actor, workspace: Workspace, name: str, pairs: list[tuple[str, str]],
+                       validation_share: float = 0.1) -> Dataset:
+    """A dataset from prompt/answer pairs, such as a published app's approved answers (runtime exports them)."""
+    lines = [json.dumps({"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]},
+                        ensure_ascii=False) for prompt, answer in pairs]
+    return upload_dataset(actor=actor, workspace=workspace, name=name, filename="feedback.jsonl",
+                          content="\n".join(lines).encode(), source_format=DatasetFormat.MESSAGES,
+                          validation_share=validation_share)
+
+
+def plan_devices(*, nodes: list[Node] | None = None, manual: list[dict] | None = None) -> list[planner.Device]:
+    """Devices from the cluster registry (a node without GPUs is one CPU device), or entered by hand to plan for
+    hardware that is not here: [{count, memory_gb, tflops, nodes?, kind?}]."""
+    devices = []
+    for entry in manual or []:
+        try:
+            count, memory_gb, tflops = int(entry["count"]), float(entry["memory_gb"]), float(entry["tflops"])
+            node_count = int(entry.get("nodes") or 1)
+        except (KeyError, TypeError, ValueError):
+            raise ValidationFailed("Each device group needs a count, memory_gb and tflops (numbers).",
+                                   fields={"devices": ["count, memory_gb and tflops are required."]})
+        if count < 1 or memory_gb <= 0 or tflops <= 0 or node_count < 1 or count % node_count:
+            raise ValidationFailed("Device counts, memory and TFLOPS must be positive, and the count a multiple of "
+                                   "the nodes.", fields={"devices": ["Out of range."]})
+        group = len({d.node for d in devices})
+        for index in range(count):
+            node = f"planned-{group + index * node_count // count + 1}"
+            devices.append(planner.Device(node=node, name=f"{entry.get('kind', 'gpu')}{index}",
+                                          memory_bytes=int(memory_gb * planner.GIB), tflops=tflops,
+                                          kind=entry.get("kind", "gpu")))
+    for node in nodes or []:
+        gpus = list(node.devices.all())
+        if gpus:
+            devices += [planner.Device(node=node.name, name=gpu.name, memory_bytes=gpu.memory_bytes,
+                                       tflops=gpu.compute_tflops or 100.0) for gpu in gpus]
+        else:
+            devices.append(planner.Device(node=node.name, name=f"{node.cpu_cores} CPU cores",
+                                          memory_bytes=node.memory_bytes, kind="cpu",
+                                          tflops=max(1, node.cpu_cores) * planner.CPU_CORE_TFLOPS))
+    if not devices:
+        raise ValidationFailed("Choose a node or enter devices to plan for.", fields={"devices": ["Required."]})
+    return devices
+
+
+def plan_training(*, model: Model, method: str, sequence_length: int, batch_size: int,
+                  devices: list[planner.Device], lora_rank: int = 8,
+                  lora_targets: tuple[str, ...] = ("q_proj", "v_proj")) -> planner.PlanResult:
+    problem = trainable_problem(model)
+    if problem:
+        raise ValidationFailed(problem, fields={"base_model": [problem]})
+    try:
+        return planner.plan(shape=model_shape(model), devices=devices, work=planner.Workload(
+            method=method, sequence_length=sequence_length, global_batch=batch_size, lora_rank=lora_rank,
+            lora_targets=tuple(lora_targets)))
+    except planner.PlanError as exc:
+        raise ValidationFailed(str(exc), fields={"plan": [str(exc)]})
+
+
+def _unique_name(workspace: Workspace, name: str) -> str:
+    name = slugify(name)[:80]
+    if not name:
+        raise ValidationFailed("A job needs a name.", fields={"name": ["This field may not be blank."]})
+    if EnhancementJob.objects.filter(workspace=workspace, name=name).exists():
+        raise Conflict(f"A job called '{name}' already exists in this workspace.")
+    if Model.objects.filter(workspace=workspace, name__startswith=f"{name}-").exists():
+        raise Conflict(f"Models named '{name}-…' already exist; choose another job name.")
+    return name
+
+
+def _check_quantizations(quantizations: list[str]) -> list[str]:
+    unknown = [q for q in quantizations if q not in QUANTIZATIONS]
+    if unknown or not quantizations:
+        raise ValidationFailed(f"Quantizations must be among {', '.join(QUANTIZATIONS)} (got "
+                               f"{', '.join(unknown) or 'none'}).", fields={"quantizations": ["Unknown type."]})
+    return list(dict.fromkeys(quantizations))
+
+
+def _dispatch(*, actor: Actor, job: EnhancementJob) -> EnhancementJob:
+    cluster_job = dispatch_job(actor=actor, workspace=job.workspace, kind=RUN_KIND, node=job.node,
+                               payload={"enhancement_job_id": job.pk})
+    job.cluster_job = cluster_job
+    job.save(update_fields=["cluster_job"])
+    return job
+
+
+def create_finetune_job(*, actor: Actor, workspace: Workspace, name: str, base_model: Model, dataset: Dataset,
+                        node: Node, method: str = Method.LORA, hyperparameters: dict | None = None,
+                        quantizations: list[str] | None = None) -> EnhancementJob:
+    """Check the settings, plan the layout on the node's devices, and queue the job on the node's worker."""
+    require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    if method not in Method.values:
+        raise ValidationFailed(f"Unknown method '{method}'; use lora or full.", fields={"method": ["Unknown."]})
+    if dataset.workspace_id != workspace.pk:
+        raise ValidationFailed("No such dataset in this workspace.", fields={"dataset": ["Unknown dataset."]})
+    problem = trainable_problem(base_model)
+    if problem:
+        raise ValidationFailed(problem, fields={"base_model": [problem]})
+    if not base_model.chat_template:
+        raise ValidationFailed(f"'{base_model.name}' has no chat template, so its training samples cannot be "
+                               f"rendered as it will be served; set one on Models & Serving first.",
+                               fields={"base_model": ["No chat template."]})
+    hyper = checked(hyperparameters or {})
+    quantizations = _check_quantizations(quantizations or ["q4_k_m"])
+    name = _unique_name(workspace, name)
+    result = plan_training(model=base_model, method=method, sequence_length=hyper["cutoff"],
+                           batch_size=hyper["batch_size"], devices=plan_devices(nodes=[node]),
+                           lora_rank=hyper["lora_rank"], lora_targets=tuple(hyper["lora_targets"]))
+    chosen = result.plans[0]
+    if chosen.nodes > 1:
+        raise ValidationFailed("The plan spans nodes; choose one node for the job.", fields={"node": ["One node."]})
+    hyper["micro_batch_size"] = hyper["micro_batch_size"] or chosen.micro_batch
+    hyper["gradient_accumulation"] = hyper["batch_size"] // hyper["micro_batch_size"]
+    with transaction.atomic():
+        job = EnhancementJob.objects.create(
+            workspace=workspace, name=name, kind=JobKind.FINETUNE, base_model=base_model, dataset=dataset,
+            dataset_sha256=dataset.sha256, method=method, hyperparameters=hyper, quantizations=quantizations,
+            plan={"chosen": chosen.as_dict(), "alternatives": [p.as_dict() for p in result.plans[1:6]],
+                  "discarded": result.discarded},
+            node=node, created_by=actor.user)
+        record_audit(actor=actor, workspace=workspace, action="enhancement.finetune", target=job,
+                     detail={"base_model": base_model.name, "dataset": dataset.name, "method": method})
+        _dispatch(actor=actor, job=job)
+    return job
+
+
+def create_quantize_job(*, actor: Actor, workspace: Workspace, name: str, base_model: Model, node: Node,
+                        quantizations: list[str], dataset: Dataset | None = None) -> EnhancementJob:
+    """GGUF quantizations of a registered model, with a report against it on `dataset`'s validation split (the
+    shipped sample dataset when none is given)."""
+    require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    problem = trainable_problem(base_model)
+    if problem:
+        raise ValidationFailed(problem.replace("trained", "compressed"), fields={"base_model": [problem]})
+    if dataset is not None and dataset.workspace_id != workspace.pk:
+        raise ValidationFailed("No such dataset in this workspace.", fields={"dataset": ["Unknown dataset."]})
+    quantizations = _check_quantizations(quantizations)
+    if base_model.kind == ModelKind.GGUF and "f16" in quantizations:
+        raise ValidationFailed("A GGUF model cannot be turned back into f16; choose q8_0 or q4_k_m.",
+                               fields={"quantizations": ["f16 needs a Hugging Face model."]})
+    name = _unique_name(workspace, name)
+    with transaction.atomic():
+        job = EnhancementJob.objects.create(
+            workspace=workspace, name=name, kind=JobKind.QUANTIZE, base_model=base_model, dataset=dataset,
+            dataset_sha256=dataset.sha256 if dataset else "", quantizations=quantizations, node=node,
+            created_by=actor.user)
+        record_audit(actor=actor, workspace=workspace, action="enhancement.quantize", target=job,
+                     detail={"base_model": base_model.name, "quantizations": quantizations})
+        _dispatch(actor=actor, job=job)
+    return job
+
+
+def cancel_job(*, actor: Actor, job: EnhancementJob) -> EnhancementJob:
+    """Cancel the cluster job; the node's worker kills the job's process group within a second. On this node the
+    group is killed at once, in case no worker is watching it (one that died)."""
+    require_role(actor=actor, workspace=job.workspace, role=Role.DEVELOPER)
+    if job.cluster_job is None or job.cluster_job.state in FINISHED_JOB_STATES:
+        raise Conflict(f"Job '{job.name}' has already {job.state}.")
+    cancel_cluster_job(actor=actor, job=job.cluster_job)
+    if job.node.name == settings.NODE_NAME and runner.is_running(job):
+        process.terminate(job.pid)
+    job.refresh_from_db()
+    return job
+
+
+def deploy_output(*, actor: Actor, job: EnhancementJob, model: Model) -> Deployment:
+    """One click: serve one of the job's outputs on this node."""
+    require_role(actor=actor, workspace=job.workspace, role=Role.DEVELOPER)
+    if not job.output_models.filter(pk=model.pk).exists():
+        raise ValidationFailed(f"'{model.name}' is not an output of job '{job.name}'.",
+                               fields={"model": ["Not this job's output."]})
+    return deploy_model(actor=actor, workspace=job.workspace, model=model)

@@ -1,0 +1,134 @@
+"""The before/after report: the base model and every output GGUF measured on this node with the same held-out text
+and the same prompts, through llama.cpp (the engine that serves them): file size, prefill and decode tokens/s,
+perplexity, and token-F1 of greedy answers against the expected ones."""
+
+import json
+import math
+import os
+import re
+import time
+import unicodedata
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from enhancement.training import data
+
+# Enough to compare models on this node in seconds, not minutes.
+HELDOUT_TOKENS = 512
+WINDOW = 256
+MAX_PROMPTS = 4
+MAX_ANSWER_TOKENS = 48
+
+
+def normalise_tokens(text: str) -> list[str]:
+    """SQuAD-style answer normalisation (lower case, no punctuation or articles), with CJK characters as tokens,
+    so that Chinese answers are scored too. Written here because rag_studio's metrics sit on the same floor."""
+    text = unicodedata.normalize("NFKC", text.lower())
+    text = "".join(" " if unicodedata.category(c).startswith("P") else c for c in text)
+    text = re.sub(r"([\u3400-\u9fff])", r" \1 ", text)
+    return [t for t in text.split() if t not in ("a", "an", "the")]
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    predicted, expected = normalise_tokens(prediction), normalise_tokens(reference)
+    if not predicted or not expected:
+        return float(predicted == expected)
+    common = sum((Counter(predicted) & Counter(expected)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(expected)
+    return 2 * precision * recall / (precision + recall)
+
+
+def eval_material(spec: dict) -> tuple[str, list[tuple[str, str]]]:
+    """Held-out text (the validation conversations rendered with the served chat template) and prompt/answer pairs
+    (each validation conversation's last question, rendered up to the answer, and its answer)."""
+    tokenizer = data.load_tokenizer(spec["tokenizer_path"])
+    conversations = data.read_conversations(Path(spec["eval_dataset_path"]))
+    _, validation = data.split(conversations, spec.get("eval_validation_count", 0))
+    validation = validation or conversations[-MAX_PROMPTS:]
+    template = spec.get("chat_template", "")
+    text = "".join(data.render(tokenizer, c, template) for c in validation)
+    prompts = []
+    for messages in validation[:MAX_PROMPTS]:
+        prompt = data.render(tokenizer, messages[:-1], template, add_generation_prompt=True)
+        prompts.append((prompt, messages[-1]["content"]))
+    return text, prompts
+
+
+def measure(path: str, text: str, prompts: list[tuple[str, str]]) -> dict:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=path, n_ctx=max(WINDOW, 1024), n_batch=WINDOW, logits_all=True,
+                          n_threads=os.cpu_count() or 1, verbose=False)
+    tokens = llm.tokenize(text.encode(), add_bos=False, special=True)[:HELDOUT_TOKENS]
+    nll, count, prefill_tokens, prefill_s = 0.0, 0, 0, 0.0
+    for start in range(0, len(tokens) - 1, WINDOW):
+        window = tokens[start:start + WINDOW]
+        if len(window) < 2:
+            break
+        llm.reset()
+        began = time.perf_counter()
+        llm.eval(window)
+        prefill_s += time.perf_counter() - began
+        prefill_tokens += len(window)
+        logits = np.asarray(llm.scores[:len(window) - 1], dtype=np.float64)
+        top = logits.max(axis=1, keepdims=True)
+        log_z = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
+        picked = logits[np.arange(len(window) - 1), window[1:]]
+        nll += float((log_z - picked).sum())
+        count += len(window) - 1
+    vocab = llm._model.vocab
+    f1s, decode_tokens, decode_s, answers = [], 0, 0.0, []
+    for prompt, expected in prompts:
+        prompt_tokens = llm.tokenize(prompt.encode(), add_bos=False, special=True)
+        produced = []
+        first = time.perf_counter()
+        for index, token in enumerate(llm.generate(prompt_tokens, top_k=1, temp=0.0, reset=True)):
+            if index == 0:
+                first = time.perf_counter()
+            if llama_cpp.llama_vocab_is_eog(vocab, token) or len(produced) >= MAX_ANSWER_TOKENS:
+                break
+            produced.append(token)
+        decode_s += time.perf_counter() - first
+        decode_tokens += max(0, len(produced) - 1)
+        answer = llm.detokenize(produced).decode("utf-8", errors="replace")
+        answers.append(answer)
+        f1s.append(token_f1(answer, expected))
+    return {
+        "size_bytes": Path(path).stat().st_size,
+        "perplexity": math.exp(nll / count) if count else None,
+        "heldout_tokens": count,
+        "prefill_tokens_per_s": prefill_tokens / prefill_s if prefill_s else None,
+        "decode_tokens_per_s": decode_tokens / decode_s if decode_s else None,
+        "token_f1": sum(f1s) / len(f1s) if f1s else None,
+        "sample_answers": answers[:3],
+    }
+
+
+def evaluate(run, outputs: list[dict]) -> dict:
+    from enhancement.training.run import write_json_atomic
+
+    target = run.dir / "report.json"
+    if target.exists():
+        return json.loads(target.read_text())
+    run.status("evaluate", "Measuring the base and the outputs on the held-out text and prompts")
+    text, prompts = eval_material(run.spec)
+    rows = []
+    base_gguf = run.spec.get("base_gguf")
+    if base_gguf:
+        rows.append({"model": "base", "quantization": run.spec.get("base_quantization", ""),
+                     **measure(base_gguf, text, prompts)})
+    for output in outputs:
+        rows.append({"model": "output", "quantization": output["quantization"],
+                     **measure(output["path"], text, prompts)})
+    base = rows[0] if rows and rows[0]["model"] == "base" else None
+    for row in rows:
+        if base and row is not base and base["perplexity"] and row["perplexity"]:
+            row["perplexity_ratio"] = row["perplexity"] / base["perplexity"]
+    report = {"rows": rows, "prompts": len(prompts),
+              "heldout": f"{rows[0]['heldout_tokens'] if rows else 0} tokens of the validation split"}
+    write_json_atomic(target, report)
+    return report

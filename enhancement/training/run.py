@@ -1,0 +1,309 @@
+"""A job's process: `python -m enhancement.training.run <run_dir>` reads `<run_dir>/spec.json` and runs the job's
+stages, each writing its output whole (to a temporary name, then renamed) before the next starts:
+
+    train     checkpoints/checkpoint-N every `save_steps`, then adapter/ (LoRA) or trained/ (full)
+    merge     merged/: the base with the adapter folded in, rebuilt from its config as a plain model, with the
+              tokenizer and the served chat template
+    convert   model-f16.gguf: llama.cpp's converter, with the base GGUF's own vocabulary and the chat template
+    quantize  model-<type>.gguf for each requested type: llama.cpp's llama-quantize
+    evaluate  report.json: the base and every output on the same held-out text and prompts
+    result.json last, naming the outputs: the worker registers models only from it.
+
+It runs in its own session (process group): the worker watches it, ingests `metrics.jsonl`, and kills the group on
+cancel; a worker restart leaves it running. Run again (a redelivered job), it continues after the last finished
+stage and, in training, from the newest complete checkpoint; an exclusive lock on `<run_dir>/lock` makes a second
+process for the same job exit at once, so a job never trains twice. No Django here: this runs on any node, and
+inside Ray workers.
+"""
+
+import errno
+import fcntl
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from enhancement.training import data
+
+LOCKED_EXIT = 75
+
+
+class NoTrainingData(ValueError):
+    pass
+
+
+def write_json_atomic(path: Path, value) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    with partial.open("w", encoding="utf-8") as out:
+        json.dump(value, out, ensure_ascii=False)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(partial, path)
+
+
+class Run:
+    def __init__(self, run_dir: Path):
+        self.dir = run_dir
+        self.spec = json.loads((run_dir / "spec.json").read_text())
+        self.hyper = self.spec.get("hyperparameters", {})
+        self.metrics = (run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+
+    def status(self, stage: str, message: str = "", **fields) -> None:
+        write_json_atomic(self.dir / "status.json", {"stage": stage, "message": message, "at": time.time(),
+                                                     **fields})
+        print(f"[{stage}] {message}", flush=True)
+
+    def metric(self, record: dict) -> None:
+        self.metrics.write(json.dumps(record) + "\n")
+        self.metrics.flush()
+
+
+def latest_complete_checkpoint(checkpoints: Path) -> Path | None:
+    """The newest checkpoint whose trainer state was written (the Trainer writes it last); incomplete ones (a kill
+    or a full disk mid-save) are removed so that nothing resumes from them."""
+    found = []
+    for candidate in checkpoints.glob("checkpoint-*"):
+        try:
+            step = int(candidate.name.rsplit("-", 1)[1])
+            json.loads((candidate / "trainer_state.json").read_text())
+        except (ValueError, OSError):
+            shutil.rmtree(candidate, ignore_errors=True)
+            continue
+        found.append((step, candidate))
+    return max(found)[1] if found else None
+
+
+def plain_copy(model, dtype):
+    """A model read from a GGUF keeps the file's quantization settings in its config (and transformers then
+    refuses to train or save it), though its weights are plain tensors: the same weights in a model built from a
+    clean config."""
+    from transformers import AutoModelForCausalLM
+
+    config = model.config
+    if getattr(config, "quantization_config", None) is None:
+        return model
+    del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    plain.load_state_dict(model.state_dict(), strict=False)
+    plain.tie_weights()
+    return plain
+
+
+def load_base(spec: dict, dtype=None):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = Path(spec["base_path"])
+    dtype = dtype or (torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+    if path.is_file():
+        return plain_copy(AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype),
+                          dtype)
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+
+
+def training_examples(run: Run, tokenizer) -> tuple[list[dict], list[dict]]:
+    conversations = data.read_conversations(Path(run.spec["dataset_path"]))
+    train, validation = data.split(conversations, run.spec.get("validation_count", 0))
+    cutoff = run.hyper["cutoff"]
+    template = run.spec.get("chat_template", "")
+
+    def encoded(items):
+        out = []
+        for messages in items:
+            example = data.encode(tokenizer, messages, template, cutoff)
+            if any(label != data.IGNORE_INDEX for label in example["labels"]):
+                out.append({"input_ids": example["input_ids"], "labels": example["labels"]})
+        return out
+
+    return encoded(train), encoded(validation)
+
+
+def metrics_callback(run: Run, total_steps_hint: int):
+    import psutil
+    import torch
+    from transformers import TrainerCallback
+
+    process = psutil.Process()
+    process.cpu_percent()
+
+    class Metrics(TrainerCallback):
+        """Each logged step as one JSON line: loss, learning rate, speed, ETA and the process's CPU and memory."""
+
+        def __init__(self):
+            self.last_time = time.monotonic()
+            self.last_tokens = 0
+            self.step_times: list[float] = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.last_time = time.monotonic()
+            self.last_tokens = state.num_input_tokens_seen or 0
+            run.status("train", f"Training from step {state.global_step}", step=state.global_step,
+                       total_steps=state.max_steps or total_steps_hint)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = time.monotonic()
+            elapsed = now - self.last_time
+            tokens = (state.num_input_tokens_seen or 0) - self.last_tokens
+            self.last_time, self.last_tokens = now, state.num_input_tokens_seen or 0
+            self.step_times.append(elapsed)
+            recent = self.step_times[-10:]
+            samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+            cpu = sum(p.cpu_percent() for p in [process]) / 100
+            record = {"type": "step", "step": state.global_step, "at": time.time(), "step_time_s": elapsed,
+                      "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
+                      "samples_per_s": samples / elapsed if elapsed > 0 else None,
+                      "eta_s": (state.max_steps - state.global_step) * sum(recent) / len(recent),
+                      "cpu_percent": cpu * 100, "memory_bytes": process.memory_info().rss}
+            if torch.cuda.is_available():
+                record["gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
+                try:
+                    record["gpu_percent"] = float(torch.cuda.utilization())
+                except Exception:  # utilization needs NVML, which not every node has
+                    pass
+            run.metric(record)
+            run.status("train", f"Step {state.global_step} of {state.max_steps}", step=state.global_step,
+                       total_steps=state.max_steps)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            record = {"type": "log", "step": state.global_step, "at": time.time()}
+            if "loss" in logs:
+                record["train_loss"] = logs["loss"]
+            if "learning_rate" in logs:
+                record["learning_rate"] = logs["learning_rate"]
+            if "eval_loss" in logs:
+                record["validation_loss"] = logs["eval_loss"]
+            if len(record) > 3:
+                run.metric(record)
+
+    return Metrics()
+
+
+def train(run: Run) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments
+
+    final = run.dir / ("adapter" if run.spec["method"] == "lora" else "trained")
+    if final.exists():
+        return
+    hyper = run.hyper
+    tokenizer = data.load_tokenizer(run.spec["base_path"])
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    run.status("train", "Tokenizing the dataset")
+    train_set, validation_set = training_examples(run, tokenizer)
+    if not train_set:
+        raise NoTrainingData("No training sample has an answer within the cutoff; raise the cutoff.")
+    model = load_base(run.spec)
+    if run.spec["method"] == "lora":
+        model = get_peft_model(model, LoraConfig(
+            r=hyper["lora_rank"], lora_alpha=hyper["lora_alpha"], lora_dropout=hyper["lora_dropout"],
+            target_modules=hyper["lora_targets"], task_type="CAUSAL_LM"))
+    if hyper.get("recompute"):
+        model.enable_input_require_grads()
+    checkpoints = run.dir / "checkpoints"
+    checkpoints.mkdir(exist_ok=True)
+    resume = latest_complete_checkpoint(checkpoints)
+    cuda = torch.cuda.is_available()
+    args = TrainingArguments(
+        output_dir=str(checkpoints), max_steps=hyper.get("max_steps") or -1,
+        num_train_epochs=hyper.get("epochs") or 1, learning_rate=hyper["learning_rate"],
+        lr_scheduler_type=hyper["lr_scheduler"], warmup_steps=hyper.get("warmup_steps", 0),
+        per_device_train_batch_size=hyper["micro_batch_size"], per_device_eval_batch_size=hyper["micro_batch_size"],
+        gradient_accumulation_steps=hyper["gradient_accumulation"],
+        activation_checkpointing=bool(hyper.get("recompute")),
+        logging_steps=1, save_strategy="steps", save_steps=hyper["save_steps"], save_total_limit=2,
+        eval_strategy="steps" if validation_set else "no", eval_steps=hyper["eval_steps"],
+        seed=hyper["seed"], data_seed=hyper["seed"], report_to=[], disable_tqdm=True, use_cpu=not cuda,
+        bf16=cuda and torch.cuda.is_bf16_supported(), dataloader_num_workers=0, remove_unused_columns=False,
+        include_num_input_tokens_seen="non_padding", save_only_model=False)
+    steps_hint = hyper.get("max_steps") or math.ceil(
+        len(train_set) / (hyper["micro_batch_size"] * hyper["gradient_accumulation"])) * (hyper.get("epochs") or 1)
+    trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=validation_set or None,
+                      data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=data.IGNORE_INDEX),
+                      callbacks=[metrics_callback(run, steps_hint)])
+    if resume is not None:
+        run.status("train", f"Resuming from {resume.name}")
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    partial = run.dir / f".{final.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    trainer.model.save_pretrained(str(partial))
+    os.replace(partial, final)
+
+
+def merge(run: Run) -> None:
+    """The trained weights as a plain Hugging Face model, with the tokenizer and the served chat template."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    target = run.dir / "merged"
+    if target.exists():
+        return
+    run.status("merge", "Folding the adapter into the base model")
+    if run.spec["method"] == "lora":
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(load_base(run.spec, torch.float32), str(run.dir / "adapter"))
+        plain = model.merge_and_unload()
+    else:
+        plain = AutoModelForCausalLM.from_pretrained(str(run.dir / "trained"), dtype=torch.float32)
+    tokenizer = data.load_tokenizer(run.spec["base_path"])
+    if run.spec.get("chat_template"):
+        tokenizer.chat_template = run.spec["chat_template"]
+    partial = run.dir / ".merged.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    plain.save_pretrained(str(partial))
+    tokenizer.save_pretrained(str(partial))
+    os.replace(partial, target)
+
+
+def main(argv: list[str]) -> int:
+    from enhancement.training import evaluate, export
+
+    run_dir = Path(argv[1])
+    lock = (run_dir / "lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print("Another process is already running this job; this one stops.", flush=True)
+        return LOCKED_EXIT
+    run = Run(run_dir)
+    (run_dir / "error.json").unlink(missing_ok=True)
+    try:
+        if run.spec.get("threads"):
+            import torch
+
+            torch.set_num_threads(int(run.spec["threads"]))
+        if run.spec["kind"] == "finetune":
+            train(run)
+            merge(run)
+            source = run.dir / "merged"
+        else:
+            source = Path(run.spec["base_path"])
+        outputs = export.export(run, source)
+        report = evaluate.evaluate(run, outputs)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            return failed(run, f"The disk filled up: {exc}. Free space and run the job again; it resumes from "
+                               f"its last complete checkpoint.")
+        raise
+    except (export.ExportFailed, data.TemplateMismatch, NoTrainingData) as exc:
+        return failed(run, str(exc))
+    write_json_atomic(run.dir / "result.json", {"outputs": outputs, "report": report})
+    run.status("done", "Finished")
+    return 0
+
+
+def failed(run: Run, reason: str) -> int:
+    """The reason the worker shows the user; anything unexpected goes to the log with its traceback."""
+    write_json_atomic(run.dir / "error.json", {"error": reason})
+    print(reason, file=sys.stderr, flush=True)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
