@@ -232,6 +232,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "rag_studio.tasks.resume_stalled_documents",
         "schedule": RAG_STALLED_CHECK_INTERVAL_S,
     },
+    "agents-resume-stalled-runs": {
+        "task": "agent_studio.tasks.resume_stalled_runs",
+        "schedule": 30.0,
+    },
 }
 
 LOGGING = {

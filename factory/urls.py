@@ -4,6 +4,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 import accounts.urls
+import agent_studio.urls
 import assets.urls
 import cluster.urls
 import enhancement.urls
@@ -20,6 +21,7 @@ api_urlpatterns = [
     *serving.urls.api_urlpatterns,
     *workbridge.urls.api_urlpatterns,
     *rag_studio.urls.api_urlpatterns,
+    *agent_studio.urls.api_urlpatterns,
     *enhancement.urls.api_urlpatterns,
     *runtime.urls.api_urlpatterns,
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -31,7 +33,6 @@ api_urlpatterns = [
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="dashboard", permanent=False)),
     path("dashboard/", views.dashboard, name="dashboard"),
-    path("section/<slug:section>/", views.coming, name="coming"),
     path("healthz", views.healthz, name="healthz"),
     path("api/", include(api_urlpatterns)),
     path("v1/", include(serving.urls.gateway_urlpatterns)),
@@ -42,6 +43,7 @@ urlpatterns = [
     path("", include(serving.urls.urlpatterns)),
     path("", include(workbridge.urls.urlpatterns)),
     path("", include(rag_studio.urls.urlpatterns)),
+    path("", include(agent_studio.urls.urlpatterns)),
     path("", include(enhancement.urls.urlpatterns)),
     path("", include(runtime.urls.urlpatterns)),
 ]

@@ -1,19 +1,15 @@
-"""The shell's own pages: the dashboard that gathers every floor, sections still to come, and health."""
+"""The shell's own pages: the dashboard that gathers every floor, and health."""
 
 import redis
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db import connection
-from django.http import Http404, JsonResponse
+from django.http import JsonResponse
 from django.shortcuts import render
 
 from accounts.errors import error_body
 from accounts.selectors import api_keys_visible_to, audit_entries, effective_role
 from cluster.selectors import nodes, pool_summary
-
-SECTIONS = {
-    "agents": ("Agent Studio", "Agents with tools, memory, planning and multi-agent teams."),
-}
 
 
 @login_required
@@ -26,14 +22,6 @@ def dashboard(request):
             revoked_at__isnull=True).count()
         context["recent"] = audit_entries(workspace=workspace)[:8]
     return render(request, "dashboard.html", context)
-
-
-@login_required
-def coming(request, section: str):
-    if section not in SECTIONS:
-        raise Http404("No such section.")
-    title, blurb = SECTIONS[section]
-    return render(request, "coming.html", {"title": title, "blurb": blurb, "section": section})
 
 
 def healthz(request):

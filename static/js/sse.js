@@ -1,4 +1,4 @@
-// Reads a fetch() response as server-sent events, yielding {event, data} with data parsed as JSON. The OpenAI
+// Reads a fetch() response as server-sent events, yielding {event, data, id} with data parsed as JSON. The OpenAI
 // stream's closing "[DONE]" ends it.
 async function* readEvents(response) {
   const reader = response.body.getReader();
@@ -14,7 +14,8 @@ async function* readEvents(response) {
       const data = raw.match(/^data: ?(.*)$/m)?.[1];
       if (data === undefined) continue;
       if (data.trim() === "[DONE]") return;
-      yield { event: raw.match(/^event: (.*)$/m)?.[1] ?? "message", data: JSON.parse(data) };
+      yield { event: raw.match(/^event: (.*)$/m)?.[1] ?? "message", data: JSON.parse(data),
+              id: raw.match(/^id: (.*)$/m)?.[1] };
     }
   }
 }

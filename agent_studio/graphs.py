@@ -1,0 +1,267 @@
+"""The agent templates, each a LangGraph graph built from one version's settings.
+
+- tool_calling: LangChain's `create_agent` (a ReAct loop on LangGraph) with the run's tools and middleware for the
+  prompt (variables filled in at every model call), short-term memory (a window of turns, or a summary) and the
+  tool-call limit.
+- plan_execute: a planner writes the steps (JSON held to a schema), the run pauses with `interrupt()` so the user
+  can edit, reorder, delete or add steps, an executor (a tool-calling agent) runs each step, an optional re-planner
+  revises the remaining steps, and a last call writes the answer from the steps' results.
+- team: a tool-calling supervisor whose tools are other agents of the workspace (each with its own tools, prompt and
+  memory scope), plus its own tools.
+"""
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Annotated, TypedDict
+
+from langchain.agents import create_agent
+from langchain.agents.middleware import (SummarizationMiddleware, ToolCallLimitMiddleware, dynamic_prompt,
+                                         wrap_model_call)
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.tools import StructuredTool
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.types import interrupt
+
+from accounts.errors import ValidationFailed
+from agent_studio import memory, toolkit
+from agent_studio.config import check_plan
+from agent_studio.models import Agent, AgentTemplate, StepKind
+from agent_studio.strategies import gateway_model, model_for
+from agent_studio.toolkit import RunContext
+from workbridge.importers import function_name
+
+CITE_HINT = "When you use passages from a knowledge base, cite them as [n]."
+PLANNER = ("Break the user's request into a short list of concrete steps that you will carry out with your tools. "
+           "Reply with JSON: {\"steps\": [\"...\", ...]}.")
+REPLANNER = ("Given the request, the plan and the results so far, decide: continue with the remaining steps, revise "
+             "them, or finish. Reply with JSON: {\"action\": \"continue\" | \"revise\" | \"finish\", \"steps\": "
+             "[remaining steps when revising]}.")
+ANSWERER = "Answer the user's request from the results of the steps below. Be brief."
+
+
+class PlanUnreadable(Exception):
+    """The planner's reply was not a usable plan, even when asked again."""
+
+
+@dataclass
+class Built:
+    graph: object
+    answer: Callable[[dict], str]
+
+
+def last_answer(state: dict) -> str:
+    """The final AI message's text; empty when the run ended on a tool call or a tool result."""
+    for message in reversed(state.get("messages") or []):
+        if isinstance(message, AIMessage):
+            return "" if message.tool_calls else str(message.content).strip()
+    return ""
+
+
+def recent_turns(messages: list[BaseMessage], size: int) -> list[BaseMessage]:
+    """The last `size` messages, starting at a user message so no tool result is left without its call."""
+    kept = messages[-size:]
+    for start, message in enumerate(kept):
+        if isinstance(message, HumanMessage):
+            return kept[start:]
+    return kept
+
+
+def _models(context: RunContext):
+    settings = context.settings
+    inner = gateway_model(workspace_id=context.workspace_id, model=settings["model"],
+                          temperature=settings["generation"]["temperature"],
+                          max_tokens=settings["limits"]["max_tokens"],
+                          timeout_s=min(settings["limits"]["timeout_s"], 300))
+    return model_for(settings["tool_strategy"], inner), inner
+
+
+def system_prompt(context: RunContext, extra: str = "") -> str:
+    values = memory.variable_values(definitions=context.settings["variables"], thread=context.thread)
+    parts = [memory.render_prompt(context.settings["system_prompt"], values), context.extra_prompt]
+    if context.settings["knowledge_bases"]:
+        parts.append(CITE_HINT)
+    if extra:
+        parts.append(extra)
+    return "\n\n".join(part for part in parts if part)
+
+
+def _middleware(context: RunContext, summarizer, extra_prompt: str) -> list:
+    @dynamic_prompt
+    def prompt(request) -> str:
+        return system_prompt(context, extra_prompt)
+
+    policy = context.settings["memory"]
+    size = policy["window_messages"]
+    if policy["short_term"] == "summary":
+        short_term = SummarizationMiddleware(model=summarizer, trigger=("messages", size), keep=("messages", size // 2))
+    else:
+        @wrap_model_call
+        def short_term(request, handler):
+            return handler(request.override(messages=recent_turns(request.messages, size)))
+    return [prompt, short_term,
+            ToolCallLimitMiddleware(run_limit=context.settings["limits"]["max_tool_calls"], exit_behavior="continue")]
+
+
+def tool_calling(context: RunContext, *, checkpointer, extra_tools: list | None = None,
+                 extra_prompt: str = "") -> Built:
+    model, inner = _models(context)
+    tools = [*toolkit.work_bridge_tools(context), *toolkit.knowledge_tools(context), *toolkit.memory_tools(context),
+             *context.extra_tools, *(extra_tools or [])]
+    if context.settings["limits"]["max_tool_calls"] == 0:
+        tools = []
+    graph = create_agent(model, tools, middleware=_middleware(context, inner, extra_prompt),
+                         checkpointer=checkpointer, store=None)
+    return Built(graph=graph, answer=last_answer)
+
+
+def _sub_agent_tool(context: RunContext, agent: Agent) -> StructuredTool:
+    settings = agent.versions.first().settings
+
+    def ask(task: str) -> str:
+        sub_context = replace(context, agent_id=agent.pk, agent_name=agent.name, settings=settings)
+        built = tool_calling(sub_context, checkpointer=False)
+        state = built.graph.invoke({"messages": [HumanMessage(content=task)]},
+                                   config={"callbacks": [context.recorder]})
+        return built.answer(state) or "Tool error: the sub-agent ended without an answer."
+
+    return StructuredTool.from_function(
+        func=ask, name=function_name(f"ask_{agent.name}"),
+        description=f"Give a task to the agent '{agent.name}'" + (f": {agent.description}" if agent.description else
+                                                                   "") + ". Returns its answer.",
+        args_schema={"type": "object", "required": ["task"],
+                     "properties": {"task": {"type": "string", "description": "What the agent should do"}}})
+
+
+def team(context: RunContext, *, checkpointer) -> Built:
+    members = list(Agent.objects.filter(workspace_id=context.workspace_id, pk__in=context.settings["sub_agents"]))
+    if missing := sorted(set(context.settings["sub_agents"]) - {agent.pk for agent in members}):
+        raise toolkit.BindingMissing(f"This version of the team uses agent(s) {', '.join(map(str, missing))}, which "
+                                     f"no longer exist; edit the team and save it without them.")
+    hint = "You lead a team: give each part of the task to the team member best suited to it, then answer."
+    return tool_calling(context, checkpointer=checkpointer, extra_prompt=hint,
+                        extra_tools=[_sub_agent_tool(context, agent) for agent in members])
+
+
+class PlanState(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    plan: list[str]
+    results: list[dict]
+    answer: str
+
+
+def _json_schema_call(model, name: str, schema: dict, messages: list[BaseMessage]) -> dict:
+    """A reply held to `schema` by the engine, parsed; asked twice before giving up."""
+    bound = model.bind(response_format={"type": "json_schema", "json_schema": {"name": name, "schema": schema}})
+    problem = ""
+    for _attempt in range(2):
+        reply = bound.invoke(messages)
+        try:
+            value = json.loads(reply.content)
+            if isinstance(value, dict):
+                return value
+            problem = "not a JSON object"
+        except (TypeError, ValueError) as exc:
+            problem = str(exc)
+    raise PlanUnreadable(f"The planner's reply could not be read twice ({problem}).")
+
+
+def plan_execute(context: RunContext, *, checkpointer) -> Built:
+    _, inner = _models(context)
+    planning = context.settings["planning"]
+    executor = tool_calling(context, checkpointer=False,
+                            extra_prompt="You are carrying out one step of a plan. Do only that step and report "
+                                         "its result briefly.")
+    recorder = context.recorder
+
+    def question(state: PlanState) -> str:
+        return next((str(m.content) for m in reversed(state["messages"]) if isinstance(m, HumanMessage)), "")
+
+    def history(state: PlanState) -> list[BaseMessage]:
+        earlier = [m for m in state["messages"][:-1] if isinstance(m, (HumanMessage, AIMessage)) and not
+                   getattr(m, "tool_calls", None)]
+        return recent_turns(earlier, context.settings["memory"]["window_messages"])
+
+    def plan(state: PlanState) -> dict:
+        schema = {"type": "object", "required": ["steps"], "properties": {"steps": {
+            "type": "array", "minItems": 1, "maxItems": planning["max_plan_steps"],
+            "items": {"type": "string", "minLength": 1, "maxLength": 300}}}}
+        reply = _json_schema_call(inner, "plan", schema, [SystemMessage(content=system_prompt(context, PLANNER)),
+                                                          *history(state), HumanMessage(content=question(state))])
+        try:
+            steps = check_plan(reply.get("steps"), limit=planning["max_plan_steps"])
+        except ValidationFailed as exc:
+            raise PlanUnreadable(f"The planner wrote no usable plan: {exc.message}") from exc
+        recorder.record(StepKind.PLAN, "plan", {"steps": steps})
+        return {"plan": steps, "results": [], "answer": ""}
+
+    def approve(state: PlanState) -> dict:
+        if planning["approval"] == "auto":
+            return {}
+        decision = interrupt({"plan": state["plan"]})
+        steps = check_plan(decision.get("plan") if isinstance(decision, dict) else None)
+        recorder.record(StepKind.PLAN, "plan approved", {"steps": steps, "edited": steps != state["plan"]})
+        return {"plan": steps}
+
+    def execute(state: PlanState) -> dict:
+        done = len(state["results"])
+        step = state["plan"][done]
+        so_far = "\n".join(f"{n}. {item['step']} -> {item['result']}" for n, item in enumerate(state["results"], 1))
+        task = (f"The user's request: {question(state)}\n" + (f"Steps done so far:\n{so_far}\n" if so_far else "")
+                + f"Now do step {done + 1}: {step}")
+        out = executor.graph.invoke({"messages": [HumanMessage(content=task)]}, config={"callbacks": [recorder]})
+        return {"results": [*state["results"], {"step": step, "result": executor.answer(out) or "(no result)"}]}
+
+    def replan(state: PlanState) -> dict:
+        done = state["results"]
+        schema = {"type": "object", "required": ["action"], "properties": {
+            "action": {"enum": ["continue", "revise", "finish"]},
+            "steps": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 300}}}}
+        summary = json.dumps({"request": question(state), "plan": state["plan"], "results": done}, ensure_ascii=False)
+        reply = _json_schema_call(inner, "replan", schema, [SystemMessage(content=system_prompt(context, REPLANNER)),
+                                                            HumanMessage(content=summary)])
+        kept = [item["step"] for item in done]
+        if reply.get("action") == "finish":
+            recorder.record(StepKind.PLAN, "plan finished early", {"steps": kept})
+            return {"plan": kept}
+        if reply.get("action") == "revise" and reply.get("steps"):
+            steps = check_plan(kept + list(reply["steps"]), limit=len(kept) + planning["max_plan_steps"])
+            recorder.record(StepKind.PLAN, "plan revised", {"steps": steps})
+            return {"plan": steps}
+        return {}
+
+    def answer(state: PlanState) -> dict:
+        results = "\n".join(f"{n}. {item['step']}\n{item['result']}" for n, item in enumerate(state["results"], 1))
+        reply = inner.invoke([SystemMessage(content=system_prompt(context, ANSWERER)),
+                              HumanMessage(content=f"Request: {question(state)}\n\nStep results:\n{results}")])
+        text = str(reply.content).strip()
+        return {"answer": text, "messages": [AIMessage(content=text)]}
+
+    def after_step(state: PlanState) -> str:
+        if len(state["results"]) >= len(state["plan"]):
+            return "answer"
+        return "replan" if planning["replan"] else "execute"
+
+    def after_replan(state: PlanState) -> str:
+        return "answer" if len(state["results"]) >= len(state["plan"]) else "execute"
+
+    builder = StateGraph(PlanState)
+    for name, node in (("plan", plan), ("approve", approve), ("execute", execute), ("replan", replan),
+                       ("answer", answer)):
+        builder.add_node(name, node)
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "approve")
+    builder.add_edge("approve", "execute")
+    builder.add_conditional_edges("execute", after_step, ["execute", "replan", "answer"])
+    builder.add_conditional_edges("replan", after_replan, ["execute", "answer"])
+    builder.add_edge("answer", END)
+    return Built(graph=builder.compile(checkpointer=checkpointer), answer=lambda state: state.get("answer", ""))
+
+
+TEMPLATES = {AgentTemplate.TOOL_CALLING: tool_calling, AgentTemplate.PLAN_EXECUTE: plan_execute,
+             AgentTemplate.TEAM: team}
+
+
+def build(context: RunContext, *, checkpointer) -> Built:
+    return TEMPLATES[context.settings["template"]](context, checkpointer=checkpointer)

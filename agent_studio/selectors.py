@@ -1,0 +1,42 @@
+from django.db.models import Count, QuerySet
+
+from agent_studio.models import Agent, AgentEvalRun, AgentRun, AgentThread, RunStep, Scenario
+from agent_studio.tracing import step_payload
+
+
+def agents(*, workspace) -> QuerySet[Agent]:
+    return Agent.objects.filter(workspace=workspace)
+
+
+def agents_with_counts(*, workspace) -> QuerySet[Agent]:
+    return agents(workspace=workspace).annotate(run_count=Count("runs", distinct=True))
+
+
+def runs(*, workspace) -> QuerySet[AgentRun]:
+    return AgentRun.objects.filter(agent__workspace=workspace).select_related("agent", "version", "thread")
+
+
+def threads(*, workspace) -> QuerySet[AgentThread]:
+    return AgentThread.objects.filter(agent__workspace=workspace).select_related("agent")
+
+
+def scenarios(*, workspace) -> QuerySet[Scenario]:
+    return Scenario.objects.filter(agent__workspace=workspace).select_related("agent")
+
+
+def eval_runs(*, workspace) -> QuerySet[AgentEvalRun]:
+    return AgentEvalRun.objects.filter(agent__workspace=workspace).select_related("agent", "version")
+
+
+def run_steps(run: AgentRun) -> list[dict]:
+    return [step_payload(step) for step in RunStep.objects.filter(run=run)]
+
+
+def thread_variables(thread: AgentThread) -> dict:
+    """Each defined variable of the thread's agent, with its scope, description and value in this thread."""
+    from agent_studio.memory import variable_values
+
+    definitions = thread.agent.settings.get("variables", [])
+    values = variable_values(definitions=definitions, thread=thread)
+    return {"thread_id": str(thread.public_id), "end_user": thread.end_user,
+            "variables": [definition | {"value": values.get(definition["name"])} for definition in definitions]}

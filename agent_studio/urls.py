@@ -1,0 +1,23 @@
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from agent_studio import api, views
+
+router = SimpleRouter()
+router.register("agents/runs", api.RunViewSet, basename="agent-run")
+router.register("agents/threads", api.ThreadViewSet, basename="agent-thread")
+router.register("agents/scenarios", api.ScenarioViewSet, basename="agent-scenario")
+router.register("agents/evaluations", api.EvaluationViewSet, basename="agent-evaluation")
+router.register("agents", api.AgentViewSet, basename="agent")
+
+api_urlpatterns = [*router.urls]
+
+urlpatterns = [
+    path("agents/", views.agents_home, name="agents"),
+    path("agents/<int:agent_id>/", views.agent_page, name="agent"),
+    path("agents/<int:agent_id>/delete/", views.agent_delete, name="agent-delete"),
+    path("agents/<int:agent_id>/chat/", views.agent_chat, name="agent-chat"),
+    path("agents/<int:agent_id>/evaluation/", views.agent_evaluation, name="agent-evaluation"),
+    path("agents/evaluations/<int:evaluation_id>/", views.evaluation_report, name="agent-evaluation-report"),
+    path("agents/evaluations/<int:evaluation_id>/export/", views.evaluation_export, name="agent-evaluation-export"),
+]
