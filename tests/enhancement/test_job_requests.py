@@ -1,0 +1,83 @@
+"""What a fine-tune or compression request is refused for, before anything runs: each a 400 naming the problem."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from accounts.services import Actor
+from enhancement.services import import_sample_dataset
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def client(make_workspace, key_client, this_node):
+    workspace = make_workspace("Tuning", owner="tuner")
+    api = key_client("tuner", workspace)
+    api.dataset = import_sample_dataset(actor=Actor(user=get_user_model().objects.get(username="tuner")),
+                                        workspace=workspace)
+    api.workspace = workspace
+    return api
+
+
+def finetune(client, **overrides):
+    body = {"name": "tune", "base_model": "smollm2-135m-instruct", "dataset": client.dataset.pk,
+            "hyperparameters": {"max_steps": 4}, "quantizations": ["q8_0"], **overrides}
+    return client.post("/api/enhancement/jobs/", body, format="json")
+
+
+def test_a_valid_request_is_queued_with_the_plan_it_will_run_with(client, smollm2):
+    answer = finetune(client)
+    assert answer.status_code == 201, answer.json()
+    job = answer.json()
+    assert job["state"] == "queued" and job["stage"] == "queued"
+    chosen = job["plan"]["chosen"]
+    assert chosen["tensor_parallel"] == chosen["pipeline_parallel"] == chosen["data_parallel"] == 1
+    assert job["hyperparameters"]["micro_batch_size"] == chosen["micro_batch"]
+    assert job["hyperparameters"]["gradient_accumulation"] * chosen["micro_batch"] == 4
+    assert finetune(client).status_code == 409
+
+
+def test_an_external_model_is_not_trainable(client, smollm2):
+    from serving.models import Model
+
+    Model.objects.create(workspace=client.workspace, name="remote", kind="external", url="https://api.example.com/v1")
+    answer = finetune(client, base_model="remote")
+    assert answer.status_code == 400
+    assert "'remote' is an external endpoint" in answer.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("settings_, message", [
+    ({"learning_rate": 5}, "learning_rate must be between"),
+    ({"lora_rank": 0}, "lora_rank must be between 1 and 1024"),
+    ({"cutoff": "long"}, "cutoff must be a whole number"),
+    ({"lora_targets": ["q_proj", "attention"]}, "LoRA targets must be among"),
+    ({"batch_size": 6, "micro_batch_size": 4}, "must be a multiple of the micro-batch size"),
+    ({"warmup": 3}, "Unknown setting(s): warmup"),
+])
+def test_hyperparameters_out_of_range_are_named(client, smollm2, settings_, message):
+    answer = finetune(client, hyperparameters=settings_)
+    assert answer.status_code == 400
+    assert message in answer.json()["error"]["message"]
+
+
+def test_a_plan_that_cannot_fit_the_node_is_refused(client, smollm2):
+    answer = finetune(client, method="full", hyperparameters={"cutoff": 32768, "batch_size": 4096})
+    assert answer.status_code == 400
+    assert "No layout fits" in answer.json()["error"]["message"]
+
+
+def test_the_planner_endpoint_plans_for_hardware_entered_by_hand(client, smollm2):
+    answer = client.post("/api/enhancement/plan/", {
+        "model": "smollm2-135m-instruct", "method": "full", "sequence_length": 2048, "batch_size": 12,
+        "devices": [{"count": 6, "memory_gb": 24, "tflops": 80}]}, format="json")
+    assert answer.status_code == 200, answer.json()
+    plans = answer.json()["plans"]
+    assert {p["tensor_parallel"] for p in plans} <= {1, 3}
+    assert plans[0]["rank"] == 1 and plans[0]["why"].startswith("fastest estimate")
+
+
+def test_a_gguf_cannot_be_quantized_back_to_f16(client, smollm2):
+    answer = client.post("/api/enhancement/jobs/quantize/", {"name": "q", "base_model": "smollm2-135m-instruct",
+                                                             "quantizations": ["f16"]}, format="json")
+    assert answer.status_code == 400
+    assert "cannot be turned back into f16" in answer.json()["error"]["message"]
