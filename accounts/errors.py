@@ -49,6 +49,26 @@ class Conflict(ApplicationError):
     code = "conflict"
 
 
+class RateLimited(ApplicationError):
+    status = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ServiceUnavailable(ApplicationError):
+    """A part of the platform the request needs (Redis, say) is not answering: retry shortly."""
+
+    status = 503
+    code = "unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 5):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 def error_body(code: str, message: str, fields: dict | None = None) -> dict:
     error = {"code": code, "message": message}
     if fields:
@@ -68,7 +88,8 @@ def _first_message(detail) -> str:
 
 def api_exception_handler(exc, context):
     if isinstance(exc, ApplicationError):
-        return Response(error_body(exc.code, exc.message, exc.fields), status=exc.status)
+        headers = {"Retry-After": str(exc.retry_after)} if hasattr(exc, "retry_after") else {}
+        return Response(error_body(exc.code, exc.message, exc.fields), status=exc.status, headers=headers)
     if isinstance(exc, Http404):
         exc = drf_exceptions.NotFound(str(exc) or "Not found.")
     elif isinstance(exc, DjangoPermissionDenied):

@@ -8,7 +8,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 
 from accounts.errors import ApplicationError
-from accounts.models import ROLE_RANK
+from accounts.models import ROLE_RANK, rank_of
 from accounts.selectors import effective_role
 from accounts.services import Actor
 
@@ -37,4 +37,4 @@ def workspace_page(view):
 
 
 def has_role(request, role: str) -> bool:
-    return ROLE_RANK[request.workspace_role] >= ROLE_RANK[role]
+    return rank_of(request.workspace_role) >= ROLE_RANK[role]

@@ -13,6 +13,15 @@ class Role(models.TextChoices):
 ROLE_RANK = {Role.VIEWER: 0, Role.DEVELOPER: 1, Role.ADMIN: 2, Role.OWNER: 3}
 
 
+def rank_of(role: str | None) -> int:
+    """A role's rank; a role that is not one of ours (a row edited by hand) ranks below viewer: it may do nothing."""
+    return ROLE_RANK.get(role, -1)
+
+
+def _known_role(field: str) -> models.CheckConstraint:
+    return models.CheckConstraint(condition=models.Q(**{f"{field}__in": Role.values}), name="%(class)s_known_role")
+
+
 class Workspace(models.Model):
     name = models.CharField(max_length=120)
     slug = models.SlugField(max_length=64, unique=True)
@@ -32,7 +41,8 @@ class Membership(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["workspace", "user"], name="one_membership_per_user")]
+        constraints = [models.UniqueConstraint(fields=["workspace", "user"], name="one_membership_per_user"),
+                       _known_role("role")]
         ordering = ["workspace", "user__username"]
 
 
@@ -51,6 +61,7 @@ class ApiKey(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [_known_role("role")]
 
 
 class AuditEntry(models.Model):

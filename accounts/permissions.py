@@ -4,7 +4,7 @@ workspace's objects. Another workspace's object is indistinguishable from a miss
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from accounts.errors import Forbidden, NotFound
-from accounts.models import ROLE_RANK, ApiKey, Role, Workspace
+from accounts.models import ROLE_RANK, ApiKey, Role, Workspace, rank_of
 from accounts.selectors import effective_role
 from accounts.services import Actor
 
@@ -39,7 +39,7 @@ class WorkspaceRole(BasePermission):
             raise NotFound("Workspace not found, or you are not a member of it.")
         needed = getattr(view, "read_role", Role.VIEWER) if request.method in SAFE_METHODS else getattr(
             view, "write_role", Role.DEVELOPER)
-        if ROLE_RANK[role] < ROLE_RANK[needed]:
+        if rank_of(role) < ROLE_RANK[needed]:
             raise Forbidden(f"This needs the {needed} role in workspace '{workspace.slug}'; you are {role}.")
         request.workspace_role = role
         return True

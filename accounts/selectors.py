@@ -1,6 +1,6 @@
 from django.db.models import QuerySet
 
-from accounts.models import ROLE_RANK, ApiKey, AuditEntry, Membership, Role, Workspace
+from accounts.models import ROLE_RANK, ApiKey, AuditEntry, Membership, Role, Workspace, rank_of
 
 
 def workspaces_for(*, user) -> QuerySet[Workspace]:
@@ -18,14 +18,14 @@ def effective_role(*, user, api_key: ApiKey | None, workspace: Workspace) -> str
     membership = Membership.objects.filter(user=user, workspace=workspace).only("role").first()
     if membership is None:
         return None
-    if api_key is not None and ROLE_RANK[api_key.role] < ROLE_RANK[membership.role]:
+    if api_key is not None and rank_of(api_key.role) < rank_of(membership.role):
         return api_key.role
     return membership.role
 
 
 def api_keys_visible_to(*, user, workspace: Workspace, role: str) -> QuerySet[ApiKey]:
     keys = ApiKey.objects.filter(workspace=workspace).select_related("created_by")
-    if ROLE_RANK[role] < ROLE_RANK[Role.ADMIN]:
+    if rank_of(role) < ROLE_RANK[Role.ADMIN]:
         keys = keys.filter(created_by=user)
     return keys
 

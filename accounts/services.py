@@ -1,5 +1,6 @@
 import hashlib
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -10,7 +11,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from accounts.errors import Conflict, Forbidden, NotFound, Unauthenticated, ValidationFailed
-from accounts.models import ROLE_RANK, ApiKey, AuditEntry, Membership, Role, Workspace
+from accounts.models import ROLE_RANK, ApiKey, AuditEntry, Membership, Role, Workspace, rank_of
 
 User = get_user_model()
 API_KEY_PREFIX = "afk_"
@@ -52,10 +53,42 @@ def require_role(*, actor: Actor, workspace: Workspace, role: str) -> None:
     held = role_of(user=actor.user, workspace=workspace) if actor.user else None
     if held is None:
         raise NotFound("Workspace not found.")
-    if actor.api_key is not None and ROLE_RANK[actor.api_key.role] < ROLE_RANK[held]:
+    if actor.api_key is not None and rank_of(actor.api_key.role) < rank_of(held):
         held = actor.api_key.role
-    if ROLE_RANK[held] < ROLE_RANK[role]:
+    if rank_of(held) < ROLE_RANK[role]:
         raise Forbidden(f"This needs the {role} role in workspace '{workspace.slug}'; you are {held}.")
+
+
+def is_platform_admin(actor: Actor) -> bool:
+    """A platform administrator is a staff user; through an API key only one with the admin role or above."""
+    user = actor.user
+    if user is None or not (user.is_staff and user.is_active):
+        return False
+    return actor.api_key is None or rank_of(actor.api_key.role) >= ROLE_RANK[Role.ADMIN]
+
+
+def require_platform_admin(*, actor: Actor, action: str) -> None:
+    """Shared things (preset models and their deployments, model files on the server) are changed by platform
+    administrators only; the platform itself (no user: bootstrap, presets) may too."""
+    if actor.user is not None and not is_platform_admin(actor):
+        raise Forbidden(f"{action} is a platform administrator's action; ask one of them.")
+
+
+def require_role_or_platform(*, actor: Actor, workspace: Workspace | None, role: str, action: str) -> None:
+    """`role` in the workspace; for a shared thing (no workspace), a platform administrator. The platform itself
+    (no user) passes."""
+    if actor.user is None:
+        return
+    if workspace is None:
+        require_platform_admin(actor=actor, action=action)
+    else:
+        require_role(actor=actor, workspace=workspace, role=role)
+
+
+def _check_role(role: str, field: str = "role") -> None:
+    if role not in Role.values:
+        raise ValidationFailed(f"'{role}' is not a role; roles are {', '.join(Role.values)}.",
+                               fields={field: [f"One of {', '.join(Role.values)}."]})
 
 
 def _unique_slug(name: str) -> str:
@@ -80,6 +113,7 @@ def create_workspace(*, actor: Actor, name: str) -> Workspace:
 @transaction.atomic
 def add_member(*, actor: Actor, workspace: Workspace, username: str, role: str) -> Membership:
     require_role(actor=actor, workspace=workspace, role=Role.ADMIN)
+    _check_role(role)
     if role == Role.OWNER:
         require_role(actor=actor, workspace=workspace, role=Role.OWNER)
     user = User.objects.filter(username=username).first()
@@ -105,6 +139,7 @@ def _ensure_an_owner_remains(membership: Membership) -> None:
 @transaction.atomic
 def change_member_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
     require_role(actor=actor, workspace=membership.workspace, role=Role.ADMIN)
+    _check_role(role)
     if Role.OWNER in (role, membership.role):
         require_role(actor=actor, workspace=membership.workspace, role=Role.OWNER)
     if role != Role.OWNER:
@@ -119,10 +154,14 @@ def change_member_role(*, actor: Actor, membership: Membership, role: str) -> Me
 
 @transaction.atomic
 def remove_member(*, actor: Actor, membership: Membership) -> None:
+    """Remove a member, and revoke every API key they made in this workspace: a key acts as its maker, who is no
+    longer here."""
     require_role(actor=actor, workspace=membership.workspace, role=Role.ADMIN)
     _ensure_an_owner_remains(membership)
+    revoked = ApiKey.objects.filter(workspace=membership.workspace, created_by=membership.user,
+                                    revoked_at__isnull=True).update(revoked_at=timezone.now())
     record_audit(actor=actor, workspace=membership.workspace, action="member.remove", target=membership,
-                 detail={"username": membership.user.username})
+                 detail={"username": membership.user.username, "keys_revoked": revoked})
     membership.delete()
 
 
@@ -158,6 +197,7 @@ class IssuedKey:
 def create_api_key(*, actor: Actor, workspace: Workspace, name: str, role: str = Role.DEVELOPER,
                    expires_at: datetime | None = None) -> IssuedKey:
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    _check_role(role)
     # A key can never hold more rights than the person who makes it.
     require_role(actor=actor, workspace=workspace, role=role)
     name = name.strip()
@@ -210,26 +250,32 @@ def authenticate_api_key(*, raw: str) -> ApiKey:
 SERVICE_TOKEN_PREFIX = "afs_"
 
 
-def _service_signature(workspace_id: int) -> str:
+def _service_signature(claim: str) -> str:
     from django.conf import settings
     from django.utils.crypto import salted_hmac
 
-    return salted_hmac("accounts.service-token", str(workspace_id), secret=settings.SECRET_KEY,
-                       algorithm="sha256").hexdigest()
+    return salted_hmac("accounts.service-token", claim, secret=settings.SECRET_KEY, algorithm="sha256").hexdigest()
 
 
-def service_token(*, workspace_id: int) -> str:
+def service_token(*, workspace_id: int, ttl_s: int | None = None) -> str:
     """A credential the platform's own processes use to call its APIs (the gateway, from RAG and agents) for a
-    workspace. Derived from the secret key, so nothing is stored and rotating the key revokes every token."""
-    return f"{SERVICE_TOKEN_PREFIX}{workspace_id}.{_service_signature(workspace_id)}"
+    workspace: `afs_<workspace>.<expires, unix seconds>.<HMAC of both>`. Derived from the secret key, so nothing is
+    stored, rotating the key revokes every token, and each stops working at its expiry."""
+    from django.conf import settings
+
+    expires = int(time.time()) + (settings.SERVICE_TOKEN_TTL_S if ttl_s is None else ttl_s)
+    claim = f"{workspace_id}.{expires}"
+    return f"{SERVICE_TOKEN_PREFIX}{claim}.{_service_signature(claim)}"
 
 
 def authenticate_service_token(*, raw: str) -> int:
-    """The workspace id a service token acts for."""
-    workspace_id, _, signature = raw[len(SERVICE_TOKEN_PREFIX):].partition(".")
-    if not raw.startswith(SERVICE_TOKEN_PREFIX) or not workspace_id.isdigit() or not secrets.compare_digest(
-            signature, _service_signature(int(workspace_id))):
+    """The workspace id a live service token acts for."""
+    workspace_id, expires, signature = (raw[len(SERVICE_TOKEN_PREFIX):].split(".") + ["", "", ""])[:3]
+    if not (raw.startswith(SERVICE_TOKEN_PREFIX) and workspace_id.isdigit() and expires.isdigit()
+            and secrets.compare_digest(signature, _service_signature(f"{workspace_id}.{expires}"))):
         raise Unauthenticated("Invalid service token.")
+    if int(expires) <= time.time():
+        raise Unauthenticated("This service token has expired.")
     return int(workspace_id)
 
 

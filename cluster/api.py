@@ -21,7 +21,7 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["id", "name", "hostname", "queue", "status", "cpu_cores", "memory_bytes", "last_heartbeat_at",
+        fields = ["id", "name", "hostname", "address", "queue", "status", "cpu_cores", "memory_bytes", "last_heartbeat_at",
                   "registered_at", "info", "devices"]
 
 
@@ -57,7 +57,8 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Jobs dispatched to nodes by this workspace, with every state transition."""
+    """Jobs dispatched to nodes by this workspace, with every state transition. Only kinds that act on no other
+    app's objects can be submitted here (`node.inventory`); replicas start and stop through their deployment."""
 
     queryset = Job.objects.select_related("node").prefetch_related("events")
     serializer_class = JobSerializer
@@ -66,7 +67,7 @@ class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
     def create(self, request):
         data = JobCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        job = services.dispatch_job(actor=self.actor, workspace=self.workspace, **data.validated_data)
+        job = services.submit_job(actor=self.actor, workspace=self.workspace, **data.validated_data)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=JobSerializer)

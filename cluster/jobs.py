@@ -3,6 +3,10 @@ cluster runs their work without importing them.
 
 A handler takes the Job and a `report(progress, message)` callback and returns a JSON-able result. It may be
 run again after a worker dies mid-way, so it must be safe to repeat.
+
+Only kinds registered `submittable=True` may be submitted through the generic jobs API: the others act on another
+app's objects (a replica, a training run) and are dispatched by that app's services, which check whose the object is
+and the caller's role first.
 """
 
 from collections.abc import Callable
@@ -11,11 +15,14 @@ from typing import Any
 Report = Callable[[float, str], None]
 Handler = Callable[[Any, Report], dict]
 _handlers: dict[str, Handler] = {}
+_submittable: set[str] = set()
 
 
-def job_handler(kind: str):
+def job_handler(kind: str, *, submittable: bool = False):
     def register(handler: Handler) -> Handler:
         _handlers[kind] = handler
+        if submittable:
+            _submittable.add(kind)
         return handler
 
     return register
@@ -27,3 +34,7 @@ def handler_for(kind: str) -> Handler | None:
 
 def known_kinds() -> list[str]:
     return sorted(_handlers)
+
+
+def submittable_kinds() -> list[str]:
+    return sorted(_submittable)

@@ -13,6 +13,8 @@ class Node(models.Model):
 
     name = models.SlugField(max_length=64, unique=True)
     hostname = models.CharField(max_length=255, blank=True)
+    # Where its engine replicas listen (FACTORY_NODE_ADDRESS of its worker), reached by the gateway.
+    address = models.CharField(max_length=255, default="127.0.0.1")
     cpu_cores = models.PositiveIntegerField(default=0)
     memory_bytes = models.BigIntegerField(default=0)
     status = models.CharField(max_length=16, choices=NodeStatus.choices, default=NodeStatus.HEALTHY)

@@ -7,10 +7,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.errors import Conflict, NotFound, ValidationFailed
-from accounts.models import Workspace
-from accounts.services import Actor, record_audit
+from accounts.models import Role, Workspace
+from accounts.services import Actor, record_audit, require_role
 from cluster import inventory
-from cluster.jobs import handler_for, job_handler, known_kinds
+from cluster.jobs import handler_for, job_handler, known_kinds, submittable_kinds
 from cluster.models import FINISHED_JOB_STATES, Device, Job, JobEvent, JobState, Node, NodeStatus
 
 logger = logging.getLogger(__name__)
@@ -18,12 +18,14 @@ RUN_JOB_TASK = "cluster.tasks.run_job"
 
 
 @transaction.atomic
-def register_node(*, name: str, resources: inventory.Resources) -> Node:
-    """Add or refresh a node and its devices from a reading of its resources."""
+def register_node(*, name: str, resources: inventory.Resources, address: str = "127.0.0.1") -> Node:
+    """Add or refresh a node and its devices from a reading of its resources; `address` is where its engine
+    replicas listen."""
     node, _ = Node.objects.update_or_create(
         name=name,
         defaults={
             "hostname": resources.hostname,
+            "address": address,
             "cpu_cores": resources.cpu_cores,
             "memory_bytes": resources.memory_bytes,
             "status": NodeStatus.HEALTHY,
@@ -44,7 +46,7 @@ def register_node(*, name: str, resources: inventory.Resources) -> Node:
 
 
 def register_local_node() -> Node:
-    return register_node(name=settings.NODE_NAME, resources=inventory.probe())
+    return register_node(name=settings.NODE_NAME, resources=inventory.probe(), address=settings.NODE_ADDRESS)
 
 
 def _heartbeat_info(resources: inventory.Resources) -> dict:
@@ -58,7 +60,7 @@ def _heartbeat_info(resources: inventory.Resources) -> dict:
 def record_heartbeat(*, name: str, resources: inventory.Resources) -> Node:
     node = Node.objects.filter(name=name).first()
     if node is None or node.devices.count() != len(resources.gpus):
-        return register_node(name=name, resources=resources)
+        return register_node(name=name, resources=resources, address=settings.NODE_ADDRESS)
     Node.objects.filter(pk=node.pk).update(status=NodeStatus.HEALTHY, last_heartbeat_at=timezone.now(),
                                            info=_heartbeat_info(resources))
     node.refresh_from_db()
@@ -106,6 +108,32 @@ def dispatch_job(*, actor: Actor, workspace: Workspace | None, kind: str, node: 
     return job
 
 
+def submit_job(*, actor: Actor, workspace: Workspace, kind: str, node: Node, payload: dict | None = None) -> Job:
+    """A job asked for through the generic jobs API: only kinds that act on no other app's objects (a replica's
+    start and stop are the deployment's business, and its services check whose it is)."""
+    require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    if kind not in submittable_kinds():
+        if handler_for(kind) is None:
+            raise ValidationFailed(f"Unknown job kind '{kind}'. Kinds you can submit: "
+                                   f"{', '.join(submittable_kinds())}.", fields={"kind": ["Unknown kind."]})
+        raise ValidationFailed(f"Jobs of kind '{kind}' are started by their own app (its page or API), not through "
+                               f"the jobs API. Kinds you can submit: {', '.join(submittable_kinds())}.",
+                               fields={"kind": ["Not submittable."]})
+    return dispatch_job(actor=actor, workspace=workspace, kind=kind, node=node, payload=payload)
+
+
+@transaction.atomic
+def cancel_job(*, actor: Actor, job: Job) -> Job:
+    if job.workspace is not None:
+        require_role(actor=actor, workspace=job.workspace, role=Role.DEVELOPER)
+    if job.state in FINISHED_JOB_STATES:
+        raise Conflict(f"Job {job.pk} has already {job.state}.")
+    if job.celery_task_id:
+        current_app.control.revoke(job.celery_task_id)
+    record_audit(actor=actor, workspace=job.workspace, action="job.cancel", target=job)
+    return _transition(job, JobState.CANCELLED, "Cancelled by user")
+
+
 def _send(job: Job) -> None:
     result = current_app.send_task(RUN_JOB_TASK, args=[job.pk], queue=job.node.queue)
     Job.objects.filter(pk=job.pk).update(celery_task_id=result.id)
@@ -142,20 +170,10 @@ def run_job(*, job_id: int, worker: str) -> Job:
     return _transition(job, JobState.SUCCEEDED, "Done", progress=1.0, result=result or {})
 
 
-@transaction.atomic
-def cancel_job(*, actor: Actor, job: Job) -> Job:
-    if job.state in FINISHED_JOB_STATES:
-        raise Conflict(f"Job {job.pk} has already {job.state}.")
-    if job.celery_task_id:
-        current_app.control.revoke(job.celery_task_id)
-    record_audit(actor=actor, workspace=job.workspace, action="job.cancel", target=job)
-    return _transition(job, JobState.CANCELLED, "Cancelled by user")
-
-
-@job_handler("node.inventory")
+@job_handler("node.inventory", submittable=True)
 def refresh_inventory(job: Job, report) -> dict:
     """Re-read this node's CPUs, memory and GPUs (after a GPU was added, say)."""
     report(0.1, "Reading resources")
     resources = inventory.probe()
-    register_node(name=settings.NODE_NAME, resources=resources)
+    register_node(name=settings.NODE_NAME, resources=resources, address=settings.NODE_ADDRESS)
     return resources.as_dict()

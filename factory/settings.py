@@ -1,7 +1,8 @@
 """Settings, read from the environment so that one codebase runs as the appliance and as a cluster.
 
-FACTORY_ENV            dev (default) or prod; prod refuses the default secret key and turns DEBUG off
-FACTORY_SECRET_KEY     required in prod
+FACTORY_ENV            dev (default) or prod; prod requires a long secret key and ALLOWED_HOSTS, turns DEBUG off and
+                       HTTPS-only cookies, HSTS and the HTTPS redirect on (`manage.py check --deploy` is clean)
+FACTORY_SECRET_KEY     required in prod (50 characters or more); otherwise made once in the data dir
 FACTORY_DATA_DIR       files, indexes, the SQLite database and engine logs (default ./data)
 DATABASE_URL           Postgres in a cluster (default: SQLite in the data dir, WAL mode)
 REDIS_URL              Celery broker, result backend and cache (default redis://127.0.0.1:6379/0)
@@ -14,11 +15,20 @@ FACTORY_EGRESS_ALLOW   hosts and networks every workspace's tools may reach thou
 FACTORY_MCP_ALLOWED_HOSTS    the names /mcp answers to (default: loopback, FACTORY_HOST, ALLOWED_HOSTS)
 FACTORY_SANDBOX        bwrap (default) or unsafe-dev: how python tools are isolated
 FACTORY_SANDBOX_MEMORY_MB, FACTORY_SANDBOX_PROCESSES  each python tool run's memory and process limits (512, 32)
+FACTORY_ALLOWED_HOSTS  the Host names the web server answers to (required in prod; loopback and the platform's own
+                       names in dev)
+FACTORY_PUBLIC_URL     the address people and browsers reach the platform at (the web chat's own origin)
+FACTORY_MODEL_DIRS     the only directories models may be registered from by path (platform administrators)
+FACTORY_NODE_ADDRESS   the address this node's engine replicas listen on, reached by the gateway and health checks
+FACTORY_METRICS_TOKEN  the bearer token Prometheus sends to /metrics (staff sessions need none)
+FACTORY_*_RATE         rate limits, below
 """
 
 import os
+import secrets
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -30,19 +40,69 @@ from django.core.exceptions import ImproperlyConfigured
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-DEV_SECRET_KEY = "dev-only-insecure-key-change-me"
-
 FACTORY_ENV = os.environ.get("FACTORY_ENV", "dev")
-SECRET_KEY = os.environ.get("FACTORY_SECRET_KEY") or DEV_SECRET_KEY
-if FACTORY_ENV == "prod" and SECRET_KEY == DEV_SECRET_KEY:
-    raise ImproperlyConfigured("FACTORY_SECRET_KEY must be set to a private value when FACTORY_ENV=prod.")
-DEBUG = FACTORY_ENV != "prod" and os.environ.get("FACTORY_DEBUG", "0") == "1"
-ALLOWED_HOSTS = os.environ.get("FACTORY_ALLOWED_HOSTS", "*").split(",")
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("FACTORY_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
-
+PRODUCTION = FACTORY_ENV == "prod"
 DATA_DIR = Path(os.environ.get("FACTORY_DATA_DIR", BASE_DIR / "data")).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
+MIN_SECRET_KEY_LENGTH = 50
+
+
+def _generated_secret_key() -> str:
+    """A random key made on first run and kept in the data dir (mode 0600), so that no installation signs sessions
+    and service tokens with a key anyone can read in the repository. Every process of one installation shares the
+    data dir, and so the key; nodes elsewhere are given FACTORY_SECRET_KEY."""
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        try:
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
+                file.write(secrets.token_urlsafe(48))
+        except FileExistsError:
+            pass  # another process of this installation made it first
+    return path.read_text().strip()
+
+
+SECRET_KEY = os.environ.get("FACTORY_SECRET_KEY", "")
+if PRODUCTION and (len(SECRET_KEY) < MIN_SECRET_KEY_LENGTH or len(set(SECRET_KEY)) < 5):
+    raise ImproperlyConfigured(f"FACTORY_SECRET_KEY must be set to a private random value of at least "
+                               f"{MIN_SECRET_KEY_LENGTH} characters when FACTORY_ENV=prod (for example: python -c "
+                               f"'import secrets; print(secrets.token_urlsafe(48))').")
+SECRET_KEY = SECRET_KEY or _generated_secret_key()
+DEBUG = not PRODUCTION and os.environ.get("FACTORY_DEBUG", "0") == "1"
+WEB_HOST = os.environ.get("FACTORY_HOST", "127.0.0.1")
+WEB_PORT = os.environ.get("FACTORY_PORT", "8000")
+# Where people and browsers reach the platform; the web chat's own origin is computed from it, never from a
+# request's Host header.
+PUBLIC_URL = os.environ.get("FACTORY_PUBLIC_URL") or f"http://{WEB_HOST if WEB_HOST != '0.0.0.0' else '127.0.0.1'}:{WEB_PORT}"
+GATEWAY_URL = os.environ.get("FACTORY_GATEWAY_URL") or f"http://127.0.0.1:{WEB_PORT}/v1"
+if PRODUCTION and not os.environ.get("FACTORY_ALLOWED_HOSTS", "").strip(" ,*"):
+    raise ImproperlyConfigured("FACTORY_ALLOWED_HOSTS must name the hosts this server answers to (comma-separated) "
+                               "when FACTORY_ENV=prod.")
+# In dev: loopback and the names the platform itself is reached by (its web host, public URL and gateway URL).
+ALLOWED_HOSTS = [host.strip() for host in os.environ.get("FACTORY_ALLOWED_HOSTS", "").split(",") if host.strip()] or [
+    *dict.fromkeys(host for host in ("127.0.0.1", "localhost", "[::1]", WEB_HOST, urlsplit(PUBLIC_URL).hostname,
+                                     urlsplit(GATEWAY_URL).hostname) if host and host != "0.0.0.0")]
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("FACTORY_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+if PRODUCTION:
+    # HTTPS only (a TLS-terminating proxy in front sets X-Forwarded-Proto, trusted with FACTORY_BEHIND_PROXY=1).
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = os.environ.get("FACTORY_SSL_REDIRECT", "1") == "1"
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    SECURE_HSTS_SECONDS = int(os.environ.get("FACTORY_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    if os.environ.get("FACTORY_BEHIND_PROXY", "0") == "1":
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
 NODE_NAME = os.environ.get("FACTORY_NODE_NAME") or socket.gethostname().split(".")[0].lower()
+# Where this node's engine replicas listen and the gateway and health checks reach them: loopback on one box, the
+# node's own address in a pool (each replica also requires its own key).
+NODE_ADDRESS = os.environ.get("FACTORY_NODE_ADDRESS", "127.0.0.1")
+# The only directories models may be registered from by path (a platform administrator's action).
+MODEL_DIRS = [Path(entry.strip()) for entry in os.environ.get("FACTORY_MODEL_DIRS", str(DATA_DIR / "models")).split(",")
+              if entry.strip()]
+# The bearer token Prometheus sends to /metrics; without one only signed-in staff can read it.
+METRICS_TOKEN = os.environ.get("FACTORY_METRICS_TOKEN", "")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 # A node that has not answered a heartbeat for this long is marked unhealthy.
 NODE_HEARTBEAT_INTERVAL_S = int(os.environ.get("FACTORY_HEARTBEAT_INTERVAL_S", "15"))
@@ -183,7 +243,6 @@ SANDBOX_MODE = os.environ.get("FACTORY_SANDBOX", "bwrap")
 # Each python tool run's address space and processes (the CPU limit is its timeout).
 SANDBOX_MEMORY_MB = int(os.environ.get("FACTORY_SANDBOX_MEMORY_MB", "512"))
 SANDBOX_PROCESSES = int(os.environ.get("FACTORY_SANDBOX_PROCESSES", "32"))
-GATEWAY_URL = os.environ.get("FACTORY_GATEWAY_URL") or f"http://127.0.0.1:{os.environ.get('FACTORY_PORT', '8000')}/v1"
 
 # RAG ingestion. Embedding batches are sent `RAG_EMBED_CONCURRENCY` at a time to an embedding deployment; a local
 # sentence-transformers model uses that many torch threads instead, unless FACTORY_TORCH_THREADS says otherwise
@@ -191,6 +250,22 @@ GATEWAY_URL = os.environ.get("FACTORY_GATEWAY_URL") or f"http://127.0.0.1:{os.en
 RAG_UPLOAD_MAX_BYTES = int(os.environ.get("FACTORY_RAG_UPLOAD_MAX_BYTES", str(50 * 1024 * 1024)))
 # The most a DOCX/XLSX may unpack to (their readers hold it all in memory): an archive declaring more is refused.
 RAG_MAX_UNPACKED_BYTES = int(os.environ.get("FACTORY_RAG_MAX_UNPACKED_BYTES", str(256 * 1024 * 1024)))
+# Work that stops without finishing (its worker died, or a time limit stopped it) is taken over this many times,
+# then fails with the reason; each task kind's soft time limit (the hard one is a minute later; factory/celery.py).
+RAG_INGEST_MAX_ATTEMPTS = int(os.environ.get("FACTORY_RAG_INGEST_MAX_ATTEMPTS", "3"))
+RAG_INGEST_TIME_LIMIT_S = float(os.environ.get("FACTORY_RAG_INGEST_TIME_LIMIT_S", "1800"))
+RAG_EVAL_MAX_ATTEMPTS = int(os.environ.get("FACTORY_RAG_EVAL_MAX_ATTEMPTS", "3"))
+RAG_EVAL_TIME_LIMIT_S = float(os.environ.get("FACTORY_RAG_EVAL_TIME_LIMIT_S", "3000"))
+RAG_EVAL_LEASE_S = float(os.environ.get("FACTORY_RAG_EVAL_LEASE_S", "60"))
+# A queued document, eval set or eval run whose task message was sent this long ago and never taken is sent again
+# (the message was lost, say with a Redis restart); a duplicate is harmless, the tasks are idempotent.
+RAG_QUEUED_REDISPATCH_S = float(os.environ.get("FACTORY_RAG_QUEUED_REDISPATCH_S", "600"))
+# Node jobs (cluster/deadlines.py): a queued job not taken this long on a healthy node is sent again, and a running
+# one whose worker stopped its heartbeat is run again, CLUSTER_JOB_MAX_DISPATCHES times in all; then it fails.
+CLUSTER_JOB_QUEUED_DEADLINE_S = float(os.environ.get("FACTORY_JOB_QUEUED_DEADLINE_S", "120"))
+CLUSTER_JOB_HEARTBEAT_S = float(os.environ.get("FACTORY_JOB_HEARTBEAT_S", "20"))
+CLUSTER_JOB_MAX_DISPATCHES = int(os.environ.get("FACTORY_JOB_MAX_DISPATCHES", "3"))
+CLUSTER_JOB_SWEEP_INTERVAL_S = float(os.environ.get("FACTORY_JOB_SWEEP_INTERVAL_S", "15"))
 RAG_EMBED_BATCH_SIZE = int(os.environ.get("FACTORY_RAG_EMBED_BATCH_SIZE", "32"))
 RAG_EMBED_CONCURRENCY = int(os.environ.get("FACTORY_RAG_EMBED_CONCURRENCY", "2"))
 TORCH_THREADS = int(os.environ.get("FACTORY_TORCH_THREADS") or RAG_EMBED_CONCURRENCY)
@@ -205,6 +280,20 @@ RAG_STALLED_CHECK_INTERVAL_S = float(os.environ.get("FACTORY_RAG_STALLED_CHECK_I
 TRUSTED_BUNDLE_KEYS = [key.strip() for key in os.environ.get("FACTORY_TRUSTED_BUNDLE_KEYS", "").split(",")
                        if key.strip()]
 BUNDLE_MAX_BYTES = int(os.environ.get("FACTORY_BUNDLE_MAX_BYTES", str(4 * 1024 ** 3)))
+
+# Rate limits (limits' notation: "600/minute", "10 per 15 minutes"), each a sliding window counted in Redis so that
+# every web process agrees. The gateway counts per API key and per workspace (the platform's own calls for a
+# workspace count against the workspace); the web chat per client address (at the app's rate) and per conversation.
+GATEWAY_RATE_PER_KEY = os.environ.get("FACTORY_GATEWAY_RATE_PER_KEY", "1200/minute")
+GATEWAY_RATE_PER_WORKSPACE = os.environ.get("FACTORY_GATEWAY_RATE_PER_WORKSPACE", "3000/minute")
+WIDGET_RATE_PER_CONVERSATION = os.environ.get("FACTORY_WIDGET_RATE_PER_CONVERSATION", "20/minute")
+# Failed sign-ins per user name and per client address, on the login page and POST /api/auth/login/.
+LOGIN_RATE = os.environ.get("FACTORY_LOGIN_RATE", "10 per 15 minutes")
+# Bodies on the Django paths (uploads, bundle imports) are counted as they arrive and refused past this; the lean
+# paths (/v1/, /api/apps/, /mcp) refuse past DATA_UPLOAD_MAX_MEMORY_SIZE.
+MAX_REQUEST_BYTES = int(os.environ.get("FACTORY_MAX_REQUEST_BYTES", str(2 * 1024 ** 3)))
+# How long a service token (the platform's own processes calling the gateway for a workspace) stays valid.
+SERVICE_TOKEN_TTL_S = int(os.environ.get("FACTORY_SERVICE_TOKEN_TTL_S", str(12 * 3600)))
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
@@ -234,7 +323,7 @@ CELERY_BEAT_SCHEDULE = {
     },
     "agents-resume-stalled-runs": {
         "task": "agent_studio.tasks.resume_stalled_runs",
-        "schedule": 30.0,
+        "schedule": AGENT_STALLED_CHECK_INTERVAL_S,
     },
 }
 

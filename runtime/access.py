@@ -1,29 +1,19 @@
 """Who may call a published app: an app key (server to server) or the app's publishable web-chat token (from a
 browser on an allowed origin), each within its rate limit."""
 
-import time
 from dataclasses import dataclass
-from functools import lru_cache
+from urllib.parse import urlsplit
 
-import redis
 from django.conf import settings
 from django.utils import timezone
 
-from accounts.errors import ApplicationError, Forbidden, NotFound, Unauthenticated
+from accounts import ratelimits
+from accounts.errors import Forbidden, NotFound, RateLimited, Unauthenticated
 from accounts.services import secret_matches, secret_prefix
 from runtime.models import App, AppKey, Release
 from runtime.services import APP_KEY_TAG, WIDGET_TOKEN_TAG
 
-RATE_WINDOW_S = 60
-
-
-class RateLimited(ApplicationError):
-    status = 429
-    code = "rate_limited"
-
-    def __init__(self, message: str, *, retry_after: int):
-        super().__init__(message)
-        self.retry_after = retry_after
+__all__ = ["Access", "RateLimited", "authorize", "count_conversation", "own_origin"]
 
 
 @dataclass(frozen=True)
@@ -41,8 +31,17 @@ class Access:
 APP_RELATIONS = ("current_release__config_version", "workspace")
 
 
-def authorize(*, slug: str, authorization: str, origin: str | None, own_origin: str) -> Access:
-    """Resolve the app and check the caller's credential, the app's state and the rate limit, in that order."""
+def own_origin() -> str:
+    """This platform's own origin, where the web chat's page is served from: from settings (FACTORY_PUBLIC_URL),
+    never from a request's Host header, which the caller chooses."""
+    parts = urlsplit(settings.PUBLIC_URL)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def authorize(*, slug: str, authorization: str, origin: str | None, client: str | None) -> Access:
+    """Resolve the app and check the caller's credential, the app's state and the rate limit, in that order. An
+    app key is limited per key; the web chat, whose token is public, per client address (at the app's rate), so
+    that no one caller can use up the web chat for every visitor."""
     raw = authorization[7:].strip() if authorization.lower().startswith("bearer ") else None
     app_key, refused = None, None
     if raw is not None and not raw.startswith(WIDGET_TOKEN_TAG):
@@ -60,16 +59,23 @@ def authorize(*, slug: str, authorization: str, origin: str | None, own_origin: 
     if refused is not None:
         raise refused
     if app_key is None:
-        _check_widget_token(app, raw, origin, own_origin)
-        limit, counter = app.default_rate_limit, f"widget:{app.pk}"
+        _check_widget_token(app, raw, origin)
+        limit, counter, what = app.default_rate_limit, ("widget", str(app.pk), client or "unknown"), "this address"
     else:
         if app_key.app_id != app.pk:
             raise Forbidden(f"This key belongs to another app; it cannot call '{slug}'.")
-        limit, counter = app_key.rate_limit or app.default_rate_limit, f"key:{app_key.pk}"
+        limit, counter, what = app_key.rate_limit or app.default_rate_limit, ("key", str(app_key.pk)), "this key"
     if not app.enabled:
         raise Forbidden(f"The app '{slug}' is disabled. Enable it on its page in AI Factory to serve again.")
-    _count_against(counter, limit)
+    ratelimits.hit(f"{limit}/minute", "app", *counter, what=what)
     return Access(app=app, release=app.current_release, app_key=app_key)
+
+
+def count_conversation(access: Access, conversation_id) -> None:
+    """The web chat is also limited per conversation (FACTORY_WIDGET_RATE_PER_CONVERSATION)."""
+    if access.app_key is None and conversation_id:
+        ratelimits.hit(settings.WIDGET_RATE_PER_CONVERSATION, "widget-conversation", str(access.app.pk),
+                       str(conversation_id)[:64], what="this conversation")
 
 
 def _app_key(raw: str) -> AppKey:
@@ -89,33 +95,16 @@ def _app_key(raw: str) -> AppKey:
     return app_key
 
 
-def _check_widget_token(app: App, raw: str, origin: str | None, own_origin: str) -> None:
+def _check_widget_token(app: App, raw: str, origin: str | None) -> None:
     """The token is public by design, so what guards it is the browser's Origin header: it must be this
-    server (the web chat's own iframe) or one of the sites the app allows."""
+    platform (the web chat's own page) or one of the sites the app allows. That keeps other sites' pages from
+    using it in their visitors' browsers; it does not stop a script outside a browser, which can send any Origin:
+    that is what the per-address and per-conversation rate limits are for."""
     if raw != app.widget_token:
         owner = App.objects.filter(widget_token=raw).only("slug").first()
         if owner is not None:
             raise Forbidden(f"This web chat token belongs to another app; it cannot call '{app.slug}'.")
         raise Unauthenticated("Invalid web chat token; it may have been rotated.")
-    if not origin or (origin != own_origin and origin not in app.allowed_origins):
+    if not origin or (origin != own_origin() and origin not in app.allowed_origins):
         raise Forbidden(f"The web chat of '{app.slug}' may not be used from origin '{origin or 'none'}'; add it to "
                         f"the app's allowed origins.")
-
-
-@lru_cache(maxsize=1)
-def _counters() -> redis.Redis:
-    # One client and connection pool per process. Django's cache would build a fresh pool, and so a fresh
-    # connection, for every request served on the event loop.
-    return redis.Redis.from_url(settings.REDIS_URL)
-
-
-def _count_against(counter: str, limit: int) -> None:
-    # A fixed one-minute window in Redis: one round trip per call, and every web process agrees.
-    now = time.time()
-    window = int(now // RATE_WINDOW_S)
-    name = f"factory:runtime:rate:{counter}:{window}"
-    count, _ = _counters().pipeline(transaction=False).incr(name).expire(name, RATE_WINDOW_S * 2).execute()
-    if count > limit:
-        retry_after = max(1, int((window + 1) * RATE_WINDOW_S - now + 0.999))
-        raise RateLimited(f"Rate limit of {limit} requests per minute reached; retry in {retry_after} s.",
-                          retry_after=retry_after)

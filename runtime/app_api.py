@@ -9,7 +9,9 @@ OpenAI's own error format.
 """
 
 import json
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
@@ -19,7 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from accounts.errors import ApplicationError, NotFound, ValidationFailed, error_body
 from runtime import answering, services
-from runtime.access import Access, RateLimited, authorize
+from runtime.access import Access, authorize, count_conversation
 from runtime.models import App, Channel
 from serving.gateway import JSON, GatewayError, Reply, django_response
 
@@ -27,6 +29,7 @@ CHAT_ROLES = {"system", "developer", "user", "assistant"}
 OPENAI_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                       429: "rate_limit_error"}
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,8 +41,9 @@ class AppRequest:
     endpoint: str  # the path after /api/apps/<slug>/
     authorization: str
     origin: str | None
-    own_origin: str  # scheme://host of this server, which the web chat's own page calls from
-    body: bytes
+    client: str | None  # the caller's address, for the web chat's rate limit
+    # Reads the body, refusing one past the size limit; called only once the caller is authorised.
+    read_body: Callable[[], Awaitable[bytes]]
 
 
 def _json(payload: dict, *, status: int = 200) -> Reply:
@@ -49,7 +53,7 @@ def _json(payload: dict, *, status: int = 200) -> Reply:
 
 def _authorized(request: AppRequest) -> Access:
     return authorize(slug=request.slug, authorization=request.authorization, origin=request.origin,
-                     own_origin=request.own_origin)
+                     client=request.client)
 
 
 async def _authorize(request: AppRequest) -> Access:
@@ -57,11 +61,13 @@ async def _authorize(request: AppRequest) -> Access:
     return await sync_to_async(_authorized, thread_sensitive=False)(request)
 
 
-def _body(request: AppRequest) -> dict:
+def _body(content: bytes) -> dict:
     try:
-        body = json.loads(request.body or b"")
+        body = json.loads(content or b"")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValidationFailed(f"The request body is not valid JSON: {exc}")
+    except ValueError as exc:  # an integer past Python's 4,300 digits
+        raise ValidationFailed(f"The request body is not acceptable JSON: {exc}")
     if not isinstance(body, dict):
         raise ValidationFailed("The request body must be a JSON object.")
     if "stream" in body and not isinstance(body["stream"], bool):
@@ -80,7 +86,7 @@ def _with_cors(request: AppRequest, reply: Reply, app: App | None) -> Reply:
 
 def error_reply(exc: ApplicationError) -> Reply:
     reply = _json(error_body(exc.code, exc.message, exc.fields), status=exc.status)
-    if isinstance(exc, RateLimited):
+    if getattr(exc, "retry_after", None):  # rate limited, or a part of the platform down for a while
         reply.headers["Retry-After"] = str(exc.retry_after)
     return reply
 
@@ -88,10 +94,8 @@ def error_reply(exc: ApplicationError) -> Reply:
 def _openai_error(exc: ApplicationError) -> Reply:
     kind = OPENAI_ERROR_TYPES.get(exc.status, "invalid_request_error")
     param = next(iter(exc.fields), None)
-    reply = GatewayError(exc.status, exc.message, code=exc.code, param=param, kind=kind).reply()
-    if isinstance(exc, RateLimited):
-        reply.headers["Retry-After"] = str(exc.retry_after)
-    return reply
+    return GatewayError(exc.status, exc.message, code=exc.code, param=param, kind=kind,
+                        retry_after=getattr(exc, "retry_after", None)).reply()
 
 
 async def _preflight(request: AppRequest) -> Reply:
@@ -123,8 +127,9 @@ async def _chat_events(call: answering.Call):
                 yield _sse("token", {"text": value})
             else:
                 yield _sse("done", _answer_body(call, value))
-    except Exception as exc:  # the stream has started: report in-band rather than cut the connection
-        yield _sse("error", {"message": f"The answer failed: {exc}"})
+    except Exception:  # the stream has started: report in-band rather than cut the connection
+        logger.exception("App %s failed on message %s", call.access.app.slug, call.message_id)
+        yield _sse("error", {"message": _failure_message(call)})
 
 
 async def _collect(call: answering.Call):
@@ -142,20 +147,27 @@ class AnswerFailed(ApplicationError):
     code = "answer_failed"
 
 
-def _answer_failed(exc: Exception) -> AnswerFailed:
-    return AnswerFailed(f"The app could not answer: {exc}")
+def _failure_message(call: answering.Call) -> str:
+    # What failed inside (an engine's address, a file path) is for the app's owners, in its logs, not its callers.
+    return (f"The app could not answer this question; its owners can see why in the app's logs "
+            f"(message {call.message_id}).")
 
 
-def _posted(request: AppRequest) -> tuple[Access, dict]:
-    """Every app call is a POST of a JSON object by an authorised caller, checked in that order. Runs in a
-    worker thread (it reads the database)."""
-    if request.method != "POST":
-        raise ValidationFailed("Use POST with a JSON body.")
-    return _authorized(request), _body(request)
+def _answer_failed(call: answering.Call, exc: Exception) -> AnswerFailed:
+    logger.warning("App %s failed on message %s: %s", call.access.app.slug, call.message_id, exc)
+    return AnswerFailed(_failure_message(call))
 
 
 async def _post(request: AppRequest) -> tuple[Access, dict]:
-    return await sync_to_async(_posted, thread_sensitive=False)(request)
+    """Every app call is a POST of a JSON object by an authorised caller, checked in that order: the body is read
+    only once the caller is known."""
+    if request.method != "POST":
+        raise ValidationFailed("Use POST with a JSON body.")
+    access = await _authorize(request)
+    body = _body(await request.read_body())
+    if "conversation_id" in body:
+        await sync_to_async(count_conversation, thread_sensitive=False)(access, body["conversation_id"])
+    return access, body
 
 
 async def _prepare(access: Access, body: dict, *, key_channel: str, query, history=None) -> answering.Call:
@@ -181,23 +193,22 @@ async def chat(request: AppRequest) -> Reply:
             try:
                 result = await _collect(call)
             except Exception as exc:
-                raise _answer_failed(exc)
+                raise _answer_failed(call, exc)
             reply = _json(_answer_body(call, result))
     except ApplicationError as exc:
         reply = error_reply(exc)
     return _with_cors(request, reply, access.app if access else None)
 
 
-def _retrieved(request: AppRequest) -> dict:
-    """Authorise, check, retrieve and store the trace in one thread hop: this is the endpoint load tests and
-    debugging sessions call most."""
-    access, body = _posted(request)
+def _retrieved(access: Access, body: dict) -> dict:
+    """Check, retrieve and store the trace in one thread hop: this is the endpoint load tests and debugging
+    sessions call most."""
     call = answering.prepare(access=access, channel=Channel.RETRIEVE, query=body.get("query"),
                              user=body.get("user"))
     try:
         result = answering.retrieve(call)
     except Exception as exc:
-        raise _answer_failed(exc)
+        raise _answer_failed(call, exc)
     return {"message_id": str(call.message_id), "queries": result.queries, "hits": answering.public_hits(result),
             "timings_ms": result.timings_ms}
 
@@ -205,7 +216,8 @@ def _retrieved(request: AppRequest) -> dict:
 async def retrieve(request: AppRequest) -> Reply:
     """`{"query"}` → what the pinned config retrieves for it, with every score and the time each step took."""
     try:
-        return _json(await sync_to_async(_retrieved, thread_sensitive=False)(request))
+        access, body = await _post(request)
+        return _json(await sync_to_async(_retrieved, thread_sensitive=False)(access, body))
     except ApplicationError as exc:
         return error_reply(exc)
 
@@ -289,8 +301,9 @@ async def _openai_events(call: answering.Call, include_usage: bool):
                     usage = {"id": _completion_id(call), "object": "chat.completion.chunk", "created": created,
                              "model": call.access.app.slug, "choices": [], "usage": answering.usage_of(value)}
                     yield _data(usage)
-    except Exception as exc:  # OpenAI's clients raise an APIError on an in-stream error object
-        error = {"message": f"The app could not answer: {exc}", "type": "server_error", "code": "answer_failed"}
+    except Exception:  # OpenAI's clients raise an APIError on an in-stream error object
+        logger.exception("App %s failed on message %s", call.access.app.slug, call.message_id)
+        error = {"message": _failure_message(call), "type": "server_error", "code": "answer_failed"}
         yield _data({"error": error})
     yield _data("[DONE]")
 
@@ -308,7 +321,7 @@ async def openai_chat_completions(request: AppRequest) -> Reply:
         try:
             result = await _collect(call)
         except Exception as exc:
-            raise _answer_failed(exc)
+            raise _answer_failed(call, exc)
     except ApplicationError as exc:
         return _openai_error(exc)
     return _json({
@@ -345,8 +358,11 @@ async def handle(request: AppRequest) -> Reply:
 @csrf_exempt
 async def django_view(request: HttpRequest, slug: str, endpoint: str) -> HttpResponse:
     """The app API through Django: for runserver, WSGI and Django's test client. factory/asgi.py serves
-    /api/apps/ past Django (app_api_asgi)."""
+    /api/apps/ past Django (app_api_asgi), which also refuses an oversized body as it arrives."""
+
+    async def read_body() -> bytes:
+        return request.body
+
     return django_response(await handle(AppRequest(
         method=request.method, slug=slug, endpoint=endpoint, authorization=request.headers.get("Authorization", ""),
-        origin=request.headers.get("Origin"), own_origin=f"{request.scheme}://{request.get_host()}",
-        body=request.body)))
+        origin=request.headers.get("Origin"), client=request.META.get("REMOTE_ADDR"), read_body=read_body)))

@@ -4,8 +4,6 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from accounts.errors import Forbidden
-from accounts.models import ROLE_RANK, Role
 from accounts.permissions import WorkspaceScopedMixin
 from cluster.models import Node
 from serving import selectors, services
@@ -160,22 +158,16 @@ class DeploymentViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retr
             deployment = services.start_deployment(actor=self.actor, deployment=deployment)
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
 
-    def _changeable(self) -> Deployment:
-        deployment = self.get_object()
-        if deployment.workspace_id is None and ROLE_RANK[self.request.workspace_role] < ROLE_RANK[Role.ADMIN]:
-            raise Forbidden(f"'{deployment.name}' is shared by every workspace; only admins may change it.")
-        return deployment
-
     @extend_schema(request=None, responses=DeploymentSerializer)
     @action(detail=True, methods=["post"])
     def start(self, request, name=None):
-        deployment = services.start_deployment(actor=self.actor, deployment=self._changeable())
+        deployment = services.start_deployment(actor=self.actor, deployment=self.get_object())
         return Response(DeploymentSerializer(deployment).data)
 
     @extend_schema(request=None, responses=DeploymentSerializer)
     @action(detail=True, methods=["post"])
     def stop(self, request, name=None):
-        deployment = services.stop_deployment(actor=self.actor, deployment=self._changeable())
+        deployment = services.stop_deployment(actor=self.actor, deployment=self.get_object())
         return Response(DeploymentSerializer(deployment).data)
 
     @extend_schema(request=RoutingSerializer, responses=DeploymentSerializer)
@@ -184,7 +176,7 @@ class DeploymentViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retr
         data = RoutingSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         weights = {int(k): v for k, v in (data.validated_data.get("weights") or {}).items()}
-        deployment = services.update_routing(actor=self.actor, deployment=self._changeable(),
+        deployment = services.update_routing(actor=self.actor, deployment=self.get_object(),
                                              cooldown_s=data.validated_data.get("cooldown_s"), weights=weights)
         return Response(DeploymentSerializer(deployment).data)
 

@@ -13,16 +13,20 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from accounts.errors import Unauthenticated
+from accounts import ratelimits
+from accounts.errors import RateLimited, ServiceUnavailable, Unauthenticated
+from accounts.models import ROLE_RANK, Role, rank_of
+from accounts.selectors import effective_role
 from accounts.services import SERVICE_TOKEN_PREFIX, authenticate_api_key, authenticate_service_token, hash_secret
 from serving import metrics, toolcalls
 from serving.engines.base import CHAT, COMPLETION, EMBEDDING
@@ -51,27 +55,36 @@ CLOSES_AFTER_STREAM = {"llamacpp"}
 # a key that passed within this long passes again without it, so a revoked key stops working within this long.
 KEY_TRUST_S = 5.0
 MAX_TRUSTED_KEYS = 10_000
+# Inference spends shared compute, so it needs the developer role; a viewer's key may list the models.
+INFERENCE_ROLE = Role.DEVELOPER
 _client: httpx.AsyncClient | None = None
 _background: set[asyncio.Task] = set()
-_trusted_keys: dict[str, tuple[float, int]] = {}  # hash of the secret -> (trusted until, workspace id)
+_trusted_keys: dict[str, tuple[float, "Caller"]] = {}  # hash of the secret -> (trusted until, caller)
 
 
 @dataclass(frozen=True)
 class Caller:
-    """Who a gateway request acts for: a workspace, reached through an API key or a signed-in GUI session."""
+    """Who a gateway request acts for: a workspace, reached through an API key (with the role it acts with), the
+    platform's own service token, or a signed-in GUI session."""
 
     workspace_id: int
+    role: str = Role.DEVELOPER
+    key_id: int | None = None
 
 
 class GatewayError(Exception):
     def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", retry_after: int | None = None):
         super().__init__(message)
         self.status, self.message, self.code, self.param, self.kind = status, message, code, param, kind
+        self.retry_after = retry_after
 
     def reply(self) -> "Reply":
         body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-        return json_reply(body, status=self.status)
+        reply = json_reply(body, status=self.status)
+        if self.retry_after is not None:
+            reply.headers["Retry-After"] = str(self.retry_after)
+        return reply
 
 
 @dataclass
@@ -99,6 +112,18 @@ def _http_client() -> httpx.AsyncClient:
     return _client
 
 
+def _key_caller(raw: str) -> Caller:
+    """A live key whose maker is still a member of its workspace, with the role it acts with there (the member's,
+    capped by the key's)."""
+    api_key = authenticate_api_key(raw=raw)
+    role = effective_role(user=api_key.created_by, api_key=api_key, workspace=api_key.workspace)
+    if role is None:
+        raise Unauthenticated("The maker of this API key is no longer a member of its workspace.")
+    caller = Caller(workspace_id=api_key.workspace_id, role=role, key_id=api_key.pk)
+    _trust(hash_secret(raw), api_key, caller)
+    return caller
+
+
 async def _authenticate(authorization: str) -> Caller:
     if not authorization.lower().startswith("bearer "):
         raise GatewayError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="invalid_api_key")
@@ -106,25 +131,42 @@ async def _authenticate(authorization: str) -> Caller:
     try:
         if raw.startswith(SERVICE_TOKEN_PREFIX):  # the platform's own RAG and agent calls: no database needed
             return Caller(workspace_id=authenticate_service_token(raw=raw))
-        digest = hash_secret(raw)
-        trusted_until, workspace_id = _trusted_keys.get(digest, (0.0, 0))
+        trusted_until, caller = _trusted_keys.get(hash_secret(raw), (0.0, None))
         if time.monotonic() < trusted_until:
-            return Caller(workspace_id=workspace_id)
+            return caller
         # Not thread-sensitive: a sync view of this same process may be waiting on this very request.
-        api_key = await sync_to_async(authenticate_api_key, thread_sensitive=False)(raw=raw)
+        return await sync_to_async(_key_caller, thread_sensitive=False)(raw)
     except Unauthenticated as exc:
         raise GatewayError(401, exc.message, code="invalid_api_key")
-    _trust(digest, api_key)
-    return Caller(workspace_id=api_key.workspace_id)
 
 
-def _trust(digest: str, api_key) -> None:
+def _trust(digest: str, api_key, caller: Caller) -> None:
     trust_s = KEY_TRUST_S
     if api_key.expires_at is not None:
         trust_s = min(trust_s, (api_key.expires_at - timezone.now()).total_seconds())
     if len(_trusted_keys) >= MAX_TRUSTED_KEYS:
         _trusted_keys.clear()
-    _trusted_keys[digest] = (time.monotonic() + trust_s, api_key.workspace_id)
+    _trusted_keys[digest] = (time.monotonic() + trust_s, caller)
+
+
+async def admit(caller: Caller) -> None:
+    """May this caller spend compute now: its role, then its key's and its workspace's rate limits (429 with
+    Retry-After past either)."""
+    if rank_of(caller.role) < ROLE_RANK[INFERENCE_ROLE]:
+        raise GatewayError(403, f"Inference needs the {INFERENCE_ROLE} role; this key acts as {caller.role}. A "
+                                f"viewer's key can list the models (/v1/models).", code="insufficient_role",
+                           kind="permission_error")
+    try:
+        if caller.key_id is not None:
+            await ratelimits.ahit(settings.GATEWAY_RATE_PER_KEY, "gateway-key", str(caller.key_id),
+                                  what="this API key")
+        await ratelimits.ahit(settings.GATEWAY_RATE_PER_WORKSPACE, "gateway-workspace", str(caller.workspace_id),
+                              what="this workspace")
+    except RateLimited as exc:
+        raise GatewayError(429, exc.message, code="rate_limit_exceeded", kind="rate_limit_error",
+                           retry_after=exc.retry_after)
+    except ServiceUnavailable as exc:
+        raise GatewayError(503, exc.message, code="unavailable", kind="server_error", retry_after=exc.retry_after)
 
 
 def _parse_body(content: bytes) -> dict:
@@ -132,6 +174,8 @@ def _parse_body(content: bytes) -> dict:
         body = json.loads(content)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise GatewayError(400, f"The request body is not valid JSON: {exc}", code="invalid_json")
+    except ValueError as exc:  # an integer past Python's 4,300 digits
+        raise GatewayError(400, f"The request body is not acceptable JSON: {exc}", code="invalid_json")
     if not isinstance(body, dict):
         raise GatewayError(400, "The request body must be a JSON object.", code="invalid_json")
     if not isinstance(body.get("model"), str) or not body["model"]:
@@ -246,12 +290,15 @@ async def _upstream_request(target: Target, url: str, content: bytes, headers: d
 async def _open_upstream(target: Target, endpoint: str, content: bytes, stream: bool):
     """Send to a replica, failing over to another while nothing has reached the client yet."""
     tried: set[int] = set()
-    headers = {"Content-Type": JSON} | ({"Authorization": f"Bearer {target.api_key}"} if target.api_key else {})
+    common = {"Content-Type": JSON}
     if stream and target.engine in CLOSES_AFTER_STREAM:
-        headers["Connection"] = "close"
+        common["Connection"] = "close"
     last_error = "no replica is ready"
     while (route := router.pick(target, exclude=tried)) is not None:
         tried.add(route.replica_id)
+        # An engine the platform started takes its replica's key; an external endpoint its model's.
+        key = route.api_key or target.api_key
+        headers = common | ({"Authorization": f"Bearer {key}"} if key else {})
         try:
             request = await _upstream_request(target, f"{route.base_url}/{endpoint}", content, headers)
             response = await _http_client().send(request, stream=stream)
@@ -287,15 +334,30 @@ def _upstream_content(target: Target, body: dict, content: bytes, stream: bool) 
     return content
 
 
-async def dispatch(*, method: str, path: str, authorization: str, content: bytes) -> Reply:
-    """Answer a request for /v1/<path>, in the OpenAI error format whatever goes wrong."""
+class BodyTooLarge(Exception):
+    """The request body is past the size limit; raised while it is read, before all of it arrived."""
+
+
+async def dispatch(*, method: str, path: str, authorization: str,
+                   read_body: Callable[[], Awaitable[bytes]]) -> Reply:
+    """Answer a request for /v1/<path>, in the OpenAI error format whatever goes wrong. The caller is
+    authenticated and admitted before the body is read."""
+    received_at = time.perf_counter()
     try:
         if path == "models":
             return await _list_models(authorization)
         if path not in ENDPOINTS:
             raise GatewayError(404, f"No gateway endpoint at /v1/{path}; the gateway serves /v1/chat/completions, "
                                     f"/v1/completions, /v1/embeddings and /v1/models.", code="unknown_url")
-        return await serve(path, method=method, authorization=authorization, content=content)
+        if method != "POST":
+            raise GatewayError(405, "Use POST.", code="method_not_allowed")
+        caller = await _authenticate(authorization)
+        await admit(caller)
+        try:
+            content = await read_body()
+        except BodyTooLarge as exc:
+            raise GatewayError(413, str(exc), code="request_too_large")
+        return await serve(path, method=method, content=content, caller=caller, received_at=received_at)
     except GatewayError as exc:
         return exc.reply()
     except Exception:
@@ -304,17 +366,15 @@ async def dispatch(*, method: str, path: str, authorization: str, content: bytes
                             kind="server_error").reply()
 
 
-async def serve(endpoint: str, *, method: str, content: bytes, authorization: str = "",
-                caller: Caller | None = None) -> Reply:
-    """Serve one OpenAI request to `endpoint` (a key of ENDPOINTS). Without a `caller` the request must bring a
-    workspace API key in `authorization`."""
-    timing = metrics.RequestTiming(received_at=time.perf_counter())
+async def serve(endpoint: str, *, method: str, content: bytes, caller: Caller,
+                received_at: float | None = None) -> Reply:
+    """Serve one OpenAI request to `endpoint` (a key of ENDPOINTS) for an authenticated and admitted caller."""
+    timing = metrics.RequestTiming(received_at=received_at or time.perf_counter())
     request_id = uuid.uuid4().hex
     capability = ENDPOINTS[endpoint]
     if method != "POST":
         return GatewayError(405, "Use POST.", code="method_not_allowed").reply()
     try:
-        caller = caller or await _authenticate(authorization)
         body = _parse_body(content)
         if capability == CHAT:
             _check_messages(body.get("messages"))
@@ -464,5 +524,9 @@ def django_response(reply: Reply) -> HttpResponse:
 @csrf_exempt
 async def gateway_view(request: HttpRequest, path: str) -> HttpResponse:
     """/v1/ through Django: what factory/asgi.py's lean path serves, for Django's test client."""
-    return django_response(await dispatch(method=request.method, path=path, content=request.body,
+
+    async def read_body() -> bytes:
+        return request.body
+
+    return django_response(await dispatch(method=request.method, path=path, read_body=read_body,
                                           authorization=request.headers.get("Authorization", "")))

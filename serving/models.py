@@ -108,6 +108,9 @@ class Replica(models.Model):
     state = models.CharField(max_length=16, choices=ServingState.choices, default=ServingState.PENDING)
     base_url = models.CharField(max_length=255, blank=True)
     port = models.PositiveIntegerField(null=True, blank=True)
+    # The key its engine process requires (made anew at each start, encrypted at rest): only the gateway and the
+    # node's worker hold it, so the engine's port is useless on its own.
+    api_key = EncryptedTextField(blank=True)
     pid = models.PositiveIntegerField(null=True, blank=True)
     restarts = models.PositiveIntegerField(default=0)
     next_restart_at = models.DateTimeField(null=True, blank=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
 
+from cluster.models import NodeStatus
 from serving.engines.base import engine
 from serving.models import Deployment, ServingState
 from workbridge.egress import Allowlist
@@ -30,6 +31,8 @@ class Route:
     replica_id: int
     base_url: str
     weight: float
+    # The key the replica's engine requires; empty for an external endpoint, which takes the model's.
+    api_key: str = ""
 
     @property
     def label(self) -> str:
@@ -63,8 +66,10 @@ def _load(name: str) -> Target | None:
         return None
     model = deployment.model
     adapter = engine(deployment.engine)
-    routes = [Route(replica_id=r.pk, base_url=r.base_url, weight=r.weight)
-              for r in deployment.replicas.filter(state=ServingState.READY).exclude(base_url="")]
+    # A node whose worker stopped answering heartbeats takes its replicas out of every table.
+    ready = deployment.replicas.filter(state=ServingState.READY).exclude(base_url="").exclude(
+        node__status=NodeStatus.UNHEALTHY)
+    routes = [Route(replica_id=r.pk, base_url=r.base_url, weight=r.weight, api_key=r.api_key) for r in ready]
     return Target(
         deployment_id=deployment.pk, name=deployment.name, workspace_id=deployment.workspace_id,
         engine=deployment.engine, state=deployment.state,

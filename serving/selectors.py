@@ -58,7 +58,7 @@ def engine_stats(*, deployment: Deployment) -> dict[int, dict]:
     stats = {}
     for replica in deployment.replicas.all():
         if replica.state == ServingState.READY and replica.base_url:
-            reported = adapter.live_stats(replica.base_url)
+            reported = adapter.live_stats(replica.base_url, replica.api_key)
             if reported is not None:
                 stats[replica.pk] = reported
     return stats

@@ -1,5 +1,6 @@
 import json
 import logging
+import secrets
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -8,17 +9,19 @@ from urllib.parse import urlparse
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
+from django.dispatch import receiver
 from django.utils import timezone
 from django.utils.text import slugify
 
-from accounts.errors import Conflict, ValidationFailed
+from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role, Workspace
-from accounts.services import SYSTEM, Actor, record_audit, require_role
+from accounts.services import SYSTEM, Actor, record_audit, require_platform_admin, require_role_or_platform
+from cluster.deadlines import job_given_up
 from cluster.jobs import job_handler
 from cluster.models import Node
 from cluster.services import dispatch_job
 from serving.engines import process
-from serving.engines.base import EngineRefused, engine
+from serving.engines.base import EngineRefused, Listen, auth_headers, engine
 from serving.gguf_info import InvalidModelFile, read_gguf
 from serving.models import Deployment, Engine, Model, ModelKind, Replica, RoleHint, ServingEvent, ServingState
 from workbridge import egress
@@ -46,10 +49,29 @@ def _inspect_hf_directory(path: Path) -> dict:
     }
 
 
+def _model_location(actor: Actor, path: str) -> Path:
+    """Where a model file or directory named by a user may be read: only inside the configured model directories,
+    and only by a platform administrator. Anything else gets the same answer whether it exists or not, so the form
+    is no oracle of the server's files. The platform's own registrations (presets) are not limited."""
+    location = Path(path).expanduser()
+    if actor.user is None:
+        return location
+    require_platform_admin(actor=actor, action="Registering a model from a file on the server")
+    resolved = location.resolve() if location.is_absolute() else None
+    roots = [Path(root).resolve() for root in settings.MODEL_DIRS]
+    if resolved is None or not any(resolved.is_relative_to(root) for root in roots):
+        where = ", ".join(str(root) for root in roots) or "none configured"
+        message = f"Models are registered only from the model directories ({where}; FACTORY_MODEL_DIRS)."
+        raise ValidationFailed(message, fields={"path": [message]})
+    return resolved
+
+
 @transaction.atomic
 def register_model(*, actor: Actor, workspace: Workspace | None, name: str, path: str = "", url: str = "",
                    api_key: str = "", role_hint: str = RoleHint.SMALL, chat_template: str | None = None) -> Model:
-    """Register a GGUF file, a Hugging Face directory or an external endpoint. Files are read and checked."""
+    """Register a GGUF file, a Hugging Face directory or an external endpoint. Files are read and checked; only
+    platform administrators register files, and only from the model directories."""
+    require_role_or_platform(actor=actor, workspace=workspace, role=Role.DEVELOPER, action="Registering a shared model")
     name = slugify(name)
     if not name:
         raise ValidationFailed("A model needs a name.", fields={"name": ["This field may not be blank."]})
@@ -71,7 +93,7 @@ def register_model(*, actor: Actor, workspace: Workspace | None, name: str, path
             raise ValidationFailed(str(exc), fields={"url": [str(exc)]})
         fields |= {"kind": ModelKind.EXTERNAL, "url": url.rstrip("/"), "api_key": api_key}
     else:
-        location = Path(path).expanduser()
+        location = _model_location(actor, path)
         if not location.exists():
             raise ValidationFailed(f"No file or directory at {location}.", fields={"path": ["Does not exist."]})
         if location.is_dir():
@@ -114,11 +136,10 @@ def _check_chat_template(template: str) -> None:
 
 def set_chat_template(*, actor: Actor, workspace: Workspace | None, model: Model, chat_template: str) -> Model:
     """Set the template that chat requests are formatted with (blank: the model file's own). Running replicas keep
-    the one they started with until restarted. A shared model is changed only by admins; the platform itself
-    (no user) sets its presets'."""
-    if actor.user is not None:
-        require_role(actor=actor, workspace=workspace,
-                     role=Role.ADMIN if model.workspace_id is None else Role.DEVELOPER)
+    the one they started with until restarted. A shared model is changed only by platform administrators; the
+    platform itself (no user) sets its presets'."""
+    require_role_or_platform(actor=actor, workspace=model.workspace, role=Role.DEVELOPER,
+                             action="Changing a shared model")
     if model.kind != ModelKind.GGUF:
         raise ValidationFailed("Only GGUF models take a chat template here; other engines read the model's own.",
                                fields={"chat_template": ["Not a GGUF model."]})
@@ -182,6 +203,10 @@ def default_engine_for(model: Model) -> str:
 def create_deployment(*, actor: Actor, workspace: Workspace | None, model: Model, name: str = "",
                       engine_name: str = "", settings_: dict | None = None,
                       replicas: list[tuple[Node, float]] | None = None, cooldown_s: float = 30.0) -> Deployment:
+    require_role_or_platform(actor=actor, workspace=workspace, role=Role.DEVELOPER,
+                             action="Creating a shared deployment")
+    if model.workspace_id is not None and model.workspace_id != getattr(workspace, "pk", None):
+        raise NotFound(f"No model called '{model.name}'.")
     name = slugify(name or model.name)
     engine_name = engine_name or default_engine_for(model)
     if engine_name not in Engine.values:
@@ -215,8 +240,15 @@ def create_deployment(*, actor: Actor, workspace: Workspace | None, model: Model
     return deployment
 
 
+def _require_change(actor: Actor, deployment: Deployment) -> None:
+    """A workspace's developers change its deployments; shared ones (presets) only platform administrators."""
+    require_role_or_platform(actor=actor, workspace=deployment.workspace, role=Role.DEVELOPER,
+                             action=f"Changing '{deployment.name}', which every workspace shares,")
+
+
 def start_deployment(*, actor: Actor, deployment: Deployment) -> Deployment:
     """Queue a start job for every replica that is not already running, on its node's queue."""
+    _require_change(actor, deployment)
     Deployment.objects.filter(pk=deployment.pk).update(desired_running=True)
     for replica in deployment.replicas.select_related("node"):
         if replica.state in LIVE_STATES:
@@ -233,6 +265,7 @@ def start_deployment(*, actor: Actor, deployment: Deployment) -> Deployment:
 
 def stop_deployment(*, actor: Actor, deployment: Deployment) -> Deployment:
     """Drain every replica (routing stops at once), then stop its process on its node."""
+    _require_change(actor, deployment)
     Deployment.objects.filter(pk=deployment.pk).update(desired_running=False)
     for replica in deployment.replicas.select_related("node"):
         if replica.state in (ServingState.STOPPED, ServingState.DRAINING):
@@ -262,6 +295,7 @@ def deploy_model(*, actor: Actor, workspace: Workspace | None, model: Model, rep
 
 def update_routing(*, actor: Actor, deployment: Deployment, cooldown_s: float | None = None,
                    weights: dict[int, float] | None = None) -> Deployment:
+    _require_change(actor, deployment)
     with transaction.atomic():
         if cooldown_s is not None:
             if cooldown_s < 0:
@@ -291,21 +325,27 @@ def _launch(replica: Replica) -> Replica:
         _wait_external(deployment)
         return _set_replica_state(replica, ServingState.READY, "External endpoint answers",
                                   base_url=deployment.model.url, last_health_at=timezone.now())
-    port = process.free_port()
+    # The engine listens on this node's advertised address, where the gateway in the web process (on this machine
+    # or another) reaches it, and requires a key made for this start.
+    host = process.bind_address(settings.NODE_ADDRESS)
+    port = process.free_port(host)
+    api_key = secrets.token_urlsafe(32)
+    key_file = process.write_key_file(_log_path(replica).with_suffix(".key"), api_key)
     spec = adapter.launch_spec(model=deployment.model, settings=deployment.settings, served_name=deployment.name,
-                               port=port)
+                               listen=Listen(host=host, port=port, key_file=key_file))
     log_path = _log_path(replica)
     pid = process.launch(spec.argv, log_path=log_path, env=spec.env)
     # Like an external URL, a replica's base URL ends in /v1, where the OpenAI routes start.
-    base_url = f"http://127.0.0.1:{port}/v1"
-    Replica.objects.filter(pk=replica.pk).update(pid=pid, port=port, base_url=base_url)
-    replica.pid, replica.port, replica.base_url = pid, port, base_url
-    process.wait_healthy(f"http://127.0.0.1:{port}{spec.health_path}", pid=pid, log_path=log_path,
-                         timeout_s=spec.start_timeout_s)
-    tool_strategy = adapter.tool_strategy(base_url)
+    root = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    base_url = f"{root}/v1"
+    Replica.objects.filter(pk=replica.pk).update(pid=pid, port=port, base_url=base_url, api_key=api_key)
+    replica.pid, replica.port, replica.base_url, replica.api_key = pid, port, base_url, api_key
+    process.wait_healthy(f"{root}{spec.health_path}", pid=pid, log_path=log_path, timeout_s=spec.start_timeout_s,
+                         headers=auth_headers(api_key))
+    tool_strategy = adapter.tool_strategy(base_url, api_key)
     Deployment.objects.filter(pk=deployment.pk).exclude(tool_strategy=tool_strategy).update(
         tool_strategy=tool_strategy)
-    return _set_replica_state(replica, ServingState.READY, f"Engine pid {pid} answers on port {port}; tool calls: "
+    return _set_replica_state(replica, ServingState.READY, f"Engine pid {pid} answers at {root}; tool calls: "
                               f"{tool_strategy}", last_health_at=timezone.now(), last_error="")
 
 
@@ -362,6 +402,18 @@ def stop_replica(job, report) -> dict:
     return {}
 
 
+@receiver(job_given_up)
+def _replica_start_given_up(sender, job, reason: str, **_kwargs) -> None:
+    """Beat gave up on a replica's start job (its message lost, its worker dead): the replica fails with the
+    reason instead of showing "starting" for ever. Its pid stays, for the next start or stop to clean up."""
+    if job.kind != START_REPLICA:
+        return
+    replica = Replica.objects.select_related("deployment").filter(pk=job.payload.get("replica_id"),
+                                                                  state=ServingState.STARTING).first()
+    if replica is not None:
+        _set_replica_state(replica, ServingState.FAILED, reason, last_error=reason)
+
+
 def check_local_replicas() -> list[str]:
     """Run on each node by beat: restart replicas whose engine died, with exponential backoff."""
     now = timezone.now()
@@ -377,7 +429,11 @@ def check_local_replicas() -> list[str]:
             Replica.objects.filter(pk=replica.pk).update(last_health_at=now if healthy else replica.last_health_at)
             continue
         if replica.state == ServingState.READY and process.is_alive(replica.pid):
-            Replica.objects.filter(pk=replica.pk).update(last_health_at=now)
+            # Asked where the gateway asks (the node's address), with the replica's key.
+            root = replica.base_url.removesuffix("/v1")
+            adapter = engine(replica.deployment.engine)
+            if process.probe(f"{root}{adapter.health_path}", headers=auth_headers(replica.api_key)):
+                Replica.objects.filter(pk=replica.pk).update(last_health_at=now)
             continue
         if replica.state == ServingState.READY:
             delay = min(2 ** (replica.restarts + 1), MAX_RESTART_BACKOFF_S)

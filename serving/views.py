@@ -1,6 +1,10 @@
 import os
+import secrets
 
+from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib import messages
+from django.db.models import Q
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.csrf import csrf_protect
@@ -11,13 +15,29 @@ from accounts.gui import gui_actor, workspace_page
 from cluster.models import Node
 from serving import selectors, services
 from serving.engines.base import CHAT, engine
-from serving.gateway import Caller, django_response, serve
+from accounts.selectors import effective_role
+from serving.gateway import Caller, GatewayError, admit, django_response, serve
 from serving.models import Engine, RoleHint
+
+
+def _may_scrape(request) -> bool:
+    """The metrics name every tenant's deployments and traffic: Prometheus brings FACTORY_METRICS_TOKEN as a bearer
+    token; a person must be signed in as staff."""
+    sent = request.headers.get("Authorization", "")
+    if settings.METRICS_TOKEN and sent.lower().startswith("bearer "):
+        return secrets.compare_digest(sent[7:].strip().encode(), settings.METRICS_TOKEN.encode())
+    return request.user.is_authenticated and request.user.is_staff
 
 
 def prometheus_metrics(request):
     """Prometheus scrape endpoint: the gateway's latency histograms, labelled by deployment and replica. With
     several web worker processes (PROMETHEUS_MULTIPROC_DIR set), the sum of all of them."""
+    if not _may_scrape(request):
+        response = JsonResponse(error_body("unauthenticated", "The metrics need the metrics token "
+                                                              "(Authorization: Bearer <FACTORY_METRICS_TOKEN>) or a "
+                                                              "staff sign-in."), status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
     registry = REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
@@ -153,7 +173,8 @@ def deployment_page(request, name: str):
         "deployment": deployment,
         "capabilities": sorted(engine(deployment.engine).capabilities(deployment.model)),
         "events": deployment.events.select_related("replica")[:30],
-        "requests": deployment.requests.all()[:20],
+        # A shared deployment serves every workspace: each sees only its own requests.
+        "requests": deployment.requests.filter(Q(workspace=request.workspace) | Q(workspace__isnull=True))[:20],
     })
 
 
@@ -182,6 +203,11 @@ async def playground_chat(request):
     user = await request.auser()
     if not user.is_authenticated or request.workspace is None:
         return JsonResponse(error_body("unauthenticated", "Sign in to use the Playground."), status=401)
-    reply = await serve("chat/completions", method=request.method, content=request.body,
-                        caller=Caller(workspace_id=request.workspace.pk))
-    return django_response(reply)
+    role = await sync_to_async(effective_role)(user=user, api_key=None, workspace=request.workspace)
+    caller = Caller(workspace_id=request.workspace.pk, role=role)
+    try:
+        await admit(caller)
+    except GatewayError as exc:
+        return django_response(exc.reply())
+    return django_response(await serve("chat/completions", method=request.method, content=request.body,
+                                       caller=caller))

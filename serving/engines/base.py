@@ -1,11 +1,16 @@
 """One interface for every engine, and the registry that maps a deployment's `engine` to it.
 
-An engine turns (model, settings, port) into a process to run, says which OpenAI endpoints it serves, and
-refuses models or nodes it cannot serve. Starting, health and stopping are shared (serving/engines/process.py);
+An engine turns (model, settings, address, port, key) into a process to run, says which OpenAI endpoints it serves,
+and refuses models or nodes it cannot serve. Starting, health and stopping are shared (serving/engines/process.py);
 an engine without a process (external) just points at a URL.
+
+Every engine process listens on its node's advertised address (FACTORY_NODE_ADDRESS), where the gateway in the web
+process reaches it, and requires its replica's own key (`Authorization: Bearer <key>`), read from a file so that it
+never shows in the process list: an engine's port is useless without the gateway.
 """
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 CHAT, COMPLETION, EMBEDDING = "chat", "completion", "embedding"
 
@@ -23,9 +28,24 @@ class LaunchSpec:
     start_timeout_s: float = 120.0
 
 
+@dataclass(frozen=True)
+class Listen:
+    """Where an engine process listens and the key it requires, kept in `key_file` (mode 0600)."""
+
+    host: str
+    port: int
+    key_file: Path
+
+
+def auth_headers(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 class EngineAdapter:
     name: str = ""
     runs_process: bool = True
+    # Answers 200 without a key while the engine is up (every engine here serves it).
+    health_path: str = "/health"
 
     def check(self, *, model, node) -> None:
         """Raise EngineRefused when this engine cannot serve `model` on `node`."""
@@ -38,17 +58,17 @@ class EngineAdapter:
     def capabilities(self, model) -> set[str]:
         raise NotImplementedError
 
-    def launch_spec(self, *, model, settings: dict, served_name: str, port: int) -> LaunchSpec:
+    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen) -> LaunchSpec:
         raise NotImplementedError
 
     def context_length(self, *, model, settings: dict) -> int | None:
         return settings.get("context_length") or model.context_length
 
-    def tool_strategy(self, base_url: str) -> str:
+    def tool_strategy(self, base_url: str, api_key: str = "") -> str:
         """How the gateway serves `tools` to a replica answering at `base_url`: 'native' passes them on."""
         return "native"
 
-    def live_stats(self, base_url: str) -> dict | None:
+    def live_stats(self, base_url: str, api_key: str = "") -> dict | None:
         """What a running replica at `base_url` reports of its own load (slots, queue, cache), or None when the
         engine reports nothing."""
         return None

@@ -1,6 +1,6 @@
 import sys
 
-from serving.engines.base import EMBEDDING, EngineAdapter, EngineRefused, LaunchSpec, register_engine
+from serving.engines.base import EMBEDDING, EngineAdapter, EngineRefused, LaunchSpec, Listen, register_engine
 
 
 @register_engine
@@ -18,13 +18,14 @@ class EmbeddingEngine(EngineAdapter):
     def capabilities(self, model) -> set[str]:
         return {EMBEDDING}
 
-    def launch_spec(self, *, model, settings: dict, served_name: str, port: int) -> LaunchSpec:
+    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen) -> LaunchSpec:
         argv = [
             sys.executable, "-m", "serving.engines.embedding_server",
             "--model", model.path,
             "--served-model-name", served_name,
-            "--host", "127.0.0.1",
-            "--port", str(port),
+            "--host", listen.host,
+            "--port", str(listen.port),
+            "--api-key-file", str(listen.key_file),
             "--threads", str(settings.get("threads") or 2),
             "--max-batch-size", str(settings.get("max_batch_size") or 64),
         ]

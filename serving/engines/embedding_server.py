@@ -5,7 +5,11 @@ engine for this job, does not fit this stack: installing it downgrades huggingfa
 then fails to import. This engine is the small subset we need: `/health`, `/v1/models` and `/v1/embeddings`
 (float or base64 output), with concurrent requests micro-batched into one `model.encode` call at a time.
 
-    python -m serving.engines.embedding_server --model PATH --served-model-name NAME --host 127.0.0.1 --port 8001
+    python -m serving.engines.embedding_server --model PATH --served-model-name NAME --host 127.0.0.1 --port 8001 \
+        [--api-key-file FILE]
+
+With --api-key-file every route but /health needs `Authorization: Bearer <key>` (the file's first line), as
+llama-server's --api-key-file does.
 """
 
 import os
@@ -19,6 +23,7 @@ import asyncio  # noqa: E402
 import base64  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import secrets  # noqa: E402
 import time  # noqa: E402
 from collections.abc import AsyncIterator  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
@@ -197,8 +202,13 @@ def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str
 
 
 def create_app(model: SentenceTransformer, *, served_model_name: str, max_batch_size: int,
-               max_wait_ms: float) -> Starlette:
+               max_wait_ms: float, api_key: str | None = None) -> Starlette:
     dimension = model.get_embedding_dimension()
+
+    def require_key(request: Request) -> None:
+        if api_key and not secrets.compare_digest(request.headers.get("authorization", "").encode(),
+                                                  f"Bearer {api_key}".encode()):
+            raise OpenAIError(401, "Invalid API key.", code="invalid_api_key")
     created = int(time.time())
     batcher = MicroBatcher(model, max_batch_size=max_batch_size, max_wait_s=max_wait_ms / 1000)
 
@@ -206,11 +216,13 @@ def create_app(model: SentenceTransformer, *, served_model_name: str, max_batch_
         return JSONResponse({"status": "ok"})
 
     async def list_models(request: Request) -> JSONResponse:
+        require_key(request)
         return JSONResponse({"object": "list", "data": [
             {"id": served_model_name, "object": "model", "created": created, "owned_by": "ai-factory"},
         ]})
 
     async def create_embeddings(request: Request) -> JSONResponse:
+        require_key(request)
         try:
             body = json.loads(await request.body())
         except ValueError:
@@ -265,6 +277,7 @@ def main() -> None:
     parser.add_argument("--max-wait-ms", type=float, default=5,
                         help="how long a batch waits for more requests before it is encoded")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+    parser.add_argument("--api-key-file", help="a file whose first line is the key every request must bring")
     args = parser.parse_args()
     if args.max_batch_size < 1:
         parser.error("--max-batch-size must be at least 1")
@@ -275,8 +288,9 @@ def main() -> None:
     model = SentenceTransformer(args.model)
     logger.info("Loaded %s (%d dimensions) from %s on %s", args.served_model_name, model.get_embedding_dimension(),
                 args.model, model.device)
+    api_key = open(args.api_key_file).readline().strip() if args.api_key_file else None
     app = create_app(model, served_model_name=args.served_model_name, max_batch_size=args.max_batch_size,
-                     max_wait_ms=args.max_wait_ms)
+                     max_wait_ms=args.max_wait_ms, api_key=api_key)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
 
 

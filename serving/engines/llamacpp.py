@@ -17,7 +17,8 @@ import httpx
 from django.conf import settings as django_settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.engines.base import CHAT, COMPLETION, EngineAdapter, EngineRefused, LaunchSpec, register_engine
+from serving.engines.base import (CHAT, COMPLETION, EngineAdapter, EngineRefused, LaunchSpec, Listen, auth_headers,
+                                  register_engine)
 from serving.gguf_info import InvalidModelFile, read_gguf
 
 # A CPU box rarely wants more per request; a deployment's settings can ask for the model's full context.
@@ -111,15 +112,17 @@ class LlamaCppEngine(EngineAdapter):
         by_memory = DEFAULT_KV_BUDGET_TOKENS // self.context_length(model=model, settings=settings)
         return max(1, min(by_threads, by_memory, MAX_DEFAULT_SLOTS))
 
-    def launch_spec(self, *, model, settings: dict, served_name: str, port: int) -> LaunchSpec:
+    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen) -> LaunchSpec:
         context, slots = self.context_length(model=model, settings=settings), self.slots(model=model, settings=settings)
         threads = settings.get("threads") or 2
         argv = [
             server_binary(),
             "--model", model.path,
             "--alias", served_name,
-            "--host", "127.0.0.1",
-            "--port", str(port),
+            "--host", listen.host,
+            "--port", str(listen.port),
+            # Every route but /health needs the replica's key, which only the gateway and its node's worker hold.
+            "--api-key-file", str(listen.key_file),
             # The whole KV cache, split evenly: every slot holds a full context of its own.
             "--ctx-size", str(context * slots),
             "--parallel", str(slots),
@@ -144,23 +147,25 @@ class LlamaCppEngine(EngineAdapter):
         # against 8.5 ms for SmolLM2 on 2 cores). OpenMP's default, a short spin, is fastest.
         return LaunchSpec(argv=argv, env={"OMP_WAIT_POLICY": None}, health_path="/health", start_timeout_s=180.0)
 
-    def tool_strategy(self, base_url: str) -> str:
+    def tool_strategy(self, base_url: str, api_key: str = "") -> str:
         """'native' when the chat template has a tool-call format llama-server parses; otherwise llama-server drops
         `tools`, so the gateway constrains the reply instead."""
         try:
-            props = httpx.get(f"{base_url.removesuffix('/v1')}/props", timeout=STATS_TIMEOUT_S * 5)
+            props = httpx.get(f"{base_url.removesuffix('/v1')}/props", headers=auth_headers(api_key),
+                              timeout=STATS_TIMEOUT_S * 5)
             caps = props.raise_for_status().json().get("chat_template_caps") or {}
         except (httpx.HTTPError, ValueError):
             caps = {}
         return "native" if caps.get("supports_tool_calls") else "constrained"
 
-    def live_stats(self, base_url: str) -> dict | None:
+    def live_stats(self, base_url: str, api_key: str = "") -> dict | None:
         """From the replica's Prometheus /metrics and /slots: busy and total slots, the requests waiting for one,
         the KV cache the slots hold, and the engine's own token counters and speeds."""
-        root = base_url.removesuffix("/v1")
+        root, headers = base_url.removesuffix("/v1"), auth_headers(api_key)
         try:
-            metrics_text = httpx.get(f"{root}/metrics", timeout=STATS_TIMEOUT_S).raise_for_status().text
-            slots = httpx.get(f"{root}/slots", timeout=STATS_TIMEOUT_S).raise_for_status().json()
+            metrics_text = httpx.get(f"{root}/metrics", headers=headers,
+                                     timeout=STATS_TIMEOUT_S).raise_for_status().text
+            slots = httpx.get(f"{root}/slots", headers=headers, timeout=STATS_TIMEOUT_S).raise_for_status().json()
         except (httpx.HTTPError, ValueError) as exc:
             return {"error": f"The engine did not report its load: {exc.__class__.__name__}"}
         values = {sample.name.removeprefix("llamacpp:"): sample.value

@@ -1,5 +1,11 @@
 """Engine replicas are OS processes that outlive the Celery task that starts them. A short-lived launcher starts
-each one in its own session and exits, so the replica belongs to no worker and survives worker restarts."""
+each one in its own session and exits, so the replica belongs to no worker and survives worker restarts.
+
+Only the PID is stored with a replica, and PIDs are reused: after a reboot, or once the engine is long gone, the
+stored number may belong to any process. So `launch` records each engine's start time (psutil's create_time,
+which differs for any other process holding the number later) beside the engine logs, and `terminate` signals a
+process only when it is still the one that was launched.
+"""
 
 import json
 import os
@@ -11,6 +17,8 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
+from django.conf import settings
 
 LAUNCHER = (
     "import json, subprocess, sys\n"
@@ -25,10 +33,30 @@ class EngineStartFailed(RuntimeError):
     pass
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+def bind_address(address: str) -> str:
+    """The IP address an engine binds for a node's advertised address (a name is resolved once, here)."""
+    try:
+        return socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)[0][4][0]
+    except socket.gaierror as exc:
+        raise EngineStartFailed(f"This node's address '{address}' (FACTORY_NODE_ADDRESS) does not resolve: {exc}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+def write_key_file(path: Path, key: str) -> Path:
+    """The replica's key in a file only this user can read, for the engine's --api-key-file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.unlink(missing_ok=True)
+    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
+        file.write(key + "\n")
+    partial.replace(path)
+    return path
 
 
 def launch(argv: list[str], *, log_path: Path, env: dict[str, str | None] | None = None) -> int:
@@ -36,7 +64,34 @@ def launch(argv: list[str], *, log_path: Path, env: dict[str, str | None] | None
     full_env = {name: value for name, value in {**os.environ, **(env or {})}.items() if value is not None}
     done = subprocess.run([sys.executable, "-c", LAUNCHER, json.dumps(argv), str(log_path), json.dumps(full_env)],
                           capture_output=True, text=True, timeout=60, check=True)
-    return int(done.stdout.strip())
+    pid = int(done.stdout.strip())
+    started = _start_time(pid)
+    if started is not None:
+        _launched_dir().mkdir(parents=True, exist_ok=True)
+        (_launched_dir() / str(pid)).write_text(repr(started))
+    return pid
+
+
+def _launched_dir() -> Path:
+    return Path(settings.DATA_DIR) / "engines" / "launched"
+
+
+def _start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def launched_here(pid: int | None) -> bool:
+    """True when `pid` is still the process `launch` started under that number."""
+    if not pid:
+        return False
+    try:
+        recorded = float((_launched_dir() / str(pid)).read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    return _start_time(pid) == recorded
 
 
 def is_alive(pid: int | None) -> bool:
@@ -51,7 +106,11 @@ def is_alive(pid: int | None) -> bool:
 
 
 def terminate(pid: int | None, *, grace_s: float = 10.0) -> None:
-    if not is_alive(pid):
+    """Stop the engine's whole process group, if `pid` is still the engine `launch` started (see the module's
+    docstring): a stale PID is left alone."""
+    if not is_alive(pid) or not launched_here(pid):
+        if pid:
+            (_launched_dir() / str(pid)).unlink(missing_ok=True)
         return
     try:
         os.killpg(pid, signal.SIGTERM)
@@ -65,9 +124,13 @@ def terminate(pid: int | None, *, grace_s: float = 10.0) -> None:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    (_launched_dir() / str(pid)).unlink(missing_ok=True)
 
 
-def log_tail(log_path: Path, lines: int = 15) -> str:
+def log_tail(log_path: Path | None, lines: int = 15) -> str:
+    """The last lines of an engine's log; '' for an engine without one (an external endpoint)."""
+    if log_path is None:
+        return ""
     try:
         return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:

@@ -1,4 +1,4 @@
-from serving.engines.base import CHAT, COMPLETION, EngineAdapter, EngineRefused, LaunchSpec, register_engine
+from serving.engines.base import CHAT, COMPLETION, EngineAdapter, EngineRefused, LaunchSpec, Listen, register_engine
 
 
 @register_engine
@@ -17,16 +17,19 @@ class VllmEngine(EngineAdapter):
     def capabilities(self, model) -> set[str]:
         return {CHAT, COMPLETION} if model.supports_chat else {COMPLETION}
 
-    def launch_spec(self, *, model, settings: dict, served_name: str, port: int) -> LaunchSpec:
+    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen) -> LaunchSpec:
         argv = [
             "vllm", "serve", model.path,
             "--served-model-name", served_name,
-            "--host", "127.0.0.1",
-            "--port", str(port),
+            "--host", listen.host,
+            "--port", str(listen.port),
             "--tensor-parallel-size", str(settings.get("tensor_parallel_size") or 1),
             "--gpu-memory-utilization", str(settings.get("gpu_memory_utilization") or 0.85),
         ]
         if settings.get("context_length"):
             argv += ["--max-model-len", str(settings["context_length"])]
-        env = {"CUDA_VISIBLE_DEVICES": settings["gpus"]} if settings.get("gpus") else {}
+        # vLLM reads its key from the environment (VLLM_API_KEY), which keeps it out of the process list.
+        env = {"VLLM_API_KEY": listen.key_file.read_text().strip()}
+        if settings.get("gpus"):
+            env["CUDA_VISIBLE_DEVICES"] = settings["gpus"]
         return LaunchSpec(argv=argv, env=env, health_path="/health", start_timeout_s=900.0)

@@ -129,8 +129,8 @@ def test_the_server_answers_the_app_api_past_django_with_the_same_checks(app, ap
         assert status == 404 and "Unknown endpoint" in message
         assert error_of(call("GET", "/api/apps/", key=app_key))[0] == 404
         settings.ALLOWED_HOSTS = ["factory.example"]
-        status, message = error_of(post("/api/apps/handbook/chat", {"query": "hi"}, key=app_key, host="evil.example"))
-        assert status == 400 and "evil.example" in message
+        refused = post("/api/apps/handbook/chat", {"query": "hi"}, key=app_key, host="evil.example")
+        assert (refused.status_code, refused.text) == (400, "Invalid host header")
         settings.ALLOWED_HOSTS = ["*"]
         settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
         assert error_of(post("/api/apps/handbook/chat", {"query": "x" * 2000}, key=app_key))[0] == 413
@@ -161,7 +161,9 @@ def test_a_key_over_its_rate_limit_gets_429_with_retry_after(ann, app):
     assert post("/api/apps/handbook/chat", {"query": ""}, key=roomy).status_code == 400
 
 
-def test_the_web_chat_token_works_only_from_allowed_origins(ann, app):
+def test_the_web_chat_token_works_only_from_allowed_origins(ann, app, settings):
+    # The web chat's own origin comes from settings, never from the Host header the caller chose.
+    settings.PUBLIC_URL = "http://factory.example:8000/"
     services.update_app(actor=ann, app=app, allowed_origins=["http://intranet.example:8080/"])
     app.refresh_from_db()
     assert app.allowed_origins == ["http://intranet.example:8080"]
@@ -172,7 +174,9 @@ def test_the_web_chat_token_works_only_from_allowed_origins(ann, app):
     allowed = post(chat, {"query": ""}, key=token, origin="http://intranet.example:8080")
     assert allowed.status_code == 400
     assert allowed.headers["Access-Control-Allow-Origin"] == "http://intranet.example:8080"
-    assert post(chat, {"query": ""}, key=token, origin="http://testserver").status_code == 400
+    assert post(chat, {"query": ""}, key=token, origin="http://factory.example:8000").status_code == 400
+    status, message = error_of(post(chat, {"query": ""}, key=token, origin="http://testserver"))
+    assert status == 403 and "http://testserver" in message
     preflight = call("OPTIONS", chat, origin="http://intranet.example:8080")
     assert preflight.status_code == 204 and "Authorization" in preflight.headers["Access-Control-Allow-Headers"]
     assert "Access-Control-Allow-Origin" not in call("OPTIONS", chat, origin="http://evil.example").headers

@@ -142,7 +142,7 @@ async def _request(method: str, path: str, *, key: str | None = None, content: b
     """Send one request to the ASGI app; with an X-Request-Id, wait for its row too, which the gateway writes in
     the background of this event loop."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi_app), base_url="http://gateway") as client:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi_app), base_url="http://testserver") as client:
         response = await client.request(method, path, content=content, headers=headers)
     request_id = response.headers.get("X-Request-Id")
     return response, request_id and await _recorded(request_id)

@@ -1,4 +1,5 @@
 import pytest
+from django.contrib.auth import get_user_model
 from django.test import Client
 
 from cluster import inventory
@@ -10,8 +11,11 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def signed_in(make_workspace) -> Client:
+def signed_in(make_workspace, settings) -> Client:
+    """A platform administrator, who may register model files from the model directories."""
+    settings.MODEL_DIRS = [_gemma3_path().parent, "/tmp"]
     make_workspace("Acme", owner="ann")
+    get_user_model().objects.filter(username="ann").update(is_staff=True)
     register_node(name="box", resources=inventory.probe())
     client = Client()
     client.login(username="ann", password="correct-horse-battery")

@@ -45,13 +45,16 @@ def test_a_request_without_content_has_no_latency_figures():
 
 def test_the_scrape_sums_every_web_worker_process(tmp_path):
     """`make run` starts several uvicorn workers; /metrics, answered by any one of them, must count all."""
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "factory.settings"}
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "factory.settings",
+           "FACTORY_METRICS_TOKEN": "scrape-secret"}
     count_one = ("from serving.metrics import REQUESTS, TTFT_SECONDS; "
                  "REQUESTS.labels('chat', '7', '200').inc(); TTFT_SECONDS.labels('chat', '7').observe(0.2)")
     for _ in range(2):
         subprocess.run([sys.executable, "-c", count_one], env=env, check=True)
-    scrape = ("import django; django.setup(); from serving.views import prometheus_metrics; "
-              "print(prometheus_metrics(None).content.decode())")
+    scrape = ("import django; django.setup(); from django.test import RequestFactory; "
+              "from serving.views import prometheus_metrics; "
+              "request = RequestFactory().get('/metrics', HTTP_AUTHORIZATION='Bearer scrape-secret'); "
+              "print(prometheus_metrics(request).content.decode())")
     text = subprocess.run([sys.executable, "-c", scrape], env=env, check=True, capture_output=True, text=True).stdout
     assert 'factory_requests_total{deployment="chat",replica="7",status="200"} 2.0' in text
     assert 'factory_ttft_seconds_count{deployment="chat",replica="7"} 2.0' in text

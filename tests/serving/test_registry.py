@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from accounts.models import Role
@@ -15,9 +16,13 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def developer(make_workspace, key_client) -> APIClient:
+def developer(make_workspace, key_client, settings, tmp_path) -> APIClient:
+    """A platform administrator (registering model files is theirs), with the presets' and the test's own
+    directories as model directories."""
+    settings.MODEL_DIRS = [_smollm2_path().parent, tmp_path]
     workspace = make_workspace("Acme", owner="ann")
-    return key_client("ann", workspace)
+    get_user_model().objects.filter(username="ann").update(is_staff=True)
+    return key_client("ann", workspace, role=Role.ADMIN)
 
 
 def test_the_presets_are_registered_from_their_packages():
@@ -62,9 +67,10 @@ def test_a_file_that_is_not_a_valid_gguf_is_refused_with_a_reason(developer, tmp
 
 
 def test_missing_paths_directories_and_bad_urls_are_refused(developer, tmp_path):
-    missing = developer.post("/api/serving/models/", {"name": "x", "path": "/nowhere/model.gguf"}, format="json")
+    missing = developer.post("/api/serving/models/", {"name": "x", "path": str(tmp_path / "model.gguf")},
+                             format="json")
     assert missing.status_code == 400
-    assert missing.json()["error"]["message"] == "No file or directory at /nowhere/model.gguf."
+    assert missing.json()["error"]["message"] == f"No file or directory at {tmp_path / 'model.gguf'}."
     empty_dir = developer.post("/api/serving/models/", {"name": "x", "path": str(tmp_path)}, format="json")
     assert "not a Hugging Face model" in empty_dir.json()["error"]["message"]
     url = developer.post("/api/serving/models/", {"name": "x", "url": "ftp://example"}, format="json")
@@ -109,15 +115,16 @@ def test_a_chat_template_turns_a_base_model_into_a_chat_model_and_blank_restores
     assert Model.objects.get(pk=registered["id"]).chat_template == read_gguf(_smollm2_path()).chat_template
 
 
-def test_only_admins_change_a_shared_models_template(make_workspace, key_client):
+def test_only_platform_administrators_change_a_shared_models_template(make_workspace, key_client):
     gemma = register_presets(lambda line: None)[GEMMA3]
     workspace = make_workspace("Acme", owner="ann", dev="developer")
     url = f"/api/serving/models/{gemma.pk}/chat-template/"
 
-    refused = key_client("dev", workspace, role=Role.DEVELOPER).post(url, {"chat_template": "{{ x }}"},
-                                                                     format="json")
-    assert refused.status_code == 403
+    for username, role in (("dev", Role.DEVELOPER), ("ann", Role.OWNER)):
+        refused = key_client(username, workspace, role=role).post(url, {"chat_template": "{{ x }}"}, format="json")
+        assert refused.status_code == 403
     assert Model.objects.get(pk=gemma.pk).chat_template == GEMMA3_CHAT_TEMPLATE
+    get_user_model().objects.filter(username="ann").update(is_staff=True)
     allowed = key_client("ann", workspace, role=Role.ADMIN).post(url, {"chat_template": "{{ x }}"}, format="json")
     assert allowed.status_code == 200
 
