@@ -41,7 +41,7 @@ def publish(run_public_id, event: str, data: dict) -> None:
 async def follow(run_public_id, *, after: str = "0", block_ms: int = 15_000) -> AsyncIterator[tuple[str, str, dict]]:
     """(stream id, event, data) from after `after`, waiting for new ones, until an ending event; a quiet stream
     yields ("", "ping", {}) every `block_ms` so that the caller can keep its connection alive."""
-    client = aredis.Redis.from_url(settings.REDIS_URL)
+    client = aredis.Redis.from_url(settings.REDIS_URL, socket_timeout=block_ms / 1000 + 10)
     try:
         last = after
         while True:

@@ -18,7 +18,7 @@ from typing import Annotated, TypedDict
 from langchain.agents import create_agent
 from langchain.agents.middleware import (SummarizationMiddleware, ToolCallLimitMiddleware, dynamic_prompt,
                                          wrap_model_call)
-from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import StructuredTool
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -87,6 +87,23 @@ def system_prompt(context: RunContext, extra: str = "") -> str:
     return "\n\n".join(part for part in parts if part)
 
 
+def _call_keys(message: AIMessage) -> set[tuple[str, str]]:
+    return {(call["name"], json.dumps(call["args"], sort_keys=True)) for call in message.tool_calls}
+
+
+@wrap_model_call
+def no_repeated_calls(request, handler):
+    """A small model often calls the same tool with the same arguments again instead of answering. A call it has
+    already had the result of is not made twice: the model is asked again, to answer this time."""
+    response = handler(request)
+    reply = response.result[-1] if response.result else None
+    if isinstance(reply, AIMessage) and reply.tool_calls:
+        made = set().union(*(_call_keys(m) for m in request.messages if isinstance(m, AIMessage)))
+        if _call_keys(reply) <= made:
+            return handler(request.override(tool_choice="none"))
+    return response
+
+
 def _middleware(context: RunContext, summarizer, extra_prompt: str) -> list:
     @dynamic_prompt
     def prompt(request) -> str:
@@ -100,7 +117,7 @@ def _middleware(context: RunContext, summarizer, extra_prompt: str) -> list:
         @wrap_model_call
         def short_term(request, handler):
             return handler(request.override(messages=recent_turns(request.messages, size)))
-    return [prompt, short_term,
+    return [prompt, short_term, no_repeated_calls,
             ToolCallLimitMiddleware(run_limit=context.settings["limits"]["max_tool_calls"], exit_behavior="continue")]
 
 
@@ -142,6 +159,13 @@ def team(context: RunContext, *, checkpointer) -> Built:
     hint = "You lead a team: give each part of the task to the team member best suited to it, then answer."
     return tool_calling(context, checkpointer=checkpointer, extra_prompt=hint,
                         extra_tools=[_sub_agent_tool(context, agent) for agent in members])
+
+
+def step_result(state: dict, answer: str) -> str:
+    """What a plan step found: its tools' results, which the answer is written from, and the executor's words."""
+    found = [f"{message.name}: {message.content}" for message in state.get("messages", [])
+             if isinstance(message, ToolMessage) and not str(message.content).startswith("Tool error")]
+    return "\n".join([*found, answer] if answer else found) or "(no result)"
 
 
 class PlanState(TypedDict):
@@ -211,7 +235,7 @@ def plan_execute(context: RunContext, *, checkpointer) -> Built:
         task = (f"The user's request: {question(state)}\n" + (f"Steps done so far:\n{so_far}\n" if so_far else "")
                 + f"Now do step {done + 1}: {step}")
         out = executor.graph.invoke({"messages": [HumanMessage(content=task)]}, config={"callbacks": [recorder]})
-        return {"results": [*state["results"], {"step": step, "result": executor.answer(out) or "(no result)"}]}
+        return {"results": [*state["results"], {"step": step, "result": step_result(out, executor.answer(out))}]}
 
     def replan(state: PlanState) -> dict:
         done = state["results"]

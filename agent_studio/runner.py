@@ -9,10 +9,14 @@ completed are not made again. A run is claimed at most MAX_ATTEMPTS times.
 import logging
 import os
 import socket
+import threading
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 
 import openai
+from django.conf import settings
+from django.db import connection
 from django.db.models import F, Q
 from django.utils import timezone
 from langchain_core.messages import AIMessage, HumanMessage
@@ -25,7 +29,7 @@ from agent_studio.graphs import PlanUnreadable
 from agent_studio.models import AgentRun, AgentThread, RunStatus, StepKind
 from agent_studio.strategies import ToolReplyInvalid
 from agent_studio.toolkit import BindingMissing, RunContext
-from agent_studio.tracing import LEASE_S, Recorder, RunCancelled, RunLimitReached
+from agent_studio.tracing import Recorder, RunCancelled, RunLimitReached
 
 logger = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
@@ -54,13 +58,34 @@ def _claim(run_pk: int, owner: str) -> AgentRun | None:
     now = timezone.now()
     claimed = AgentRun.objects.filter(pk=run_pk, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).filter(
         Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner)).update(
-        status=RunStatus.RUNNING, lease_owner=owner, lease_until=now + timedelta(seconds=LEASE_S),
+        status=RunStatus.RUNNING, lease_owner=owner, lease_until=now + timedelta(seconds=settings.AGENT_RUN_LEASE_S),
         attempts=F("attempts") + 1)
     if not claimed:
         return None
     run = AgentRun.objects.select_related("agent", "version", "thread", "created_by").get(pk=run_pk)
     events.publish(run.public_id, "status", {"status": RunStatus.RUNNING, "attempt": run.attempts})
     return run
+
+
+@contextmanager
+def _lease_kept(run_pk: int, owner: str):
+    """Renew the run's lease while this process works on it, however long one model or tool call takes; a process
+    that dies stops renewing, and the run is taken over once the lease runs out."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(settings.AGENT_RUN_LEASE_S / 3):
+            AgentRun.objects.filter(pk=run_pk, lease_owner=owner, status=RunStatus.RUNNING).update(
+                lease_until=timezone.now() + timedelta(seconds=settings.AGENT_RUN_LEASE_S))
+            connection.close()
+
+    thread = threading.Thread(target=renew, name=f"agent-run-{run_pk}-lease", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 def _finish(run: AgentRun, owner: str, status: str, *, answer: str = "", error: str = "",
@@ -122,6 +147,11 @@ def execute(run_pk: int, *, owner: str, resume=None, extra_tools: list | None = 
         _fail(run, owner, recorder, f"The run was interrupted {MAX_ATTEMPTS} times (its worker stopped); giving up.",
               elapsed())
         return
+    with _lease_kept(run.pk, owner):
+        _run_graph(run, owner, recorder, context, resume, elapsed)
+
+
+def _run_graph(run: AgentRun, owner: str, recorder: Recorder, context: RunContext, resume, elapsed) -> None:
     try:
         built = graphs.build(context, checkpointer=memory.checkpointer())
         config = {"configurable": {"thread_id": thread_key(run.thread)}, "callbacks": [recorder],

@@ -51,9 +51,16 @@ class _PromptedToolCaller(BaseChatModel):
 
     inner: BaseChatModel
     tools: list[dict] = []
+    # "none" asks for an answer, whatever tools there are (OpenAI's tool_choice).
+    tool_choice: str | None = None
 
     def bind_tools(self, tools: Sequence, *, tool_choice=None, **kwargs) -> "_PromptedToolCaller":
-        return self.model_copy(update={"tools": [convert_to_openai_tool(tool)["function"] for tool in tools]})
+        return self.model_copy(update={"tools": [convert_to_openai_tool(tool)["function"] for tool in tools],
+                                       "tool_choice": tool_choice if isinstance(tool_choice, str) else None})
+
+    @property
+    def offered(self) -> list[dict]:
+        return [] if self.tool_choice == "none" else self.tools
 
     def _generate(self, messages: list[BaseMessage], stop=None, run_manager=None, **kwargs) -> ChatResult:
         prompt = self._render(messages)
@@ -102,10 +109,10 @@ class _PromptedToolCaller(BaseChatModel):
 
     def _tool_list(self) -> str:
         return "\n".join(f"- {tool['name']}: {tool.get('description', '')} Arguments (JSON Schema): "
-                         f"{json.dumps(tool.get('parameters', {}), ensure_ascii=False)}" for tool in self.tools)
+                         f"{json.dumps(tool.get('parameters', {}), ensure_ascii=False)}" for tool in self.offered)
 
     def _tool_call(self, name: str, arguments) -> AIMessage:
-        known = {tool["name"] for tool in self.tools}
+        known = {tool["name"] for tool in self.offered}
         if name not in known:
             raise ValueError(f"there is no tool '{name}' (the tools are {', '.join(sorted(known)) or 'none'}).")
         if not isinstance(arguments, dict):
@@ -136,7 +143,7 @@ class JsonToolCaller(_PromptedToolCaller):
     def _schema(self) -> dict:
         branches = [{"type": "object", "properties": {"tool": {"const": tool["name"]},
                                                       "arguments": tool.get("parameters") or {"type": "object"}},
-                     "required": ["tool", "arguments"]} for tool in self.tools]
+                     "required": ["tool", "arguments"]} for tool in self.offered]
         branches.append({"type": "object", "properties": {"final": {"type": "string"}}, "required": ["final"]})
         return {"anyOf": branches}
 
@@ -145,7 +152,7 @@ class JsonToolCaller(_PromptedToolCaller):
             "name": "agent_step", "schema": self._schema()}})
 
     def _instructions(self) -> str:
-        if not self.tools:
+        if not self.offered:
             return 'Reply with a JSON object: {"final": "<your answer>"}.'
         return ("You can call these tools:\n" + self._tool_list() + "\n\nReply with one JSON object: "
                 '{"tool": "<tool name>", "arguments": {...}} to call a tool, or {"final": "<your answer>"} when '
@@ -185,7 +192,7 @@ class ReactTextCaller(_PromptedToolCaller):
         return self.inner.bind(stop=REACT_STOP)
 
     def _instructions(self) -> str:
-        if not self.tools:
+        if not self.offered:
             return "Reply as:\nFinal Answer: <your answer>"
         return ("You can use these tools:\n" + self._tool_list() + "\n\nTo use a tool, reply exactly:\n"
                 "Thought: <why>\nAction: <tool name>\nAction Input: <a JSON object of arguments>\n\n"

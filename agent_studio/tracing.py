@@ -7,6 +7,7 @@ import threading
 import time
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -17,7 +18,6 @@ from agent_studio.models import AgentRun, RunStep, StepKind
 from agent_studio.strategies import GATEWAY_TAG
 from rag_studio.screening import screen_text
 
-LEASE_S = 60
 DETAIL_CHARS = 4000
 INJECTION_ONLY = {"pii": "allow", "secret": "allow", "injection": "flag"}
 
@@ -77,7 +77,7 @@ class Recorder(BaseCallbackHandler):
                 step = RunStep.objects.create(run_id=self.run_pk, index=self.index, kind=kind, name=name[:128],
                                               detail=detail, ok=ok, latency_ms=latency_ms,
                                               input_tokens=input_tokens, output_tokens=output_tokens)
-                counters = {"lease_until": timezone.now() + timedelta(seconds=LEASE_S),
+                counters = {"lease_until": timezone.now() + timedelta(seconds=settings.AGENT_RUN_LEASE_S),
                             "model_calls": self.model_calls, "tool_calls": self.tool_calls}
                 if input_tokens or output_tokens:
                     counters |= {"input_tokens": F("input_tokens") + (input_tokens or 0),

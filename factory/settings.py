@@ -308,6 +308,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ROUTES = {"rag_studio.tasks.*": {"queue": "ingest"}}
+# An agent run whose worker has not renewed its lease for this long (its steps renew it) is taken over by another
+# worker from its last checkpoint; beat looks for such runs every AGENT_STALLED_CHECK_INTERVAL_S.
+AGENT_RUN_LEASE_S = float(os.environ.get("FACTORY_AGENT_LEASE_S", "120"))
+AGENT_STALLED_CHECK_INTERVAL_S = float(os.environ.get("FACTORY_AGENT_STALLED_CHECK_S", "30"))
 CELERY_BEAT_SCHEDULE = {
     "cluster-heartbeats": {
         "task": "cluster.tasks.request_heartbeats",
