@@ -90,8 +90,11 @@ class LoginView(APIView):
     def post(self, request):
         data = LoginSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        username, ip = data.validated_data["username"], request.META.get("REMOTE_ADDR")
+        services.check_sign_in_allowed(username=username, ip=ip)
         user = authenticate(request, **data.validated_data)
         if user is None:
+            services.record_failed_sign_in(username=username, ip=ip)
             raise Unauthenticated("Wrong username or password.")
         login(request, user)
         return Response({"username": user.username})

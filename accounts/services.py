@@ -10,7 +10,8 @@ from django.db.models import Model
 from django.utils import timezone
 from django.utils.text import slugify
 
-from accounts.errors import Conflict, Forbidden, NotFound, Unauthenticated, ValidationFailed
+from accounts import ratelimits
+from accounts.errors import Conflict, Forbidden, NotFound, RateLimited, Unauthenticated, ValidationFailed
 from accounts.models import ROLE_RANK, ApiKey, AuditEntry, Membership, Role, Workspace, rank_of
 
 User = get_user_model()
@@ -163,6 +164,24 @@ def remove_member(*, actor: Actor, membership: Membership) -> None:
     record_audit(actor=actor, workspace=membership.workspace, action="member.remove", target=membership,
                  detail={"username": membership.user.username, "keys_revoked": revoked})
     membership.delete()
+
+
+def check_sign_in_allowed(*, username: str, ip: str | None) -> None:
+    """Refuse (429) a sign-in for a name or from an address that failed too often lately (FACTORY_LOGIN_RATE)."""
+    from django.conf import settings
+
+    ratelimits.check(settings.LOGIN_RATE, "login-user", username.lower()[:150], what="this user name")
+    ratelimits.check(settings.LOGIN_RATE, "login-ip", ip or "unknown", what="this address")
+
+
+def record_failed_sign_in(*, username: str, ip: str | None) -> None:
+    from django.conf import settings
+
+    for scope, value in (("login-user", username.lower()[:150]), ("login-ip", ip or "unknown")):
+        try:
+            ratelimits.hit(settings.LOGIN_RATE, scope, value, what="sign-in")
+        except RateLimited:
+            pass  # already counted past the limit: the next attempt is refused
 
 
 def hash_secret(raw: str) -> str:

@@ -18,8 +18,7 @@ api_urlpatterns = [
 ]
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(template_name="accounts/login.html", redirect_authenticated_user=True),
-         name="login"),
+    path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("workspaces/switch/", views.switch_workspace, name="switch-workspace"),
     path("workspaces/new/", views.create_workspace, name="create-workspace"),

@@ -1,12 +1,36 @@
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from accounts import selectors, services
+from accounts.errors import RateLimited
 from accounts.gui import gui_actor, has_role, workspace_page
 from accounts.middleware import SESSION_KEY
 from accounts.models import ApiKey, Membership, Role
+
+
+class LoginView(auth_views.LoginView):
+    """Django's sign-in page, with failed attempts limited per user name and per address (FACTORY_LOGIN_RATE)."""
+
+    template_name = "accounts/login.html"
+    redirect_authenticated_user = True
+
+    def post(self, request, *args, **kwargs):
+        try:
+            services.check_sign_in_allowed(username=request.POST.get("username", ""),
+                                           ip=request.META.get("REMOTE_ADDR"))
+        except RateLimited as exc:
+            response = self.render_to_response(self.get_context_data(throttled=exc.message), status=429)
+            response["Retry-After"] = str(exc.retry_after)
+            return response
+        return super().post(request, *args, **kwargs)
+
+    def form_invalid(self, form):
+        services.record_failed_sign_in(username=self.request.POST.get("username", ""),
+                                       ip=self.request.META.get("REMOTE_ADDR"))
+        return super().form_invalid(form)
 
 
 @login_required

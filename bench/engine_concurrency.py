@@ -10,6 +10,7 @@ sends three times as many different prompts as it has streams in flight (at leas
 
 import argparse
 import asyncio
+import secrets
 import sys
 import tempfile
 import time
@@ -21,11 +22,12 @@ import httpx
 from bench._serving import (CLIENT_TIMEOUT, StreamResult, chat_body, count_tokens, percentile, print_header, prompts,
                             stream_chat, wait_for)
 from serving.engines import process
-from serving.engines.base import LaunchSpec, engine
+from serving.engines.base import LaunchSpec, Listen, auth_headers, engine
 from serving.models import Model
 from serving.presets import SMOLLM2, _smollm2_path
 
 ALIAS = "bench"
+ENGINE_KEY = secrets.token_urlsafe(24)
 ENGINE_START_TIMEOUT_S = 180
 TARGET_CONCURRENCY = 4
 TTFT_TARGET_SHARE = 0.10
@@ -54,12 +56,15 @@ class Level:
                 "tokens_per_s": sum(tokens) / self.wall_s}
 
 
-def _llama_server_launch(model_path: str, threads: int, port: int) -> tuple[LaunchSpec, int]:
-    """What the platform's llamacpp engine would launch for the SmolLM2 preset, and its slot count."""
+def _llama_server_launch(model_path: str, threads: int, port: int, key_file: Path) -> tuple[LaunchSpec, int]:
+    """What the platform's llamacpp engine would launch for the SmolLM2 preset (with a replica's key), and its slot
+    count."""
     model = Model(name=SMOLLM2, path=model_path, context_length=8192)
     adapter = engine("llamacpp")
     settings_ = {"threads": threads}
-    spec = adapter.launch_spec(model=model, settings=settings_, served_name=ALIAS, port=port)
+    process.write_key_file(key_file, ENGINE_KEY)
+    spec = adapter.launch_spec(model=model, settings=settings_, served_name=ALIAS,
+                               listen=Listen(host="127.0.0.1", port=port, key_file=key_file))
     return spec, adapter.slots(model=model, settings=settings_)
 
 
@@ -77,7 +82,9 @@ async def _level(base_url: str, concurrency: int, max_tokens: int, offset: int) 
     async def one(client: httpx.AsyncClient, prompt: str) -> StreamResult:
         async with gate:
             body = chat_body(model=ALIAS, prompt=prompt, max_tokens=max_tokens, stream=True)
-            return await stream_chat(client, base_url=base_url, api_key=None, body=body, to_llama_server=True)
+            # The old engine ignores the key; llama-server requires it, as a replica's does.
+            return await stream_chat(client, base_url=base_url, api_key=ENGINE_KEY, body=body,
+                                     to_llama_server=True)
 
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT, limits=httpx.Limits(max_connections=64)) as client:
         await one(client, "Say hello.")
@@ -96,7 +103,7 @@ def _measure(spec: LaunchSpec, port: int, levels: list[int], max_tokens: int, lo
             if not process.is_alive(pid):
                 raise RuntimeError(f"{argv[0]} exited:\n{process.log_tail(log)}")
             try:
-                return httpx.get(f"{base_url}/models", timeout=2).status_code == 200
+                return httpx.get(f"{base_url}/models", headers=auth_headers(ENGINE_KEY), timeout=2).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -125,7 +132,9 @@ def main() -> None:
     count_tokens(model_path, "Load the tokenizer before any table is printed: llama.cpp logs as it loads.")
 
     server_port, old_port = process.free_port(), process.free_port()
-    server_spec, slots = _llama_server_launch(model_path, args.threads, server_port)
+    scratch_dir = tempfile.TemporaryDirectory()
+    server_spec, slots = _llama_server_launch(model_path, args.threads, server_port,
+                                              Path(scratch_dir.name) / "replica.key")
     engines = {f"llama-server, {slots} slots": server_spec,
                "llama_cpp.server (before)": _llama_cpp_python_launch(model_path, args.threads, old_port)}
     print_header("engine_concurrency", f"Streamed chat completions of {SMOLLM2} straight to the engine, "
@@ -133,7 +142,7 @@ def main() -> None:
                                        f"concurrency {args.concurrency}; TTFT and TPOT in ms as the client sees "
                                        f"them, tok/s = output tokens of all requests / wall time of the level.")
     by_engine = {}
-    with tempfile.TemporaryDirectory() as scratch:
+    with scratch_dir as scratch:
         for (label, spec), port in zip(engines.items(), (server_port, old_port)):
             by_engine[label] = _measure(spec, port, levels, args.max_tokens, Path(scratch) / f"{port}.log")
 

@@ -242,8 +242,10 @@ class RagConfigViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
     def _save(self, config: RagConfig | None, partial: bool = False) -> RagConfig:
         data = self.get_serializer(config, data=self.request.data, partial=partial)
         data.is_valid(raise_exception=True)
-        values = {field: data.validated_data.get(field, getattr(config, field, None))
-                  for field in ("name", "knowledge_base", "template", "model", "prompt", "retrieval", "generation")}
+        # A field left out keeps the config's value, or on creation the service's default (a blank prompt).
+        values = {field: data.validated_data[field] if field in data.validated_data else getattr(config, field)
+                  for field in ("name", "knowledge_base", "template", "model", "prompt", "retrieval", "generation")
+                  if field in data.validated_data or config is not None}
         return services.save_rag_config(actor=self.actor, workspace=self.workspace, config=config, **values)
 
     def create(self, request):

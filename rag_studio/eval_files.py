@@ -114,6 +114,8 @@ def _json_lines_records(text: str) -> Iterator[tuple[int, dict]]:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise EvalFileError(line_number, f"not valid JSON ({error.msg})") from None
+        except ValueError as error:  # an integer past Python's 4,300 digits
+            raise EvalFileError(line_number, f"not acceptable JSON ({error})") from None
         if not isinstance(record, dict):
             raise EvalFileError(line_number, f"expected a JSON object, got {_json_type(record)}")
         yield line_number, {field: record[name] for field, name in _canonical_names(list(record), line_number).items()}

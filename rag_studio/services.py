@@ -9,7 +9,7 @@ from pathlib import Path
 
 from celery import current_app
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -275,15 +275,20 @@ def _store_upload(kb: KnowledgeBase, upload) -> UploadOutcome:
         os.replace(staging, files.upload_path(kb.pk, sha256))
     else:
         staging.unlink()
-    with transaction.atomic():
-        document = Document.objects.create(
-            knowledge_base=kb, filename=filename, kind=_kind_or_blank(filename), size_bytes=size, sha256=sha256,
-            status=DocumentStatus.FAILED if failure else DocumentStatus.QUEUED,
-            error_code=failure[0] if failure else "", error=failure[1] if failure else "")
-        DocumentEvent.objects.create(document=document, stage=Stage.PARSE,
-                                     message=f"Rejected: {failure[1]}" if failure else "Uploaded and queued")
-        if failure is None:
-            transaction.on_commit(lambda: dispatch_ingest(document.pk))
+    try:
+        with transaction.atomic():
+            document = Document.objects.create(
+                knowledge_base=kb, filename=filename, kind=_kind_or_blank(filename), size_bytes=size, sha256=sha256,
+                status=DocumentStatus.FAILED if failure else DocumentStatus.QUEUED,
+                error_code=failure[0] if failure else "", error=failure[1] if failure else "")
+            DocumentEvent.objects.create(document=document, stage=Stage.PARSE,
+                                         message=f"Rejected: {failure[1]}" if failure else "Uploaded and queued")
+            if failure is None:
+                transaction.on_commit(lambda: dispatch_ingest(document.pk))
+    except IntegrityError:
+        # The same file uploaded twice at once: the other upload stored it first (the file is the same bytes).
+        existing = kb.documents.get(sha256=sha256)
+        return UploadOutcome(filename=filename, document=existing, duplicate_of=existing)
     return UploadOutcome(filename=filename, document=document)
 
 

@@ -62,7 +62,11 @@ def _chunking_from(post) -> dict:
         if post.get(field):
             config[field] = _int(post[field], field.replace("_", " "))
     if post.get("delimiter"):
-        config["delimiter"] = post["delimiter"].encode().decode("unicode_escape")
+        try:
+            config["delimiter"] = post["delimiter"].encode().decode("unicode_escape")
+        except UnicodeDecodeError as exc:  # a broken escape such as a lone \x
+            raise ValidationFailed(f"The delimiter '{post['delimiter']}' has a broken escape ({exc.reason}); write "
+                                   f"\\n for a new line, \\t for a tab, \\\\ for a backslash.")
     return config
 
 
@@ -264,13 +268,17 @@ async def config_chat_stream(request, config_id):
         return JsonResponse(error_body("unauthenticated", "Sign in to chat."), status=401)
     try:
         body = json.loads(request.body or b"{}")
+        if not isinstance(body, dict):
+            raise ValidationFailed("The body must be a JSON object: {\"query\", \"history\"?}.")
+        if not isinstance(body.get("history") or [], list):
+            raise ValidationFailed("'history' must be a list of {role, content} turns.")
         question = str(body.get("query", "")).strip()
         history = [t for t in body.get("history") or [] if isinstance(t, dict) and t.get("role") in
                    ("user", "assistant")]
         if not question:
             raise ValidationFailed("Type a question first.")
         pipeline = await sync_to_async(_pipeline_for_request)(request.workspace, config_id)
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON, or an integer past Python's 4,300 digits
         return JsonResponse(error_body("invalid", "The body must be JSON."), status=400)
     except ApplicationError as exc:
         return JsonResponse(error_body(exc.code, exc.message), status=exc.status)

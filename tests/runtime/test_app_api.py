@@ -151,6 +151,14 @@ def test_django_serves_the_same_api_for_runserver_wsgi_and_its_test_client(app, 
     assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
 
 
+def test_an_integer_of_5000_digits_is_a_400_for_a_key_and_for_the_public_web_chat_token(app, app_key, settings):
+    settings.PUBLIC_URL = "http://factory.example"
+    body = b'{"query": "hi", "user": ' + b"1" * 5000 + b"}"
+    for key, origin in ((app_key, None), (app.widget_token, "http://factory.example")):
+        status, message = error_of(post("/api/apps/handbook/chat", raw=body, key=key, origin=origin))
+        assert status == 400 and "digits" in message
+
+
 def test_a_key_over_its_rate_limit_gets_429_with_retry_after(ann, app):
     issued = services.create_app_key(actor=ann, app=app, name="tight", rate_limit=2)
     answers = [post("/api/apps/handbook/chat", {"query": ""}, key=issued.secret) for _ in range(3)]
@@ -225,3 +233,45 @@ def test_feedback_on_an_answer_and_a_down_vote_into_an_eval_set(ann, app, app_ke
     again = services.feedback_to_eval_item(actor=ann, feedback=trace.feedback, expected_answer="25.",
                                            expected_sources=[])
     assert again.eval_set == item.eval_set and item.eval_set.items.count() == 2
+
+
+def _widget_post(app, origin: str, client: tuple[str, int], conversation_id: str | None = None) -> httpx.Response:
+    body = {"query": ""} | ({"conversation_id": conversation_id} if conversation_id else {})
+
+    async def send() -> httpx.Response:
+        transport = httpx.ASGITransport(app=application, client=client)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+            return await http.post("/api/apps/handbook/chat", content=json.dumps(body).encode(), headers={
+                "Authorization": f"Bearer {app.widget_token}", "Origin": origin,
+                "Content-Type": "application/json"})
+
+    return asyncio.run(send())
+
+
+def test_one_caller_cannot_use_up_the_web_chat_for_every_visitor(ann, app, settings):
+    settings.PUBLIC_URL = "http://factory.example"
+    services.update_app(actor=ann, app=app, rate_limit=2)
+    app.refresh_from_db()
+    noisy, visitor = ("203.0.113.7", 5000), ("198.51.100.9", 5000)
+
+    answers = [_widget_post(app, "http://factory.example", noisy).status_code for _ in range(3)]
+    assert answers == [400, 400, 429]
+    assert _widget_post(app, "http://factory.example", visitor).status_code == 400
+
+
+def test_the_web_chat_is_limited_per_conversation_too(ann, app, settings):
+    settings.PUBLIC_URL = "http://factory.example"
+    settings.WIDGET_RATE_PER_CONVERSATION = "2/minute"
+    addresses = [(f"198.51.100.{n}", 5000) for n in range(1, 5)]
+    statuses = [_widget_post(app, "http://factory.example", address, "c0ffee").status_code for address in addresses]
+    assert statuses[:2] == [400, 400] and statuses[2] == 429
+    refused = _widget_post(app, "http://factory.example", addresses[3], "c0ffee")
+    assert "this conversation" in refused.json()["error"]["message"]
+    assert _widget_post(app, "http://factory.example", addresses[3], "another").status_code == 400
+
+
+def test_redis_down_is_a_503_with_retry_after_not_a_500(app, app_key, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    response = post("/api/apps/handbook/chat", {"query": "hi"}, key=app_key)
+    assert response.status_code == 503 and int(response.headers["Retry-After"]) >= 1
+    assert "Redis" in response.json()["error"]["message"]

@@ -136,3 +136,10 @@ def test_monitoring_buckets_requests_errors_latency_and_feedback(ann, config):
     assert figures["eval"] is None
     data = signed_in("ann").get("/apps/handbook/monitoring.json?period=1h").json()
     assert data["period"] == "1h" and sum(b["requests"] for b in data["series"]) == 5
+
+
+def test_the_app_page_says_what_the_web_chat_token_does_and_does_not_protect(app):
+    client = Client()
+    client.login(username="ann", password="correct-horse-battery")
+    note = client.get("/apps/handbook/").content.decode()
+    assert "The web chat token is public" in note and "does not keep out a script" in note
