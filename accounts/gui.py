@@ -5,9 +5,10 @@ from functools import wraps
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import Http404
 from django.shortcuts import redirect, render
 
-from accounts.errors import ApplicationError
+from accounts.errors import ApplicationError, NotFound
 from accounts.models import ROLE_RANK, rank_of
 from accounts.selectors import effective_role
 from accounts.services import Actor
@@ -19,7 +20,8 @@ def gui_actor(request) -> Actor:
 
 def workspace_page(view):
     """A signed-in page inside the current workspace. The view gets `request.workspace_role`; a service error
-    raised while handling a form becomes a message on the page the user came from."""
+    raised while handling a form becomes a message on the page the user came from, except "not found", which is
+    a 404."""
 
     @login_required
     @wraps(view)
@@ -29,6 +31,9 @@ def workspace_page(view):
         request.workspace_role = effective_role(user=request.user, api_key=None, workspace=request.workspace)
         try:
             return view(request, *args, **kwargs)
+        except NotFound as exc:
+            # Another workspace's object is a missing one: the page is 404, whatever the form was.
+            raise Http404(exc.message)
         except ApplicationError as exc:
             messages.error(request, exc.message)
             return redirect(request.META.get("HTTP_REFERER") or request.path)
