@@ -1,14 +1,27 @@
+import os
+
 from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 
-from cluster import inventory, services
+from cluster import deadlines, inventory, services
 from cluster.models import Node
 
 
 @shared_task(name="cluster.tasks.run_job", bind=True)
 def run_job(self, job_id: int) -> str:
-    return services.run_job(job_id=job_id, worker=self.request.hostname or "").state
+    """Run the job unless a live worker already runs it (a second message for it: beat sends one again when the
+    first seems lost); a heartbeat in the cache tells beat this worker is alive while it runs."""
+    heartbeat = deadlines.JobHeartbeat(job_id, f"{self.request.hostname}/{os.getpid()}/{self.request.id}")
+    if not heartbeat.claim():
+        return "running elsewhere"
+    with heartbeat:
+        return services.run_job(job_id=job_id, worker=self.request.hostname or "").state
+
+
+@shared_task(name="cluster.tasks.sweep_overdue_jobs", ignore_result=True)
+def sweep_overdue_jobs() -> dict[str, list[int]]:
+    return deadlines.sweep_overdue_jobs()
 
 
 @shared_task(name="cluster.tasks.heartbeat", ignore_result=True)

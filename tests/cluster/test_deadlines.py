@@ -1,0 +1,126 @@
+"""Node jobs past their deadline: beat sends again a job whose message was lost or whose worker died, and after
+CLUSTER_JOB_MAX_DISPATCHES (or on an unhealthy node) fails it with the reason; a replica whose start was given up
+fails instead of staying "starting" for ever; a second message for a running job never runs it twice."""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.core.cache import cache
+from django.utils import timezone
+
+from accounts.services import SYSTEM
+from cluster import deadlines, inventory
+from cluster.models import Job, JobEvent, JobState, NodeStatus
+from cluster.services import dispatch_job, register_node
+from cluster.tasks import run_job
+from serving.models import Deployment, Replica, ServingState
+from serving.presets import SMOLLM2, register_presets
+from serving.services import START_REPLICA
+
+
+@pytest.fixture
+def node(db):
+    return register_node(name="node-a", resources=inventory.probe())
+
+
+@pytest.fixture
+def sent(monkeypatch) -> list[tuple[int, str]]:
+    """(job id, queue) of each run_job message sent."""
+    messages = []
+
+    class Sent:
+        id = "sent-task"
+
+    def send_task(name, args, queue):
+        assert name == deadlines.RUN_JOB_TASK
+        messages.append((args[0], queue))
+        return Sent()
+
+    monkeypatch.setattr(deadlines.current_app, "send_task", send_task)
+    return messages
+
+
+@pytest.fixture
+def forget_heartbeats():
+    """The cache is the session's Redis: drop the keys these tests leave, by job id."""
+    job_ids = []
+    yield job_ids.append
+    cache.delete_many([key for pk in job_ids for key in (deadlines._alive_key(pk), deadlines._suspect_key(pk))])
+
+
+def _age(job: Job, seconds: float) -> None:
+    """As if the job had been dispatched `seconds` ago."""
+    then = timezone.now() - timedelta(seconds=seconds)
+    Job.objects.filter(pk=job.pk).update(created_at=then)
+    JobEvent.objects.filter(job=job).update(at=then)
+
+
+def test_a_job_whose_message_was_lost_is_sent_again_then_failed_with_the_reason(node, sent, settings):
+    settings.CLUSTER_JOB_QUEUED_DEADLINE_S, settings.CLUSTER_JOB_MAX_DISPATCHES = 60, 2
+    # Dispatched in a transaction that commits here only at the end of the test: its message is never sent.
+    job = dispatch_job(actor=SYSTEM, workspace=None, kind="node.inventory", node=node)
+    assert deadlines.sweep_overdue_jobs() == {"redispatched": [], "failed": []}  # not overdue yet
+
+    _age(job, 120)
+    assert deadlines.sweep_overdue_jobs() == {"redispatched": [job.pk], "failed": []}
+    assert sent == [(job.pk, "node.node-a")]
+    assert deadlines.sweep_overdue_jobs() == {"redispatched": [], "failed": []}  # sent again just now
+
+    _age(job, 120)
+    assert deadlines.sweep_overdue_jobs() == {"redispatched": [], "failed": [job.pk]}
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and job.finished_at is not None
+    assert job.error.startswith("Its message was not taken within 60 s") and "gave up after 2 dispatches" in job.error
+    assert [e.state for e in job.events.all()] == [JobState.QUEUED, JobState.QUEUED, JobState.FAILED]
+
+
+def test_a_replica_whose_start_was_given_up_fails_with_the_reason(node, sent, settings):
+    settings.CLUSTER_JOB_QUEUED_DEADLINE_S = 60
+    model = register_presets(lambda line: None)[SMOLLM2]
+    deployment = Deployment.objects.create(workspace=None, name="chat", model=model, engine="llamacpp",
+                                           state=ServingState.STARTING)
+    replica = Replica.objects.create(deployment=deployment, node=node, state=ServingState.STARTING)
+    job = dispatch_job(actor=SYSTEM, workspace=None, kind=START_REPLICA, node=node,
+                       payload={"replica_id": replica.pk})
+    node.status = NodeStatus.UNHEALTHY  # its worker stopped answering after the start was queued
+    node.save()
+    _age(job, 120)
+
+    assert deadlines.sweep_overdue_jobs() == {"redispatched": [], "failed": [job.pk]}
+    replica.refresh_from_db()
+    deployment.refresh_from_db()
+    assert replica.state == ServingState.FAILED and deployment.state == ServingState.FAILED
+    assert replica.last_error.startswith("Node 'node-a' is unhealthy") and sent == []
+
+
+def test_a_running_job_whose_worker_died_is_run_again(node, sent, settings, forget_heartbeats):
+    settings.CLUSTER_JOB_HEARTBEAT_S = 1  # beats every second, expires after 3 s
+    job = dispatch_job(actor=SYSTEM, workspace=None, kind="node.inventory", node=node)
+    forget_heartbeats(job.pk)
+    Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING, worker="worker@node-a",
+                                         started_at=timezone.now() - timedelta(seconds=5))
+    beating = deadlines.JobHeartbeat(job.pk, "worker@node-a/7/t1")
+    assert beating.claim()
+    with beating:
+        assert deadlines.sweep_overdue_jobs() == {"redispatched": [], "failed": []}  # alive
+        time.sleep(3.5)
+        assert deadlines.sweep_overdue_jobs() == {"redispatched": [], "failed": []}  # still beating
+
+    # kill -9: the heartbeat stops (here the key also goes, as it does when it expires).
+    assert deadlines.sweep_overdue_jobs() == {"redispatched": [], "failed": []}  # suspected first
+    time.sleep(3.2)
+    assert deadlines.sweep_overdue_jobs() == {"redispatched": [job.pk], "failed": []}
+    assert sent == [(job.pk, "node.node-a")]
+    assert job.events.last().message.startswith("Dispatched again (2 of 3): Its worker (worker@node-a) stopped")
+
+
+def test_a_second_message_for_a_running_job_does_not_run_it_again(node, forget_heartbeats):
+    job = dispatch_job(actor=SYSTEM, workspace=None, kind="node.inventory", node=node)
+    forget_heartbeats(job.pk)
+    first = deadlines.JobHeartbeat(job.pk, "worker@node-a/7/t1")
+    assert first.claim()
+    with first:
+        assert run_job.apply(args=[job.pk]).get() == "running elsewhere"
+        job.refresh_from_db()
+        assert job.state == JobState.QUEUED and job.events.count() == 1
