@@ -61,3 +61,9 @@ async def follow(run_public_id, *, after: str = "0", block_ms: int = 15_000) -> 
 
 def stream_exists(run_public_id) -> bool:
     return bool(_client().exists(_key(run_public_id)))
+
+
+def last_id(run_public_id) -> str:
+    """The id of the stream's latest event, to follow a run from here on ("0" when it has none)."""
+    latest = _client().xrevrange(_key(run_public_id), count=1)
+    return latest[0][0].decode() if latest else "0"

@@ -114,6 +114,15 @@ def _thread(agent: Agent, thread_id, end_user: str, source: str) -> AgentThread:
     return thread
 
 
+def conversation_thread(*, agent: Agent, public_id, end_user: str) -> AgentThread:
+    """The thread of a published app's conversation, which shares its id; made on the conversation's first turn."""
+    thread, _ = AgentThread.objects.get_or_create(public_id=public_id, defaults={
+        "agent": agent, "end_user": end_user, "source": ThreadSource.APP})
+    if thread.agent_id != agent.pk or thread.end_user != end_user:
+        raise NotFound(f"Conversation '{public_id}' not found for this user of '{agent.name}'.")
+    return thread
+
+
 @transaction.atomic
 def start_run(*, actor: Actor | None, agent: Agent, input, thread_id=None, end_user: str = "",
               source: str = ThreadSource.DEBUG, version: AgentVersion | None = None, caller: str = "debug",

@@ -1,6 +1,6 @@
-"""A run's events as server-sent events, for the debug chat and the API: from the run's live Redis stream, or, once
-that has expired, replayed from its stored steps. A viewer whose stream goes quiet re-reads the run, so a run that
-ended while nobody watched still ends the viewer's stream."""
+"""A run's events for its viewers (the debug chat, the API, a published app's callers): from the run's live Redis
+stream, or, once that has expired, replayed from its stored steps. A viewer whose stream goes quiet re-reads the run,
+so a run that ended while nobody watched still ends the viewer's stream."""
 
 import json
 from collections.abc import AsyncIterator
@@ -26,20 +26,27 @@ def _state(run_pk: int) -> tuple[str, dict, list[dict]]:
     return run.status, run_payload(run), [step_payload(step) for step in run.steps.all()]
 
 
-async def sse(run: AgentRun, *, after: str = "0", block_ms: int = 15_000) -> AsyncIterator[bytes]:
+async def run_events(run: AgentRun, *, after: str = "0", block_ms: int = 15_000
+                     ) -> AsyncIterator[tuple[str, str, dict]]:
+    """(stream id, event, data) until the run ends or pauses; ("", "ping", {}) while it is quiet."""
     if after == "0" and not await sync_to_async(events.stream_exists)(run.public_id):
         status, payload, steps = await sync_to_async(_state)(run.pk)
         if status in ENDINGS:
             for step in steps:
-                yield frame("step", step)
-            yield frame(ENDINGS[status], payload)
+                yield "", "step", step
+            yield "", ENDINGS[status], payload
             return
     async for stream_id, event, data in events.follow(run.public_id, after=after, block_ms=block_ms):
-        if event != "ping":
-            yield frame(event, data, stream_id)
-            continue
-        status, payload, _steps = await sync_to_async(_state)(run.pk)
-        if status in ENDINGS:
-            yield frame(ENDINGS[status], payload)
+        if event == "ping":
+            status, payload, _steps = await sync_to_async(_state)(run.pk)
+            if status in ENDINGS:
+                yield "", ENDINGS[status], payload
+                return
+        yield stream_id, event, data
+        if event in events.ENDING:
             return
-        yield b": ping\n\n"
+
+
+async def sse(run: AgentRun, *, after: str = "0") -> AsyncIterator[bytes]:
+    async for stream_id, event, data in run_events(run, after=after):
+        yield b": ping\n\n" if event == "ping" else frame(event, data, stream_id)

@@ -12,28 +12,31 @@ from accounts.permissions import WorkspaceScopedMixin
 from rag_studio import selectors as rag_selectors
 from assets.views import bundle_download
 from runtime import selectors, services
+from agent_studio import selectors as agent_selectors
 from runtime.bundles import export_app_bundle
 from runtime.models import App, AppKey, Feedback, Release, Trace
 
 
 class ReleaseSerializer(serializers.ModelSerializer):
-    config_version = serializers.IntegerField(source="config_version.number")
+    config_version = serializers.IntegerField(source="config_version.number", default=None)
+    agent_version = serializers.IntegerField(source="agent_version.number", default=None)
     published_by = serializers.CharField(source="published_by.username", default=None)
 
     class Meta:
         model = Release
-        fields = ["number", "config_version", "note", "published_by", "published_at"]
+        fields = ["number", "config_version", "agent_version", "note", "published_by", "published_at"]
 
 
 class AppSerializer(serializers.ModelSerializer):
     rag_config = serializers.IntegerField(source="rag_config_id", read_only=True)
+    agent = serializers.IntegerField(source="agent_id", read_only=True)
     release = ReleaseSerializer(source="current_release", read_only=True)
     calls = serializers.IntegerField(read_only=True)
     endpoints = serializers.SerializerMethodField()
 
     class Meta:
         model = App
-        fields = ["id", "slug", "name", "rag_config", "release", "enabled", "default_rate_limit", "allowed_origins",
+        fields = ["id", "slug", "name", "rag_config", "agent", "release", "enabled", "default_rate_limit", "allowed_origins",
                   "widget_token", "calls", "endpoints", "created_at", "updated_at"]
 
     def get_endpoints(self, app) -> dict:
@@ -44,7 +47,9 @@ class AppSerializer(serializers.ModelSerializer):
 
 
 class PublishSerializer(serializers.Serializer):
-    rag_config = serializers.IntegerField()
+    rag_config = serializers.IntegerField(required=False, allow_null=True, default=None)
+    agent = serializers.IntegerField(required=False, allow_null=True, default=None,
+                                     help_text="An agent to publish, instead of a RAG config")
     name = serializers.CharField(required=False, allow_blank=True, default="")
     slug = serializers.CharField(required=False, allow_blank=True, default="")
     rate_limit = serializers.IntegerField(required=False, default=60, help_text="Requests per minute per key")
@@ -120,9 +125,14 @@ class AppViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
         data.is_valid(raise_exception=True)
         spec = data.validated_data
         config = rag_selectors.scoped(rag_selectors.rag_configs(workspace=self.workspace), spec["rag_config"],
-                                      "RAG config")
-        app = services.publish_app(actor=self.actor, config=config, name=spec["name"], slug=spec["slug"],
-                                   rate_limit=spec["rate_limit"])
+                                      "RAG config") if spec["rag_config"] is not None else None
+        agent = None
+        if spec["agent"] is not None:
+            agent = agent_selectors.agents(workspace=self.workspace).filter(pk=spec["agent"]).first()
+            if agent is None:
+                raise NotFound(f"Agent {spec['agent']} not found.")
+        app = services.publish_app(actor=self.actor, config=config, agent=agent, name=spec["name"],
+                                   slug=spec["slug"], rate_limit=spec["rate_limit"])
         return Response(self._fresh(app), status=status.HTTP_201_CREATED)
 
     @extend_schema(request=AppUpdateSerializer, responses=AppSerializer)
@@ -138,7 +148,7 @@ class AppViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
     @extend_schema(request=None, responses=AppSerializer)
     @action(detail=True, methods=["post"])
     def publish(self, request, slug=None):
-        """Serve the RAG config's latest saved version."""
+        """Serve the latest saved version of the RAG config or agent."""
         app = self.get_object()
         services.republish(actor=self.actor, app=app, note=str(request.data.get("note", "")))
         return Response(self._fresh(app))
@@ -146,7 +156,7 @@ class AppViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
     @extend_schema(responses=ReleaseSerializer(many=True))
     @action(detail=True, methods=["get"])
     def releases(self, request, slug=None):
-        releases = self.get_object().releases.select_related("config_version", "published_by")
+        releases = self.get_object().releases.select_related("config_version", "agent_version", "published_by")
         return Response(ReleaseSerializer(releases, many=True).data)
 
     @extend_schema(request=None, responses=AppSerializer)

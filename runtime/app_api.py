@@ -10,6 +10,7 @@ OpenAI's own error format.
 
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from accounts.errors import ApplicationError, NotFound, ValidationFailed, error_body
-from runtime import answering, services
+from runtime import agent_answering, answering, services
 from runtime.access import Access, authorize, count_conversation
 from runtime.models import App, Channel
 from serving.gateway import JSON, GatewayError, Reply, django_response
@@ -187,7 +188,9 @@ async def chat(request: AppRequest) -> Reply:
     try:
         access, body = await _post(request)
         call = await _prepare(access, body, key_channel=Channel.CHAT, query=body.get("query"))
-        if call.stream:
+        if access.app.is_agent:
+            reply = await _agent_chat(call)
+        elif call.stream:
             reply = Reply(200, _chat_events(call), dict(SSE_HEADERS))
         else:
             try:
@@ -203,6 +206,9 @@ async def chat(request: AppRequest) -> Reply:
 def _retrieved(access: Access, body: dict) -> dict:
     """Check, retrieve and store the trace in one thread hop: this is the endpoint load tests and debugging
     sessions call most."""
+    if access.app.is_agent:
+        raise ValidationFailed(f"'{access.app.slug}' serves an agent, which searches its knowledge bases itself; "
+                               f"use chat, whose steps show each search.")
     call = answering.prepare(access=access, channel=Channel.RETRIEVE, query=body.get("query"),
                              user=body.get("user"))
     try:
@@ -315,6 +321,8 @@ async def openai_chat_completions(request: AppRequest) -> Reply:
         access, body = await _post(request)
         query, history = _openai_turn(body)
         call = await _prepare(access, body, key_channel=Channel.OPENAI, query=query, history=history)
+        if access.app.is_agent:
+            return await _agent_openai(call, body)
         if call.stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return Reply(200, _openai_events(call, include_usage), dict(SSE_HEADERS))
@@ -341,18 +349,130 @@ async def openai_models(request: AppRequest) -> Reply:
          "owned_by": access.app.workspace.slug}]})
 
 
+# ---- agent apps: the run's steps as it goes, a plan to approve, the answer ----
+
+def _run_body(call: answering.Call, run, data: dict) -> dict:
+    body = {**_ids(call), "run_id": str(run.public_id), "status": data.get("status"), "answer": data.get("answer", ""),
+            "citations": data.get("citations", []), "usage": data.get("usage", {})}
+    if data.get("status") == "awaiting_approval":
+        body["plan"] = data.get("plan", [])
+        body["approve_url"] = f"/api/apps/{call.access.app.slug}/runs/{run.public_id}/approve"
+    return body
+
+
+async def _agent_outcome(call: answering.Call, run, after: str = "0") -> dict:
+    try:
+        event, data = await agent_answering.outcome(run, after=after)
+    except agent_answering.RunTimedOut as exc:
+        raise _answer_failed(call, exc)
+    finally:
+        await agent_answering.store(call, run)
+    if event in ("error", "cancelled"):
+        raise _answer_failed(call, RuntimeError(data.get("error", event)))
+    return _run_body(call, run, data)
+
+
+async def _agent_events(call: answering.Call, run, after: str = "0"):
+    """start, step… then plan (awaiting approval), or token (the answer) and done; error if it failed."""
+    yield _sse("start", {**_ids(call), "run_id": str(run.public_id)})
+    try:
+        async for event, data in agent_answering.follow(run, after=after):
+            if event == "step":
+                yield _sse("step", data)
+            elif event == "plan":
+                yield _sse("plan", _run_body(call, run, data))
+            elif event == "done":
+                yield _sse("token", {"text": data.get("answer", "")})
+                yield _sse("done", _run_body(call, run, data))
+            elif event in ("error", "cancelled"):
+                logger.warning("Agent app %s run %s ended %s: %s", call.access.app.slug, run.public_id, event,
+                               data.get("error"))
+                yield _sse("error", {"message": _failure_message(call), "run_id": str(run.public_id)})
+    except agent_answering.RunTimedOut:
+        yield _sse("error", {"message": _failure_message(call), "run_id": str(run.public_id)})
+    finally:
+        await agent_answering.store(call, run)
+
+
+async def _start_agent_run(call: answering.Call):
+    return await sync_to_async(agent_answering.start, thread_sensitive=False)(call)
+
+
+async def _agent_chat(call: answering.Call) -> Reply:
+    run = await _start_agent_run(call)
+    if call.stream:
+        return Reply(200, _agent_events(call, run), dict(SSE_HEADERS))
+    return _json(await _agent_outcome(call, run))
+
+
+async def _agent_openai(call: answering.Call, body: dict) -> Reply:
+    """An agent app on OpenAI's chat/completions: the answer as the message (a plan awaiting approval as its
+    text, with `run_id` and `approve_url` beside it), steps in `agent_steps` when not streaming."""
+    run = await _start_agent_run(call)
+    outcome = await _agent_outcome(call, run)
+    content = outcome["answer"] if outcome["status"] != "awaiting_approval" else (
+        "Plan awaiting approval:\n" + "\n".join(f"{n}. {step}" for n, step in enumerate(outcome["plan"], 1)))
+    extra = {key: outcome[key] for key in ("run_id", "status", "citations", "plan", "approve_url") if key in outcome}
+    usage = {"prompt_tokens": outcome["usage"].get("input_tokens"), "completion_tokens":
+             outcome["usage"].get("output_tokens")}
+    usage["total_tokens"] = (usage["prompt_tokens"] or 0) + (usage["completion_tokens"] or 0)
+    created = int(time.time())
+    if call.stream:
+        async def chunks():
+            yield _chunk(call, created, {"role": "assistant", "content": ""})
+            yield _chunk(call, created, {"content": content})
+            yield _chunk(call, created, {}, "stop", **extra, **_ids(call))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield _data({"id": _completion_id(call), "object": "chat.completion.chunk", "created": created,
+                             "model": call.access.app.slug, "choices": [], "usage": usage})
+            yield _data("[DONE]")
+
+        return Reply(200, chunks(), dict(SSE_HEADERS))
+    return _json({"id": _completion_id(call), "object": "chat.completion", "created": created,
+                  "model": call.access.app.slug, "usage": usage, **extra, **_ids(call),
+                  "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                               "finish_reason": "stop"}]})
+
+
+async def approve_run(request: AppRequest, run_id: str) -> Reply:
+    """`{"plan": ["step", ...], "stream"?}` resumes an agent app's run paused on its plan, with the plan as edited;
+    the answer (or with `stream`, the events step…, token, done) as `chat` gives it."""
+    if request.method == "OPTIONS":
+        return await _preflight(request)
+    access = None
+    try:
+        access, body = await _post(request)
+        if not access.app.is_agent:
+            raise NotFound(f"'{access.app.slug}' serves no agent: it has no runs to approve.")
+        run, after = await sync_to_async(agent_answering.approve, thread_sensitive=False)(
+            app=access.app, public_id=run_id, plan=body.get("plan"))
+        call = await sync_to_async(agent_answering.resumed_call, thread_sensitive=False)(
+            access=access, run=run, stream=body.get("stream", False))
+        if call.stream:
+            reply = Reply(200, _agent_events(call, run, after), dict(SSE_HEADERS))
+        else:
+            reply = _json(await _agent_outcome(call, run, after))
+    except ApplicationError as exc:
+        reply = error_reply(exc)
+    return _with_cors(request, reply, access.app if access else None)
+
+
 ENDPOINTS = {"chat": chat, "retrieve": retrieve, "feedback": feedback,
              "v1/chat/completions": openai_chat_completions, "v1/models": openai_models}
+APPROVE = re.compile(r"runs/(?P<run_id>[^/]+)/approve")
 
 
 async def handle(request: AppRequest) -> Reply:
     endpoint = ENDPOINTS.get(request.endpoint)
     if endpoint is not None:
         return await endpoint(request)
+    if approval := APPROVE.fullmatch(request.endpoint):
+        return await approve_run(request, approval.group("run_id"))
     where = f"/api/apps/{request.slug}/{request.endpoint}"
     if request.endpoint.startswith("v1/"):
         return _openai_error(NotFound(f"Unknown endpoint {where}; apps serve chat/completions and models."))
-    return error_reply(NotFound(f"Unknown endpoint {where}; apps serve chat, retrieve, feedback and v1/."))
+    return error_reply(NotFound(f"Unknown endpoint {where}; apps serve chat, retrieve, feedback, "
+                                f"runs/<run_id>/approve and v1/."))
 
 
 @csrf_exempt

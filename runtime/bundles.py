@@ -17,6 +17,9 @@ from runtime.models import App
 def export_app_bundle(*, actor: Actor, app: App, include_indexes: bool = False) -> ExportedBundle:
     """The app's served config version with its knowledge base (optionally its index), and the app's settings.
     Keys, traces and the web chat token stay behind: they belong to this instance."""
+    if app.is_agent:
+        raise ValidationFailed("Bundles carry RAG apps for now; an agent app's agent, tools and knowledge bases "
+                               "cannot be exported yet.")
     services.register_app_asset(app, actor=actor)
     return export_config_bundle(
         actor=actor, config=app.rag_config, version_number=app.current_release.config_version.number,

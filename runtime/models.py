@@ -4,17 +4,20 @@ from django.conf import settings
 from django.db import models
 
 from accounts.models import Workspace
+from agent_studio.models import Agent, AgentRun, AgentVersion
 from rag_studio.models import EvalItem, RagConfig, RagConfigVersion
 
 
 class App(models.Model):
-    """A published assistant. It serves the config version of its current release, whatever the studio has
-    saved since, until it is published again."""
+    """A published assistant: a RAG config or an agent. It serves the version of its current release, whatever
+    the studio has saved since, until it is published again."""
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="apps")
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=96)
-    rag_config = models.ForeignKey(RagConfig, on_delete=models.PROTECT, related_name="apps")
+    # Exactly one of the two: what the app serves.
+    rag_config = models.ForeignKey(RagConfig, on_delete=models.PROTECT, null=True, blank=True, related_name="apps")
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, null=True, blank=True, related_name="apps")
     current_release = models.ForeignKey("Release", on_delete=models.PROTECT, null=True, related_name="+")
     enabled = models.BooleanField(default=True)
     default_rate_limit = models.PositiveIntegerField(default=60, help_text="Requests per minute per key")
@@ -27,15 +30,30 @@ class App(models.Model):
 
     class Meta:
         ordering = ["name"]
+        constraints = [models.CheckConstraint(
+            condition=models.Q(rag_config__isnull=False, agent__isnull=True)
+            | models.Q(rag_config__isnull=True, agent__isnull=False), name="app_serves_a_config_or_an_agent")]
 
     def __str__(self) -> str:
         return self.slug
+
+    @property
+    def is_agent(self) -> bool:
+        return self.agent_id is not None
+
+    @property
+    def source(self):
+        """The studio artefact the app publishes."""
+        return self.agent if self.is_agent else self.rag_config
 
 
 class Release(models.Model):
     app = models.ForeignKey(App, on_delete=models.CASCADE, related_name="releases")
     number = models.PositiveIntegerField()
-    config_version = models.ForeignKey(RagConfigVersion, on_delete=models.PROTECT, related_name="releases")
+    config_version = models.ForeignKey(RagConfigVersion, on_delete=models.PROTECT, null=True, blank=True,
+                                       related_name="releases")
+    agent_version = models.ForeignKey(AgentVersion, on_delete=models.PROTECT, null=True, blank=True,
+                                      related_name="releases")
     published_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
     note = models.CharField(max_length=200, blank=True)
     published_at = models.DateTimeField(auto_now_add=True)
@@ -43,6 +61,11 @@ class Release(models.Model):
     class Meta:
         ordering = ["-number"]
         constraints = [models.UniqueConstraint(fields=["app", "number"], name="unique_release_number")]
+
+    @property
+    def version(self):
+        """The RAG config version or agent version this release serves."""
+        return self.agent_version if self.agent_version_id else self.config_version
 
 
 class AppKey(models.Model):
@@ -82,6 +105,7 @@ class TraceStatus(models.TextChoices):
     OK = "ok", "OK"
     ERROR = "error", "Error"
     CANCELLED = "cancelled", "Cancelled"
+    AWAITING = "awaiting", "Awaiting plan approval"
 
 
 class Trace(models.Model):
@@ -109,6 +133,8 @@ class Trace(models.Model):
     latency_ms = models.FloatField(null=True)
     status = models.CharField(max_length=16, choices=TraceStatus.choices, default=TraceStatus.OK)
     error = models.TextField(blank=True)
+    # An agent app's run: its steps (plan, model and tool calls) are the trace's detail.
+    agent_run = models.ForeignKey(AgentRun, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:

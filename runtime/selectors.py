@@ -15,7 +15,8 @@ PERIODS = {"1h": (timedelta(hours=1), timedelta(minutes=5)), "24h": (timedelta(h
 
 def apps(*, workspace: Workspace):
     return (App.objects.filter(workspace=workspace)
-            .select_related("rag_config", "current_release__config_version")
+            .select_related("rag_config", "agent", "current_release__config_version",
+                            "current_release__agent_version")
             .annotate(calls=Count("traces")))
 
 
@@ -51,7 +52,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def latest_eval(app: App) -> EvalRun | None:
     """The newest finished eval run of the config version the app serves now."""
-    if app.current_release is None:
+    if app.current_release is None or app.is_agent:
         return None
     return (EvalRun.objects.filter(config_version_id=app.current_release.config_version_id, status=JobStatus.DONE)
             .select_related("eval_set").first())

@@ -13,6 +13,8 @@ from django.utils.text import slugify
 from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role
 from accounts.services import Actor, hash_secret, issue_secret, record_audit, require_role
+from agent_studio.models import Agent, Scenario
+from agent_studio.services import agent_version, save_scenario
 from assets.models import AssetKind, AssetVersion
 from assets.services import forget_asset, register_asset
 from rag_studio.evaluation import add_corrected_item
@@ -64,55 +66,65 @@ def _origins(values) -> list[str]:
 
 def register_app_asset(app: App, *, actor: Actor | None = None) -> AssetVersion:
     """Record what the app serves and how it is exposed; a new asset version whenever either changes."""
-    version = app.current_release.config_version
-    payload = {"slug": app.slug, "name": app.name, "rag_config": app.rag_config_id, "config_version": version.number,
-               "config_checksum": version.checksum, "enabled": app.enabled,
+    version = app.current_release.version
+    kind = "agent" if app.is_agent else "rag_config"
+    payload = {"slug": app.slug, "name": app.name, kind: app.source.pk, f"{kind}_version": version.number,
+               f"{kind}_checksum": version.checksum, "enabled": app.enabled,
                "default_rate_limit": app.default_rate_limit, "allowed_origins": app.allowed_origins}
     return register_asset(workspace=app.workspace, kind=AssetKind.APP, ref_id=app.pk, name=app.name,
                           payload=payload, actor=actor,
-                          summary={"release": app.current_release.number, "config_version": version.number})
+                          summary={"release": app.current_release.number, f"{kind}_version": version.number})
 
 
-def _release(*, actor: Actor, app: App, config: RagConfig, note: str = "") -> Release:
-    version = config_version(config)
+def _release(*, actor: Actor, app: App, note: str = "", config_version_=None, agent_version_=None) -> Release:
+    """A new release serving the given version (by default the studio's latest), made current."""
+    if app.is_agent:
+        agent_version_ = agent_version_ or agent_version(app.agent)
+    else:
+        config_version_ = config_version_ or config_version(app.rag_config)
     number = (app.releases.order_by("-number").values_list("number", flat=True).first() or 0) + 1
-    release = Release.objects.create(app=app, number=number, config_version=version, published_by=actor.user,
-                                     note=note[:200])
+    release = Release.objects.create(app=app, number=number, config_version=config_version_,
+                                     agent_version=agent_version_, published_by=actor.user, note=note[:200])
     App.objects.filter(pk=app.pk).update(current_release=release, updated_at=timezone.now())
     app.current_release = release
-    register_kb_asset(config.knowledge_base, actor=actor)
+    if not app.is_agent:
+        register_kb_asset(app.rag_config.knowledge_base, actor=actor)
     register_app_asset(app, actor=actor)
     return release
 
 
-def publish_app(*, actor: Actor, config: RagConfig, name: str = "", slug: str = "",
-                rate_limit: int = 60) -> App:
-    """A new app serving the config's latest version."""
-    require_role(actor=actor, workspace=config.workspace, role=Role.DEVELOPER)
-    name = (name or config.name).strip()
+def publish_app(*, actor: Actor, config: RagConfig | None = None, agent: Agent | None = None, name: str = "",
+                slug: str = "", rate_limit: int = 60) -> App:
+    """A new app serving the latest version of a RAG config or of an agent."""
+    if (config is None) == (agent is None):
+        raise ValidationFailed("Publish a RAG config or an agent: one of them.", fields={"source": ["One of two."]})
+    source = config or agent
+    require_role(actor=actor, workspace=source.workspace, role=Role.DEVELOPER)
+    name = (name or source.name).strip()
     slug = _slug(slug, name)
     try:
         with transaction.atomic():
-            app = App.objects.create(workspace=config.workspace, slug=slug, name=name, rag_config=config,
+            app = App.objects.create(workspace=source.workspace, slug=slug, name=name, rag_config=config, agent=agent,
                                      default_rate_limit=_rate_limit(rate_limit),
                                      widget_token=f"{WIDGET_TOKEN_TAG}{secrets.token_urlsafe(24)}")
-            release = _release(actor=actor, app=app, config=config, note="First release")
-            record_audit(actor=actor, workspace=config.workspace, action="app.publish", target=app,
-                         detail={"slug": slug, "config_version": release.config_version.number})
+            release = _release(actor=actor, app=app, note="First release")
+            record_audit(actor=actor, workspace=source.workspace, action="app.publish", target=app,
+                         detail={"slug": slug, "serves": "agent" if agent else "rag_config",
+                                 "version": release.version.number})
     except IntegrityError:
         raise Conflict(f"The slug '{slug}' is taken; choose another.", fields={"slug": ["Already in use."]})
     return app
 
 
 def republish(*, actor: Actor, app: App, note: str = "") -> Release:
-    """Serve the config's latest saved version. One update of the app's pointer, so a call in flight finishes on
+    """Serve the studio's latest saved version. One update of the app's pointer, so a call in flight finishes on
     the release it started with and the next one gets the new release."""
     require_role(actor=actor, workspace=app.workspace, role=Role.DEVELOPER)
     with transaction.atomic():
-        app = App.objects.select_for_update().select_related("rag_config").get(pk=app.pk)
-        release = _release(actor=actor, app=app, config=app.rag_config, note=note)
+        app = App.objects.select_for_update().select_related("rag_config", "agent").get(pk=app.pk)
+        release = _release(actor=actor, app=app, note=note)
         record_audit(actor=actor, workspace=app.workspace, action="app.republish", target=app,
-                     detail={"release": release.number, "config_version": release.config_version.number})
+                     detail={"release": release.number, "version": release.version.number})
     return release
 
 
@@ -120,16 +132,12 @@ def roll_back(*, actor: Actor, app: App, number: int) -> Release:
     """Serve an earlier release again, as a new release, so the history says what happened and when."""
     require_role(actor=actor, workspace=app.workspace, role=Role.DEVELOPER)
     with transaction.atomic():
-        app = App.objects.select_for_update().get(pk=app.pk)
-        earlier = app.releases.filter(number=number).select_related("config_version").first()
+        app = App.objects.select_for_update().select_related("rag_config", "agent").get(pk=app.pk)
+        earlier = app.releases.filter(number=number).select_related("config_version", "agent_version").first()
         if earlier is None:
             raise NotFound(f"Release {number} of '{app.slug}' not found.")
-        next_number = app.releases.order_by("-number").values_list("number", flat=True).first() + 1
-        release = Release.objects.create(app=app, number=next_number, config_version=earlier.config_version,
-                                         published_by=actor.user, note=f"Rollback to release {number}")
-        App.objects.filter(pk=app.pk).update(current_release=release, updated_at=timezone.now())
-        app.current_release = release
-        register_app_asset(app, actor=actor)
+        release = _release(actor=actor, app=app, note=f"Rollback to release {number}",
+                           config_version_=earlier.config_version, agent_version_=earlier.agent_version)
         record_audit(actor=actor, workspace=app.workspace, action="app.rollback", target=app,
                      detail={"release": release.number, "to": number})
     return release
@@ -236,6 +244,8 @@ def feedback_to_eval_item(*, actor: Actor, feedback: Feedback, expected_answer: 
     """Turn a down-voted answer into an eval item of the app's knowledge base: the question with the corrected
     answer, and the documents it should come from (by default, those the answer cited)."""
     trace = feedback.trace
+    if trace.app.is_agent:
+        raise ValidationFailed("An agent app's corrections become evaluation scenarios of its agent.")
     kb = trace.app.rag_config.knowledge_base
     sources = cited_documents(trace) if expected_sources is None else [s.strip() for s in expected_sources
                                                                         if s.strip()]
@@ -244,3 +254,16 @@ def feedback_to_eval_item(*, actor: Actor, feedback: Feedback, expected_answer: 
     feedback.eval_item = item
     feedback.save(update_fields=["eval_item", "updated_at"])
     return item
+
+
+def feedback_to_scenario(*, actor: Actor, feedback: Feedback, expected_answer: str) -> Scenario:
+    """Turn a down-voted answer of an agent app into a scenario of its agent: the question, judged against the
+    corrected answer, so that the next evaluation shows whether a new version gets it right."""
+    trace = feedback.trace
+    if not trace.app.is_agent:
+        raise ValidationFailed("A RAG app's corrections become eval items of its knowledge base.")
+    if not expected_answer.strip():
+        raise ValidationFailed("Write the answer the agent should have given.", fields={"expected_answer": ["Required."]})
+    return save_scenario(actor=actor, agent=trace.app.agent, name=f"feedback {trace.public_id.hex[:8]}",
+                         input=trace.query, checks=[{"kind": "judge", "value": f"The answer says what this answer "
+                                                                               f"says: {expected_answer.strip()}"}])

@@ -8,6 +8,7 @@ from django.views.decorators.http import require_GET
 
 from accounts.errors import NotFound, ValidationFailed
 from accounts.gui import gui_actor, workspace_page
+from agent_studio import selectors as agent_selectors
 from assets.views import bundle_download
 from rag_studio import selectors as rag_selectors
 from rag_studio.models import EvalSet
@@ -22,29 +23,39 @@ LOG_PAGE_SIZE = 50
 def apps_page(request):
     workspace = request.workspace
     if request.method == "POST":
-        config = rag_selectors.scoped(rag_selectors.rag_configs(workspace=workspace), request.POST.get("rag_config"),
-                                      "RAG config")
-        app = services.publish_app(actor=gui_actor(request), config=config, name=request.POST.get("name", ""),
-                                   slug=request.POST.get("slug", ""))
-        messages.success(request, f"Published '{app.name}' at /api/apps/{app.slug}/ (release 1, {config.name} "
-                                  f"v{app.current_release.config_version.number}).")
+        source = request.POST.get("source", "")
+        kind, _, pk = source.partition(":")
+        config = agent = None
+        if kind == "agent":
+            agent = agent_selectors.agents(workspace=workspace).filter(pk=pk if pk.isdigit() else None).first()
+            if agent is None:
+                raise NotFound("That agent is not in this workspace.")
+        else:
+            config = rag_selectors.scoped(rag_selectors.rag_configs(workspace=workspace), pk or
+                                          request.POST.get("rag_config"), "RAG config")
+        app = services.publish_app(actor=gui_actor(request), config=config, agent=agent,
+                                   name=request.POST.get("name", ""), slug=request.POST.get("slug", ""))
+        messages.success(request, f"Published '{app.name}' at /api/apps/{app.slug}/ (release 1, {app.source.name} "
+                                  f"v{app.current_release.version.number}).")
         return redirect("app", slug=app.slug)
+    selected = (f"agent:{request.GET['agent']}" if request.GET.get("agent") else
+                f"config:{request.GET['config']}" if request.GET.get("config") else "")
     return render(request, "runtime/apps.html", {
         "apps": selectors.apps(workspace=workspace),
         "configs": rag_selectors.rag_configs(workspace=workspace),
-        "selected_config": request.GET.get("config", "")})
+        "agents": agent_selectors.agents(workspace=workspace), "selected": selected})
 
 
 def _app_action(request, app: App) -> None:
     actor, post, action = gui_actor(request), request.POST, request.POST.get("action")
     if action == "republish":
         release = services.republish(actor=actor, app=app, note=post.get("note", ""))
-        messages.success(request, f"Release {release.number} is live: {app.rag_config.name} "
-                                  f"v{release.config_version.number}.")
+        messages.success(request, f"Release {release.number} is live: {app.source.name} "
+                                  f"v{release.version.number}.")
     elif action == "rollback":
         release = services.roll_back(actor=actor, app=app, number=int(post.get("release", "0") or 0))
         messages.success(request, f"Rolled back: release {release.number} serves "
-                                  f"v{release.config_version.number} again.")
+                                  f"v{release.version.number} again.")
     elif action in ("enable", "disable"):
         services.update_app(actor=actor, app=app, enabled=action == "enable")
         messages.success(request, f"'{app.name}' is {action}d.")
@@ -82,10 +93,10 @@ def app_page(request, slug):
             return redirect("apps")
         return redirect("app", slug=app.slug)
     base = request.build_absolute_uri("/").rstrip("/")
-    latest = app.rag_config.versions.first()
+    latest = app.source.versions.first()
     return render(request, "runtime/app.html", {
         "app": app, "base": base, "latest_version": latest,
-        "releases": app.releases.select_related("config_version", "published_by"),
+        "releases": app.releases.select_related("config_version", "agent_version", "published_by"),
         "keys": app.keys.all(), "origins": "\n".join(app.allowed_origins)})
 
 
@@ -120,7 +131,11 @@ def trace_page(request, slug, message_id):
     if trace is None:
         raise NotFound("That call is not in this app's log.")
     feedback = Feedback.objects.filter(trace=trace).first()
-    kb = app.rag_config.knowledge_base
+    if request.method == "POST" and feedback is not None and app.is_agent:
+        scenario = services.feedback_to_scenario(actor=gui_actor(request), feedback=feedback,
+                                                 expected_answer=request.POST.get("expected_answer", ""))
+        messages.success(request, f"Added the scenario '{scenario.name}' to {app.agent.name}'s evaluation.")
+        return redirect("app-trace", slug=slug, message_id=message_id)
     if request.method == "POST" and feedback is not None:
         eval_set = (rag_selectors.scoped(rag_selectors.eval_sets(workspace=request.workspace),
                                          request.POST.get("eval_set"), "Eval set")
@@ -134,7 +149,9 @@ def trace_page(request, slug, message_id):
                     if trace.conversation else [])
     return render(request, "runtime/trace.html", {
         "app": app, "trace": trace, "feedback": feedback, "conversation": conversation,
-        "eval_sets": EvalSet.objects.filter(knowledge_base=kb).exclude(status="failed"),
+        "steps": agent_selectors.run_steps(trace.agent_run) if trace.agent_run_id else [],
+        "eval_sets": EvalSet.objects.filter(knowledge_base=app.rag_config.knowledge_base).exclude(status="failed")
+        if not app.is_agent else [],
         "cited_documents": "\n".join(services.cited_documents(trace))})
 
 
