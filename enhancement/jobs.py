@@ -1,8 +1,13 @@
 """The cluster job kind that runs enhancement jobs on their node's worker (registered when the app loads)."""
 
+from django.conf import settings
+from django.dispatch import receiver
+
+from cluster.deadlines import job_given_up
 from cluster.jobs import job_handler
 from enhancement import runner
 from enhancement.models import EnhancementJob
+from serving.engines import process
 
 RUN_KIND = "enhancement.run"
 
@@ -10,4 +15,22 @@ RUN_KIND = "enhancement.run"
 @job_handler(RUN_KIND)
 def run_enhancement_job(job, report) -> dict:
     enhancement_job = EnhancementJob.objects.select_related("base_model").get(pk=job.payload["enhancement_job_id"])
-    return runner.supervise(enhancement_job, report)
+    try:
+        return runner.supervise(enhancement_job, report)
+    except Exception as exc:
+        runner.record_failure(enhancement_job, exc)
+        raise
+
+
+@receiver(job_given_up)
+def _run_given_up(sender, job, reason: str, **_kwargs) -> None:
+    """Beat gave up on the job (its node unhealthy, or its worker dead too often): the job shows the reason, and
+    on this node its process is stopped rather than left training for nobody."""
+    if job.kind != RUN_KIND:
+        return
+    enhancement_job = EnhancementJob.objects.filter(pk=job.payload.get("enhancement_job_id")).first()
+    if enhancement_job is None:
+        return
+    EnhancementJob.objects.filter(pk=enhancement_job.pk).update(error=reason)
+    if enhancement_job.node.name == settings.NODE_NAME and runner.is_running(enhancement_job):
+        process.terminate(enhancement_job.pid)

@@ -2,7 +2,7 @@
 watches it, copies its metrics into the database, kills its process group when the job is cancelled, and registers
 its outputs once the process has written them all.
 
-On disk, under `$FACTORY_DATA_DIR/enhancement/jobs/<id>/`: spec.json (what to do), train.log, metrics.jsonl,
+On disk, under `$FACTORY_DATA_DIR/enhancement/jobs/<id>-<created>/`: spec.json (what to do), train.log, metrics.jsonl,
 status.json, checkpoints/, the stage outputs, result.json (written last), error.json (a failure's reason).
 
 A worker that dies leaves the process running (its own session). The redelivered job finds it by its pid and start
@@ -21,7 +21,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
-from accounts.services import Actor
+from accounts.errors import ApplicationError
 from cluster.models import Job, JobState
 from enhancement import files
 from enhancement.formats import parse_jsonl
@@ -29,10 +29,12 @@ from enhancement.models import EnhancementJob, MetricSample, Stage
 from enhancement.training.run import write_json_atomic
 from serving.engines import process
 from serving.models import Model, ModelKind
-from serving.services import register_model
+from serving.services import register_produced_model
 
 logger = logging.getLogger(__name__)
 POLL_S = 1.0
+# The name this app registers its output directory under with serving (see apps.py).
+PRODUCER = "enhancement"
 METRIC_FIELDS = ("train_loss", "validation_loss", "learning_rate", "tokens_per_s", "samples_per_s", "step_time_s",
                  "eta_s", "cpu_percent", "memory_bytes", "gpu_percent", "gpu_memory_bytes")
 
@@ -42,7 +44,7 @@ class JobFailed(RuntimeError):
 
 
 def run_dir(job: EnhancementJob) -> Path:
-    return files.run_dir(job.pk)
+    return files.run_dir(job.pk, job.created_at)
 
 
 def build_spec(job: EnhancementJob, directory: Path) -> dict:
@@ -181,10 +183,35 @@ def _progress(job: EnhancementJob) -> float:
 
 
 def finish(job: EnhancementJob) -> dict:
-    """Register each output as a model (once: a repeated finish finds them), then mark the job done."""
+    """Register each output as a model (once: a repeated finish finds them), then mark the job done. Whatever
+    stops it is recorded on the job with its reason."""
+    try:
+        return _register_outputs(job)
+    except Exception as exc:
+        reason = f"The job's outputs were made but could not be registered: {failure_reason(exc)}"
+        EnhancementJob.objects.filter(pk=job.pk).update(error=reason)
+        raise JobFailed(reason) from exc
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The words to show for a failure: an application error's message, or the exception's own text and kind."""
+    if isinstance(exc, ApplicationError):
+        return exc.message
+    text = str(exc).strip()
+    return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__
+
+
+def record_failure(job: EnhancementJob, exc: BaseException) -> str:
+    """Keep the reason a stage already recorded; otherwise record this one. The job's error is never empty."""
+    reason = str(exc) if isinstance(exc, JobFailed) else failure_reason(exc)
+    EnhancementJob.objects.filter(pk=job.pk, error="").update(error=reason or "The job failed.")
+    return reason
+
+
+def _register_outputs(job: EnhancementJob) -> dict:
     result = json.loads((run_dir(job) / "result.json").read_text())
-    job = EnhancementJob.objects.select_related("base_model", "workspace").get(pk=job.pk)
-    actor = Actor(user=job.created_by)
+    job = EnhancementJob.objects.select_related("base_model", "workspace", "created_by").get(pk=job.pk)
+    EnhancementJob.objects.filter(pk=job.pk).update(stage=Stage.REGISTER)
     names = []
     with transaction.atomic():
         for output in result["outputs"]:
@@ -192,10 +219,11 @@ def finish(job: EnhancementJob) -> dict:
             model = Model.objects.filter(workspace=job.workspace, name=name, path=output["path"]).first()
             if model is None:
                 # The chat template travels inside the GGUF, so the registry reads it from the file.
-                model = register_model(actor=actor, workspace=job.workspace, name=name, path=output["path"],
-                                       role_hint=job.base_model.role_hint)
+                model = register_produced_model(
+                    producer=PRODUCER, workspace=job.workspace, name=name, path=output["path"],
+                    requested_by=job.created_by, role_hint=job.base_model.role_hint,
+                    detail={"job": job.pk, "job_name": job.name, "base_model": job.base_model.name})
             job.output_models.add(model)
             names.append(model.name)
         EnhancementJob.objects.filter(pk=job.pk).update(report=result["report"], stage=Stage.DONE, error="")
     return {"models": names}
-

@@ -123,6 +123,36 @@ def register_model(*, actor: Actor, workspace: Workspace | None, name: str, path
     return model
 
 
+# Directories where the platform writes models it makes itself (enhancement's job outputs), named by the app that
+# writes them when it loads: the only places register_produced_model takes a file from.
+_producer_dirs: dict[str, Path] = {}
+
+
+def register_model_producer(*, name: str, directory: Path) -> None:
+    _producer_dirs[name] = Path(directory)
+
+
+def register_produced_model(*, producer: str, workspace: Workspace, name: str, path: str, requested_by,
+                            role_hint: str = RoleHint.SMALL, detail: dict | None = None) -> Model:
+    """A model file the platform made itself (a fine-tune's export), registered by the platform. No user names this
+    path, so the rule for user-supplied paths (platform administrators, FACTORY_MODEL_DIRS) is not the one that
+    applies; instead the file must lie inside its producer's own output directory, and the audit log names the user
+    who asked for the work. Not reachable from the API or the GUI."""
+    root = _producer_dirs.get(producer)
+    if root is None:
+        raise ValidationFailed(f"'{producer}' is not a model producer of this platform.")
+    location = Path(path)
+    resolved = location.resolve() if location.is_absolute() else None
+    if resolved is None or resolved == root.resolve() or not resolved.is_relative_to(root.resolve()):
+        raise ValidationFailed(f"{path} is outside {producer}'s output directory ({root}); it is not a model the "
+                               f"platform produced.")
+    with transaction.atomic():
+        model = register_model(actor=SYSTEM, workspace=workspace, name=name, path=str(resolved), role_hint=role_hint)
+        record_audit(actor=Actor(user=requested_by), workspace=workspace, action="model.produce", target=model,
+                     detail={"producer": producer, "path": model.path, **(detail or {})})
+    return model
+
+
 def _check_chat_template(template: str) -> None:
     """A template that does not even parse as Jinja is refused here, with the line, rather than at engine start."""
     import jinja2
