@@ -21,12 +21,22 @@ Manifest entries and files:
 The index travels as chunks and vectors rather than as the FAISS/BM25 generation files: those are keyed by chunk
 primary keys, which are new in the importing database, so the import writes a fresh generation through IndexStore
 (which rebuilds the keyword index from the chunk texts). The .npy file is read without pickles.
+
+An import never holds the database's write lock for longer than it takes to write rows. It copies (and hashes) the
+documents into a staging dir first, with no transaction open, because on SQLite a transaction holding gigabytes of
+copies makes every other writer (ingestion, the GUI) give up after its 30 s timeout. One short transaction then
+creates every row and moves the staged files into place (renames); if anything in it fails, the rows roll back and
+the files are removed. The indexed documents' vectors are written last, through the ingestion pipeline's own
+index stage: the documents wait in that stage under the importer's lease, so if the process dies they resume like
+any other document, and nothing is marked indexed before its chunks are in the index.
 """
 
 import json
 import os
 import shutil
 import tempfile
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,8 +53,9 @@ from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from assets.bundles import Bundle, BundleRejected, ImportOutcome, bundle_importer, read_bundle, write_bundle
 from assets.models import Asset, AssetKind
-from rag_studio import files, services
+from rag_studio import files, ingestion, services
 from rag_studio.index_store import forget_readers
+from rag_studio.leases import lease_until
 from rag_studio.models import (Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, RagConfig,
                                Stage)
 from rag_studio.parsing import ParseError, file_kind
@@ -211,9 +222,13 @@ def import_verified_bundle(*, actor: Actor, workspace: Workspace, bundle: Bundle
     _require_chat_deployment(workspace, plan.config_settings["model"])
     notes = []
     embedding_model, embedding_deployment = _embedding_choice(workspace, plan.kb_settings, notes)
+    owner = f"import/{os.getpid()}/{uuid.uuid4().hex[:12]}"
+    staging = _staging_dir()
     kb_dir = None
     try:
-        with transaction.atomic():
+        staged = {entry["sha256"]: _stage_document(bundle, entry, staging) for entry in plan.documents}
+        index = _read_index(bundle, plan.index) if plan.index is not None else None
+        with transaction.atomic():  # rows only, and renames: the copies are done
             kb = services.create_knowledge_base(
                 actor=actor, workspace=workspace, name=_free_name(workspace.knowledge_bases, plan.kb_name),
                 description=plan.kb_settings.get("description", ""), embedding_model=embedding_model,
@@ -223,9 +238,8 @@ def import_verified_bundle(*, actor: Actor, workspace: Workspace, bundle: Bundle
             # A new id starts with no files: on SQLite, the id of a rolled-back knowledge base is given out again.
             _clear(kb_dir)
             restore = _can_restore(kb, plan.index, notes)
-            documents = _import_documents(bundle, kb, plan, restore)
-            if restore:
-                _restore_index(bundle, kb, plan.index, documents)
+            documents = _import_documents(bundle, kb, plan, staged, restore, owner)
+            vectors = _restore_chunks(kb, plan.index, index, documents) if restore else []
             config = services.save_rag_config(
                 actor=actor, workspace=workspace, name=_free_name(workspace.rag_configs, plan.config_name),
                 knowledge_base=kb, **plan.config_settings)
@@ -242,7 +256,38 @@ def import_verified_bundle(*, actor: Actor, workspace: Workspace, bundle: Bundle
         if kb_dir is not None:
             _clear(kb_dir)
         raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if vectors:
+        ingestion.index_with_vectors(vectors, owner)
+        kb.indexed_with = plan.index.get("indexed_with") or services.index_settings(kb)
+        kb.save(update_fields=["indexed_with", "updated_at"])
+        failed = kb.documents.filter(status=DocumentStatus.FAILED)
+        if failed.exists():
+            notes.append(f"{failed.count()} document(s) could not be indexed ({failed.first().error}); retry them "
+                         f"on the knowledge base's page.")
     return ImportResult(kb=kb, config=config, extra=extra, index_restored=restore, notes=notes)
+
+
+STAGING_KEPT_S = 24 * 3600
+
+
+def _staging_dir() -> Path:
+    """A fresh dir for this import's copies, on the data dir's filesystem so that moving them into place is a
+    rename. Dirs of imports whose process died are removed a day later."""
+    root = settings.DATA_DIR / "imports"
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.iterdir():
+        if time.time() - stale.stat().st_mtime > STAGING_KEPT_S:
+            shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix="import-", dir=root))
+
+
+def _stage_document(bundle: Bundle, entry: dict, staging: Path) -> Path:
+    target = staging / entry["sha256"]
+    if not target.exists():
+        bundle.copy_to(entry["file"], target)
+    return target
 
 
 def _clear(kb_dir: Path) -> None:
@@ -348,23 +393,27 @@ def _free_name(existing, name: str) -> str:
     return candidate
 
 
-def _import_documents(bundle: Bundle, kb: KnowledgeBase, plan: _Plan, restore: bool) -> dict[str, Document]:
-    """Copy each document into storage and create its row: indexed when its chunks come along, else queued."""
+def _import_documents(bundle: Bundle, kb: KnowledgeBase, plan: _Plan, staged: dict[str, Path], restore: bool,
+                      owner: str) -> dict[str, Document]:
+    """Move each staged document into storage and create its row: queued for ingestion, or, when its chunks come
+    along, waiting at the embed stage under the importer's lease (see `import_verified_bundle`)."""
     files.uploads_dir(kb.pk).mkdir(parents=True, exist_ok=True)
-    now, documents, events, findings = timezone.now(), {}, [], []
+    documents, events, findings = {}, [], []
     for entry in plan.documents:
         filename = Path(str(entry.get("filename") or "document")).name[:255] or "document"
         try:
             kind = file_kind(filename)
         except ParseError as exc:
             raise BundleRejected(f"document {filename!r} cannot be ingested here: {exc.reason}")
-        bundle.copy_to(entry["file"], files.upload_path(kb.pk, entry["sha256"]))
+        os.replace(staged[entry["sha256"]], files.upload_path(kb.pk, entry["sha256"]))
         ingested = entry.get("ingested") if restore else None
         document = Document(knowledge_base=kb, filename=filename, kind=kind, size_bytes=bundle.size(entry["file"]),
                             sha256=entry["sha256"])
         if ingested:
-            document.status, document.stage, document.progress, document.indexed_at = (
-                DocumentStatus.INDEXED, Stage.DONE, 100, now)
+            document.status, document.stage, document.progress = (
+                DocumentStatus.PROCESSING, Stage.EMBED, ingestion.PROGRESS_AT[Stage.EMBED])
+            document.lease_owner, document.lease_until, document.attempts = owner, lease_until(), 1
+            document.chunk_set = uuid.uuid4().hex
             document.page_count, document.char_count, document.chunk_count = (
                 ingested["page_count"], ingested["char_count"], ingested["chunk_count"])
         document.save()
@@ -379,50 +428,65 @@ def _import_documents(bundle: Bundle, kb: KnowledgeBase, plan: _Plan, restore: b
     return documents
 
 
-def _restore_index(bundle: Bundle, kb: KnowledgeBase, index: dict, documents: dict[str, Document]) -> None:
-    """Recreate the indexed documents' chunks and write their vectors into the new knowledge base's index."""
+@dataclass
+class _Index:
+    lines: list[dict]
+    vectors: np.ndarray
+
+
+def _read_index(bundle: Bundle, index: dict) -> _Index:
     lines = _chunk_lines(bundle, index["chunks"])
     with bundle.open(index["vectors"]) as stream:
         try:
             vectors = np.lib.format.read_array(stream, allow_pickle=False)
         except ValueError as exc:
             raise BundleRejected(f"{index['vectors']} is not a vector array ({exc})")
+    return _Index(lines, vectors)
+
+
+def _restore_chunks(kb: KnowledgeBase, entry: dict, index: _Index,
+                    documents: dict[str, Document]) -> list[tuple[Document, np.ndarray]]:
+    """Recreate the indexed documents' chunks; returns each document with its searchable chunks' vectors, in
+    ordinal order (the order the pipeline indexes them in)."""
+    lines, vectors = index.lines, index.vectors
     searchable = sum(1 for line in lines if line["searchable"])
     if vectors.shape != (searchable, kb.embedding_dimensions):
-        raise BundleRejected(f"{index['vectors']} holds {vectors.shape} vectors for {searchable} searchable chunks "
+        raise BundleRejected(f"{entry['vectors']} holds {vectors.shape} vectors for {searchable} searchable chunks "
                              f"of {kb.embedding_dimensions} dimensions")
-    by_document: dict[str, list[dict]] = {}
+    by_document: dict[str, list[tuple[dict, np.ndarray | None]]] = {}
+    row = 0
     for line in lines:
-        by_document.setdefault(line["document"], []).append(line)
-    indexed_documents = {sha256 for sha256, d in documents.items() if d.status == DocumentStatus.INDEXED}
+        vector = None
+        if line["searchable"]:
+            vector, row = vectors[row], row + 1
+        by_document.setdefault(line["document"], []).append((line, vector))
+    indexed_documents = {sha256 for sha256, d in documents.items() if d.status == DocumentStatus.PROCESSING}
     if set(by_document) != indexed_documents:
-        raise BundleRejected(f"{index['chunks']} does not hold the chunks of exactly the documents marked indexed")
-    upserts, offset = {}, 0
+        raise BundleRejected(f"{entry['chunks']} does not hold the chunks of exactly the documents marked indexed")
+    restored = []
     for sha256, document_lines in by_document.items():
         document = documents[sha256]
-        ordinals = {line["ordinal"] for line in document_lines}
+        ordinals = {line["ordinal"] for line, _ in document_lines}
         if len(ordinals) != len(document_lines) or any(
-                line["parent"] is not None and line["parent"] not in ordinals for line in document_lines):
-            raise BundleRejected(f"{index['chunks']}: the chunks of {document.filename!r} have repeated ordinals "
+                line["parent"] is not None and line["parent"] not in ordinals for line, _ in document_lines):
+            raise BundleRejected(f"{entry['chunks']}: the chunks of {document.filename!r} have repeated ordinals "
                                  f"or missing parents")
+        document_lines.sort(key=lambda pair: pair[0]["ordinal"])
         rows = Chunk.objects.bulk_create([
             Chunk(knowledge_base=kb, document=document, ordinal=line["ordinal"], text=line["text"],
                   page=line["page"], start=line["start"], end=line["end"], heading=line["heading"][:500],
-                  searchable=line["searchable"]) for line in document_lines])
+                  searchable=line["searchable"]) for line, _ in document_lines])
         by_ordinal = {row.ordinal: row for row in rows}
         children = []
-        for row, line in zip(rows, document_lines):
+        for chunk, (line, _) in zip(rows, document_lines):
             if line["parent"] is not None:
-                row.parent = by_ordinal[line["parent"]]
-                children.append(row)
+                chunk.parent = by_ordinal[line["parent"]]
+                children.append(chunk)
         Chunk.objects.bulk_update(children, ["parent"])
-        indexed = [row for row in rows if row.searchable]
-        upserts[str(document.pk)] = ([row.pk for row in indexed], vectors[offset:offset + len(indexed)],
-                                     [row.text for row in indexed])
-        offset += len(indexed)
-    services.index_store(kb).apply(upserts=upserts)
-    kb.indexed_with = index.get("indexed_with") or services.index_settings(kb)
-    kb.save(update_fields=["indexed_with", "updated_at"])
+        document_vectors = [vector for _, vector in document_lines if vector is not None]
+        restored.append((document, np.stack(document_vectors) if document_vectors
+                         else np.empty((0, kb.embedding_dimensions), np.float32)))
+    return restored
 
 
 def _chunk_lines(bundle: Bundle, path: str) -> list[dict]:

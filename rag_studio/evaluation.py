@@ -1,17 +1,25 @@
 """Eval sets (uploaded, or generated from the corpus by an LLM) and eval runs of a RAG config version over them.
 
-Runs are resumable: each item's result is saved as it completes, and a re-run of the task skips what is done.
+Generation and runs are Celery tasks that hold their row by a lease (`leases`), like ingestion: a redelivered task
+message finds the work held and leaves it, and beat (`sweep_overdue`) dispatches again the work whose worker died
+or whose message was lost, failing it with the reason after RAG_EVAL_MAX_ATTEMPTS. Both are resumable: each item
+is saved as it completes, and a resumed task skips what is done.
 """
 
+import json
 import logging
 import random
-from collections import defaultdict
-from itertools import zip_longest
 import re
 import time
+from collections import defaultdict
+from datetime import timedelta
+from itertools import zip_longest
 
 from celery import current_app
-from django.db import transaction
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from accounts.errors import Conflict, ValidationFailed
@@ -20,16 +28,28 @@ from accounts.services import Actor, record_audit, require_role
 from rag_studio import eval_metrics
 from rag_studio.eval_files import EvalFileError, parse_eval_file
 from rag_studio.gateway_client import openai_client
+from rag_studio.leases import LeaseKeeper, lease_until
 from rag_studio.models import (Chunk, DocumentStatus, EvalItem, EvalResult, EvalRun, EvalSet, EvalSetSource,
                                JobStatus, KnowledgeBase, RagConfigVersion)
 from rag_studio.services import _chat_deployment, pipeline_for
 
 logger = logging.getLogger(__name__)
 MAX_GENERATED_ITEMS = 200
+GENERATE_TASK, RUN_TASK = "rag_studio.tasks.generate_eval_set", "rag_studio.tasks.run_eval"
 GENERATE_PROMPT = (
-    "Read the passage and write one question that it answers, and the answer, taken from the passage.\n"
-    "Use exactly this format:\nQuestion: <question>\nAnswer: <answer>\n\nPassage:\n{passage}\n")
-QA_FORMAT = re.compile(r"question\s*[:：]\s*(?P<q>.+?)\s*answer\s*[:：]\s*(?P<a>.+)", re.IGNORECASE | re.DOTALL)
+    "Read the passage and write one question that it answers, and the answer, taken from the passage. "
+    "Reply in JSON: {{\"question\": \"...\", \"answer\": \"...\"}}\n\nPassage:\n{passage}\n")
+# The engine is held to this schema (a grammar in llama-server, guided decoding in vLLM), so even a tiny model's
+# reply parses. The lengths keep a whole reply within GENERATE_MAX_TOKENS: a reply cut short would not parse.
+MAX_QUESTION_CHARS = MAX_ANSWER_CHARS = 200
+GENERATE_MAX_TOKENS = 512
+QA_SCHEMA = {
+    "type": "object",
+    "properties": {"question": {"type": "string", "minLength": 5, "maxLength": MAX_QUESTION_CHARS},
+                   "answer": {"type": "string", "minLength": 1, "maxLength": MAX_ANSWER_CHARS}},
+    "required": ["question", "answer"],
+    "additionalProperties": False,
+}
 FAITHFULNESS_PROMPT = (
     "Is every claim in the answer supported by the context? Rate from 1 (not supported) to 5 (fully supported). "
     "Reply with the number only.\n\nContext:\n{context}\n\nAnswer: {answer}\n\nRating:")
@@ -94,9 +114,72 @@ def start_generation(*, actor: Actor, kb: KnowledgeBase, name: str, generator: s
             source=EvalSetSource.GENERATED, status=JobStatus.QUEUED, generator=generator, requested_items=count)
         record_audit(actor=actor, workspace=kb.workspace, action="rag.evalset.generate", target=eval_set,
                      detail={"generator": generator, "count": count})
-        transaction.on_commit(lambda: current_app.send_task("rag_studio.tasks.generate_eval_set",
-                                                            args=[eval_set.pk]))
+        transaction.on_commit(lambda: _dispatch(EvalSet, GENERATE_TASK, eval_set.pk))
     return eval_set
+
+
+def _dispatch(model, task: str, pk: int) -> None:
+    model.objects.filter(pk=pk).update(dispatched_at=timezone.now())
+    current_app.send_task(task, args=[pk])
+
+
+class _Held(Exception):
+    """Another worker holds the run or set now: stop without touching it."""
+
+
+def _claim(model, pk: int, owner: str):
+    """Take an eval set's generation or an eval run (as `leases` describes), or None when it is finished or held
+    by a live worker. Past RAG_EVAL_MAX_ATTEMPTS takeovers it fails with the reason instead."""
+    now = timezone.now()
+    claimed = model.objects.filter(
+        Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner),
+        pk=pk, status__in=[JobStatus.QUEUED, JobStatus.RUNNING],
+    ).update(status=JobStatus.RUNNING, lease_owner=owner, lease_until=lease_until(settings.RAG_EVAL_LEASE_S),
+             attempts=F("attempts") + 1)
+    if not claimed:
+        return None
+    row = model.objects.get(pk=pk)
+    if row.attempts > settings.RAG_EVAL_MAX_ATTEMPTS:
+        _finish(model, pk, owner, status=JobStatus.FAILED,
+                error=f"Stopped {row.attempts - 1} times without finishing (its worker died or ran out of time "
+                      f"each time); the items done so far are kept.")
+        return None
+    return row
+
+
+def _finish(model, pk: int, owner: str, **fields) -> bool:
+    """Record the outcome, but only while `owner` still holds the row."""
+    if fields.get("status") in (JobStatus.DONE, JobStatus.FAILED) and model is EvalRun:
+        fields.setdefault("finished_at", timezone.now())
+    return bool(model.objects.filter(pk=pk, lease_owner=owner, status=JobStatus.RUNNING).update(
+        lease_owner="", lease_until=None, **fields))
+
+
+def _still_held(model, pk: int, owner: str) -> None:
+    if not model.objects.filter(pk=pk, lease_owner=owner, status=JobStatus.RUNNING).exists():
+        raise _Held()
+
+
+def _release(model, pk: int, owner: str) -> None:
+    """Let the lease run out now (a time limit stopped the task): beat dispatches it again to resume."""
+    model.objects.filter(pk=pk, lease_owner=owner, status=JobStatus.RUNNING).update(lease_until=timezone.now())
+
+
+def sweep_overdue() -> dict[str, list[int]]:
+    """Beat: dispatch again every generation or run whose worker stopped renewing its lease, or whose task
+    message was sent RAG_QUEUED_REDISPATCH_S ago and never taken. A claim past the attempts fails it."""
+    now = timezone.now()
+    overdue = now - timedelta(seconds=settings.RAG_QUEUED_REDISPATCH_S)
+    stalled = (Q(status=JobStatus.RUNNING, lease_until__lt=now)
+               | Q(status=JobStatus.QUEUED, lease_until__isnull=True, dispatched_at__lt=overdue)
+               | Q(status=JobStatus.QUEUED, lease_until__isnull=True, dispatched_at__isnull=True,
+                   created_at__lt=overdue))
+    swept = {}
+    for model, task in ((EvalSet, GENERATE_TASK), (EvalRun, RUN_TASK)):
+        swept[task] = list(model.objects.filter(stalled).order_by("pk").values_list("pk", flat=True))
+        for pk in swept[task]:
+            _dispatch(model, task, pk)
+    return swept
 
 
 def _sample_chunks(eval_set: EvalSet) -> list[Chunk]:
@@ -113,42 +196,66 @@ def _sample_chunks(eval_set: EvalSet) -> list[Chunk]:
 
 
 def parse_generated(text: str) -> tuple[str, str] | None:
-    match = QA_FORMAT.search(text or "")
-    if match is None:
+    """(question, answer) from the generator's JSON reply, or None when it is not that (cut short, say)."""
+    try:
+        reply = json.loads(text or "")
+    except ValueError:
         return None
-    question, answer = match.group("q").strip(), match.group("a").strip().splitlines()[0].strip()
+    if not isinstance(reply, dict) or not all(isinstance(reply.get(key), str) for key in ("question", "answer")):
+        return None
+    question, answer = reply["question"].strip(), reply["answer"].strip()
     return (question, answer) if question and answer else None
 
 
-def generate_items(eval_set_id: int) -> None:
-    eval_set = EvalSet.objects.select_related("knowledge_base").get(pk=eval_set_id)
-    if eval_set.status == JobStatus.DONE:
-        return
-    EvalSet.objects.filter(pk=eval_set_id).update(status=JobStatus.RUNNING)
+def generate_items(eval_set_id: int, owner: str) -> str:
+    """Ask the generator for one question and answer per sampled chunk, held to QA_SCHEMA. Returns the set's
+    status. A set that ends with no items fails, saying why."""
+    eval_set = _claim(EvalSet, eval_set_id, owner)
+    if eval_set is None:
+        return EvalSet.objects.filter(pk=eval_set_id).values_list("status", flat=True).first() or "deleted"
+    with LeaseKeeper(EvalSet.objects.filter(status=JobStatus.RUNNING), owner, lease_s=settings.RAG_EVAL_LEASE_S):
+        try:
+            outcome = _generate(eval_set, owner)
+        except SoftTimeLimitExceeded:
+            _release(EvalSet, eval_set_id, owner)
+            return "timed out"
+        except _Held:
+            return "skipped"
+        except Exception as exc:
+            logger.exception("Generating eval set %s failed", eval_set_id)
+            _finish(EvalSet, eval_set_id, owner, status=JobStatus.FAILED, error=f"Generation failed: {exc}")
+            return JobStatus.FAILED
+    _finish(EvalSet, eval_set_id, owner, **outcome)
+    return outcome["status"]
+
+
+def _generate(eval_set: EvalSet, owner: str) -> dict:
     client = openai_client(eval_set.workspace_id)
     done = set(eval_set.items.values_list("source_chunk_id", flat=True))
+    chunks = _sample_chunks(eval_set)
     unparseable = 0
-    try:
-        for chunk in _sample_chunks(eval_set):
-            if chunk.pk in done:
-                continue
-            passage = (chunk.parent or chunk).text[:2000]
-            reply = client.chat.completions.create(
-                model=eval_set.generator, temperature=0.3, max_tokens=160,
-                messages=[{"role": "user", "content": GENERATE_PROMPT.format(passage=passage)}])
-            parsed = parse_generated(reply.choices[0].message.content or "")
-            if parsed is None:
-                unparseable += 1
-                continue
-            EvalItem.objects.create(eval_set=eval_set, question=parsed[0], expected_answer=parsed[1],
-                                    expected_sources=[f"chunk:{chunk.pk}", chunk.document.filename],
-                                    source_chunk=chunk)
-    except Exception as exc:
-        logger.exception("Generating eval set %s failed", eval_set_id)
-        EvalSet.objects.filter(pk=eval_set_id).update(status=JobStatus.FAILED, error=f"Generation failed: {exc}")
-        return
+    for chunk in chunks:
+        if chunk.pk in done:
+            continue
+        passage = (chunk.parent or chunk).text[:2000]
+        reply = client.chat.completions.create(
+            model=eval_set.generator, temperature=0.3, max_tokens=GENERATE_MAX_TOKENS,
+            messages=[{"role": "user", "content": GENERATE_PROMPT.format(passage=passage)}],
+            response_format={"type": "json_schema", "json_schema": {"name": "question_and_answer",
+                                                                    "schema": QA_SCHEMA, "strict": True}})
+        parsed = parse_generated(reply.choices[0].message.content or "")
+        if parsed is None:
+            unparseable += 1
+            continue
+        _still_held(EvalSet, eval_set.pk, owner)
+        EvalItem.objects.create(eval_set=eval_set, question=parsed[0], expected_answer=parsed[1],
+                                expected_sources=[f"chunk:{chunk.pk}", chunk.document.filename],
+                                source_chunk=chunk)
     note = f"{unparseable} of the generator's outputs could not be parsed and were skipped." if unparseable else ""
-    EvalSet.objects.filter(pk=eval_set_id).update(status=JobStatus.DONE, error=note)
+    if not eval_set.items.exists():
+        return {"status": JobStatus.FAILED,
+                "error": f"No question could be generated from the {len(chunks)} sampled passage(s). {note}".strip()}
+    return {"status": JobStatus.DONE, "error": note}
 
 
 def start_run(*, actor: Actor, eval_set: EvalSet, version: RagConfigVersion, judge: str = "",
@@ -166,7 +273,7 @@ def start_run(*, actor: Actor, eval_set: EvalSet, version: RagConfigVersion, jud
         run = EvalRun.objects.create(eval_set=eval_set, config_version=version, judge=judge, top_k=top_k)
         record_audit(actor=actor, workspace=eval_set.workspace, action="rag.eval.run", target=run,
                      detail={"config": str(version), "set": eval_set.name, "judge": judge})
-        transaction.on_commit(lambda: current_app.send_task("rag_studio.tasks.run_eval", args=[run.pk]))
+        transaction.on_commit(lambda: _dispatch(EvalRun, RUN_TASK, run.pk))
     return run
 
 
@@ -226,34 +333,52 @@ def _evaluate_item(run: EvalRun, pipeline, item: EvalItem, client) -> EvalResult
                       latency_ms=round((time.perf_counter() - started) * 1000, 1))
 
 
-def execute_run(run_id: int) -> None:
+def execute_run(run_id: int, owner: str) -> str:
+    """Evaluate every item not done yet, saving each result as it completes. Returns the run's status."""
+    run = _claim(EvalRun, run_id, owner)
+    if run is None:
+        return EvalRun.objects.filter(pk=run_id).values_list("status", flat=True).first() or "deleted"
     run = EvalRun.objects.select_related("eval_set", "config_version").get(pk=run_id)
-    if run.status in (JobStatus.DONE, JobStatus.FAILED):
-        return
-    EvalRun.objects.filter(pk=run_id).update(status=JobStatus.RUNNING)
-    try:
-        pipeline = pipeline_for(run.config_version)
-        client = openai_client(run.eval_set.workspace_id)
-        items = list(run.eval_set.items.all())
-        done = set(run.results.values_list("item_id", flat=True))
-        for position, item in enumerate(items, start=1):
-            if item.pk in done:
-                continue
-            try:
-                result = _evaluate_item(run, pipeline, item, client)
-            except Exception as exc:  # one failing question is recorded and the run goes on
-                logger.warning("Eval run %s item %s failed: %s", run_id, item.pk, exc)
-                result = EvalResult(run=run, item=item, error=str(exc)[:2000])
-            result.save()
-            EvalRun.objects.filter(pk=run_id).update(progress=100 * position // len(items))
-    except Exception as exc:
-        logger.exception("Eval run %s failed", run_id)
-        EvalRun.objects.filter(pk=run_id).update(status=JobStatus.FAILED, error=str(exc)[:2000],
-                                                 finished_at=timezone.now())
-        return
+    with LeaseKeeper(EvalRun.objects.filter(status=JobStatus.RUNNING), owner, lease_s=settings.RAG_EVAL_LEASE_S):
+        try:
+            _evaluate_items(run, owner)
+        except SoftTimeLimitExceeded:
+            _release(EvalRun, run_id, owner)
+            return "timed out"
+        except _Held:
+            return "skipped"
+        except Exception as exc:
+            logger.exception("Eval run %s failed", run_id)
+            _finish(EvalRun, run_id, owner, status=JobStatus.FAILED, error=str(exc)[:2000])
+            return JobStatus.FAILED
     summary, unparseable = summarise(run)
-    EvalRun.objects.filter(pk=run_id).update(status=JobStatus.DONE, progress=100, metrics=summary,
-                                             judge_unparseable=unparseable, finished_at=timezone.now())
+    _finish(EvalRun, run_id, owner, status=JobStatus.DONE, progress=100, metrics=summary,
+            judge_unparseable=unparseable)
+    return JobStatus.DONE
+
+
+def _evaluate_items(run: EvalRun, owner: str) -> None:
+    pipeline = pipeline_for(run.config_version)
+    client = openai_client(run.eval_set.workspace_id)
+    items = list(run.eval_set.items.all())
+    done = set(run.results.values_list("item_id", flat=True))
+    for position, item in enumerate(items, start=1):
+        if item.pk in done:
+            continue
+        try:
+            result = _evaluate_item(run, pipeline, item, client)
+        except SoftTimeLimitExceeded:
+            raise
+        except Exception as exc:  # one failing question is recorded and the run goes on
+            logger.warning("Eval run %s item %s failed: %s", run.pk, item.pk, exc)
+            result = EvalResult(run=run, item=item, error=str(exc)[:2000])
+        _still_held(EvalRun, run.pk, owner)
+        try:
+            with transaction.atomic():
+                result.save()
+        except IntegrityError:
+            pass  # a worker that held the run before this one saved this item; its result stands
+        EvalRun.objects.filter(pk=run.pk).update(progress=100 * position // len(items))
 
 
 def summarise(run: EvalRun) -> tuple[dict, int]:

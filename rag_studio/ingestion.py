@@ -6,24 +6,33 @@ together, in model calls that mix their chunks (sorted by length, so batches are
 per-document batches of a few chunks ran at about half the model's rate), and indexed in one write (each write
 copies the whole index). The other documents' own tasks then find them done.
 
-Each stage writes its output (a file in the document's work dir, or rows) before the document's `stage` moves on,
-and the embed stage saves each batch of vectors as it goes. A worker holds a document through a lease it renews
-at every step; when a worker dies, the lease runs out and another worker continues from the recorded stage and
-batch. The index write replaces the document's whole entry, so however often the last stage runs, each chunk is
-in the index exactly once.
+Each stage writes its output (a file of its own in the document's work dir, or rows) before the document's `stage`
+moves on, and the embed stage saves each batch of vectors as it goes. A worker holds a document through a lease
+(`leases`): its owner name is unique to the process and the task, and a thread renews it while the worker runs, so
+a long call never outlasts it. When a worker dies the lease runs out and another continues from the recorded stage
+and batch; after RAG_INGEST_MAX_ATTEMPTS such takeovers the document fails with the reason.
+
+A worker that lost its lease (it froze past it, or its task was redelivered) must not harm the one that holds the
+document now: rows are replaced only in a transaction that first checks the lease, and saved vectors are named
+after the chunk rows they belong to (`chunk_set`), so vectors of replaced chunks are never read. A document whose
+saved vectors are missing is embedded again rather than failed. The index write replaces the document's whole
+entry, so however often the last stage runs, each chunk is in the index exactly once.
 """
 
 import logging
+import uuid
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 import numpy as np
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from rag_studio import files
+from rag_studio.leases import LeaseKeeper, lease_until
 from rag_studio.chunking import chunk_pages
 from rag_studio.cleaning import clean_pages
 from rag_studio.embedding import Embedder, EmbeddingFailed
@@ -53,23 +62,29 @@ class DocumentFailed(Exception):
 
 
 def _lease_until():
-    return timezone.now() + timedelta(seconds=settings.RAG_INGEST_LEASE_S)
+    return lease_until(settings.RAG_INGEST_LEASE_S)
 
 
 def claim(document_id: int, worker: str) -> tuple[Document | None, str]:
     """Take the document if it is waiting, or if the worker that had it stopped renewing its lease. Returns it
-    and that previous worker, if any."""
+    and that previous worker, if any. A document already taken over RAG_INGEST_MAX_ATTEMPTS times fails instead,
+    with the stage it kept stopping in."""
     now = timezone.now()
     previous_owner = Document.objects.filter(pk=document_id).values_list("lease_owner", flat=True).first() or ""
     claimed = Document.objects.filter(
         Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=worker),
         pk=document_id, status__in=[DocumentStatus.QUEUED, DocumentStatus.PROCESSING],
-    ).update(status=DocumentStatus.PROCESSING, lease_owner=worker, lease_until=_lease_until(), updated_at=now)
+    ).update(status=DocumentStatus.PROCESSING, lease_owner=worker, lease_until=_lease_until(), updated_at=now,
+             attempts=F("attempts") + 1)
     if not claimed:
         return None, ""
     document = Document.objects.select_related("knowledge_base__embedding_model",
                                                "knowledge_base__embedding_deployment").get(pk=document_id)
-    Document.objects.filter(pk=document_id).update(attempts=document.attempts + 1)
+    if document.attempts > settings.RAG_INGEST_MAX_ATTEMPTS:
+        _fail(document, worker, "too_many_attempts",
+              f"Ingestion stopped {document.attempts - 1} times in the {document.stage} stage without finishing "
+              f"(its worker died or ran out of time each time); the file may be too large or malformed.")
+        return None, ""
     return document, previous_owner if previous_owner != worker else ""
 
 
@@ -92,7 +107,7 @@ def _event(document: Document, worker: str, message: str) -> None:
 def ingest(document_id: int, worker: str) -> str:
     """Run the remaining stages of the document and of the queued documents it takes along. Returns the
     document's final status (also when an earlier task's group already took it), or 'skipped' when another worker
-    has it now."""
+    has it now. `worker` must be unique to this process and task (`leases.owner_name`)."""
     document, previous_owner = claim(document_id, worker)
     if document is None:
         status = Document.objects.filter(pk=document_id).values_list("status", flat=True).first()
@@ -100,15 +115,36 @@ def ingest(document_id: int, worker: str) -> str:
     if previous_owner:
         _event(document, worker, f"Resumed at the {document.stage} stage: {previous_owner} stopped renewing its "
                                  f"lease")
-    group = [document, *_claim_companions(document, worker)]
-    prepared = []
-    for position, member in enumerate(group):
-        if _guarded([member], worker, _prepare):
-            prepared.append(member)
-        _renew(group[position + 1:], worker)  # those still waiting for their turn
-    _guarded([d for d in prepared if d.stage == Stage.EMBED], worker, GROUP_STAGES[Stage.EMBED])
-    _guarded([d for d in prepared if d.stage == Stage.INDEX], worker, GROUP_STAGES[Stage.INDEX])
+    held = Document.objects.filter(status=DocumentStatus.PROCESSING)
+    with LeaseKeeper(held, worker, lease_s=settings.RAG_INGEST_LEASE_S):
+        group = [document, *_claim_companions(document, worker)]
+        try:
+            _run_group(group, worker)
+        except SoftTimeLimitExceeded:
+            _release(group, worker, f"Stopped at the task's time limit ({settings.RAG_INGEST_TIME_LIMIT_S:.0f} s); "
+                                    f"it resumes from the last saved step")
+            return "timed out"
     return Document.objects.filter(pk=document_id).values_list("status", flat=True).first() or "deleted"
+
+
+def _run_group(group: list[Document], worker: str) -> None:
+    prepared = [member for member in group if _guarded([member], worker, _prepare)]
+    # A document whose saved vectors turn out to be missing at the index stage goes back to embed, once.
+    for _ in range(2):
+        _guarded([d for d in prepared if d.stage == Stage.EMBED], worker, GROUP_STAGES[Stage.EMBED])
+        _guarded([d for d in prepared if d.stage == Stage.INDEX], worker, GROUP_STAGES[Stage.INDEX])
+        if not any(d.stage == Stage.EMBED for d in prepared):
+            break
+
+
+def _release(documents: list[Document], worker: str, message: str) -> None:
+    """Let the documents' leases run out now, so that beat resumes them (counting an attempt)."""
+    released = Document.objects.filter(pk__in=[d.pk for d in documents], lease_owner=worker,
+                                       status=DocumentStatus.PROCESSING)
+    for document in documents:
+        if released.filter(pk=document.pk).exists():
+            _event(document, worker, message)
+    released.update(lease_until=timezone.now())
 
 
 def _claim_companions(document: Document, worker: str) -> list[Document]:
@@ -132,6 +168,8 @@ def _guarded(documents: list[Document], worker: str, step) -> bool:
         return True
     except LeaseLost:
         return False
+    except SoftTimeLimitExceeded:
+        raise
     except (DocumentFailed, ParseError) as exc:
         reason, code = exc.reason, exc.code
     except EmbeddingFailed as exc:
@@ -149,14 +187,19 @@ def _prepare(documents: list[Document], worker: str) -> None:
     for document in documents:
         while document.stage in STAGES:
             stage = document.stage
-            STAGES[stage](document, worker)
+            try:
+                STAGES[stage](document, worker)
+            except _InputMissing as exc:
+                # The work dir was emptied (an older layout, a disk clean-up): the upload is all that is needed.
+                _advance(document, worker, stage=Stage.PARSE, progress=PROGRESS_AT[Stage.PARSE])
+                _event(document, worker, f"{exc}; starting again from the parse stage")
+                continue
             next_stage = ORDER[ORDER.index(stage) + 1]
             _advance(document, worker, stage=next_stage, progress=PROGRESS_AT[next_stage])
 
 
-def _renew(documents: list[Document], worker: str) -> None:
-    Document.objects.filter(pk__in=[d.pk for d in documents], lease_owner=worker,
-                            status=DocumentStatus.PROCESSING).update(lease_until=_lease_until())
+class _InputMissing(Exception):
+    pass
 
 
 def _advanced(document: Document, worker: str, **fields) -> bool:
@@ -169,6 +212,16 @@ def _advanced(document: Document, worker: str, **fields) -> bool:
         return False
 
 
+def _owned(document: Document, worker: str) -> None:
+    """Inside a transaction, before replacing a document's rows: raise LeaseLost unless this worker still holds
+    it. The transaction takes the database's write lock first (IMMEDIATE on SQLite, the row lock on Postgres), so
+    no other worker can claim it between this check and the commit."""
+    held = Document.objects.select_for_update().filter(pk=document.pk, lease_owner=worker,
+                                                       status=DocumentStatus.PROCESSING)
+    if not held.exists():
+        raise LeaseLost()
+
+
 def _fail(document: Document, worker: str, code: str, reason: str) -> None:
     updated = Document.objects.filter(pk=document.pk, lease_owner=worker).update(
         status=DocumentStatus.FAILED, error_code=code, error=reason, lease_owner="", lease_until=None,
@@ -177,37 +230,43 @@ def _fail(document: Document, worker: str, code: str, reason: str) -> None:
         _event(document, worker, f"Failed: {reason}")
 
 
-def _pages_path(document: Document):
-    return files.work_dir(document.pk) / "pages.json"
+def _pages_path(document: Document, stage: str):
+    """The pages a stage wrote. Each stage has its own file, written from the previous one's, so that a late
+    write by a worker that lost its lease (the same content: the stages are deterministic) cannot hand a later
+    stage the wrong input."""
+    return files.work_dir(document.pk) / f"pages-{stage}.json"
 
 
-def _load_pages(document: Document) -> list[ParsedPage]:
-    return [ParsedPage(**page) for page in files.read_json(_pages_path(document))]
+def _load_pages(document: Document, stage: str) -> list[ParsedPage]:
+    try:
+        return [ParsedPage(**page) for page in files.read_json(_pages_path(document, stage))]
+    except FileNotFoundError:
+        raise _InputMissing(f"The {stage} stage's output is missing")
 
 
-def _save_pages(document: Document, pages: list[ParsedPage]) -> None:
-    files.write_json_atomic(_pages_path(document), [asdict(page) for page in pages])
+def _save_pages(document: Document, stage: str, pages: list[ParsedPage]) -> None:
+    files.write_json_atomic(_pages_path(document, stage), [asdict(page) for page in pages])
 
 
 def run_parse(document: Document, worker: str) -> None:
     kb = document.knowledge_base
     pages = parse_document(files.upload_path(kb.pk, document.sha256), document.filename)
-    _save_pages(document, pages)
+    _save_pages(document, Stage.PARSE, pages)
     _advance(document, worker, page_count=len(pages))
 
 
 def run_clean(document: Document, worker: str) -> None:
-    pages = clean_pages(_load_pages(document))
+    pages = clean_pages(_load_pages(document, Stage.PARSE))
     if not pages:
         raise DocumentFailed("no_text", "Nothing was left after cleaning: the document has no readable text.")
-    _save_pages(document, pages)
+    _save_pages(document, Stage.CLEAN, pages)
     _advance(document, worker, char_count=sum(len(p.text) for p in pages))
 
 
 def run_screen(document: Document, worker: str) -> None:
     policy = document.knowledge_base.screening
     screened, findings, reasons = [], [], []
-    for page in _load_pages(document):
+    for page in _load_pages(document, Stage.CLEAN):
         result = screen_text(page.text, policy)
         screened.append(ParsedPage(text=result.text, page=page.page))
         findings += [Finding(document=document, category=f.category, kind=f.kind, action=f.action, page=page.page,
@@ -215,21 +274,26 @@ def run_screen(document: Document, worker: str) -> None:
         if result.rejected:
             reasons.append(result.reject_reason())
     with transaction.atomic():
+        _owned(document, worker)
         document.findings.all().delete()
         Finding.objects.bulk_create(findings)
     if reasons:
         raise DocumentFailed("rejected_by_screening", reasons[0])
-    _save_pages(document, screened)
+    _save_pages(document, Stage.SCREEN, screened)
     if findings:
         _event(document, worker, f"Screening: {len(findings)} finding(s)")
     _advance(document, worker)
 
 
 def run_chunk(document: Document, worker: str) -> None:
-    drafts = chunk_pages(_load_pages(document), document.knowledge_base.chunking)
+    drafts = chunk_pages(_load_pages(document, Stage.SCREEN), document.knowledge_base.chunking)
     if not any(d.searchable for d in drafts):
         raise DocumentFailed("no_text", "The document produced no chunks to index.")
+    chunk_set = uuid.uuid4().hex
     with transaction.atomic():
+        _owned(document, worker)
+        Document.objects.filter(pk=document.pk).update(chunk_set=chunk_set)
+        document.chunk_set = chunk_set
         document.chunks.all().delete()
         rows = Chunk.objects.bulk_create([
             Chunk(knowledge_base_id=document.knowledge_base_id, document=document, ordinal=ordinal, text=d.text,
@@ -246,12 +310,14 @@ def run_chunk(document: Document, worker: str) -> None:
 
 
 def _clear_vectors(document: Document) -> None:
-    for stale in [*files.work_dir(document.pk).glob("vectors-*.npy"), _embed_plan_path(document)]:
+    """Remove every saved vector batch and embedding plan, of this chunk set and of replaced ones."""
+    work = files.work_dir(document.pk)
+    for stale in [*work.glob("vectors-*.npy"), *work.glob("embed-*.json")]:
         stale.unlink(missing_ok=True)
 
 
 def _embed_plan_path(document: Document):
-    return files.work_dir(document.pk) / "embed.json"
+    return files.work_dir(document.pk) / f"embed-{document.chunk_set}.json"
 
 
 def _batch_size(document: Document) -> int:
@@ -269,7 +335,7 @@ def _searchable(document: Document) -> list[tuple[int, str]]:
 
 
 def _batch_path(document: Document, index: int):
-    return files.work_dir(document.pk) / f"vectors-{index:05d}.npy"
+    return files.work_dir(document.pk) / f"vectors-{document.chunk_set}-{index:05d}.npy"
 
 
 @dataclass(frozen=True)
@@ -309,7 +375,6 @@ def embed_documents(documents: list[Document], worker: str) -> None:
         held = [document for document in held if document.pk not in embedded or _advanced(
             document, worker,
             progress=PROGRESS_AT[Stage.EMBED] + span * done[document.pk] // max(1, batch_counts[document.pk]))]
-        _renew([document for document in held if document.pk not in embedded], worker)  # waiting for a later call
     for document in held:
         _advanced(document, worker, stage=Stage.INDEX, progress=PROGRESS_AT[Stage.INDEX])
 
@@ -328,7 +393,7 @@ def _calls(pieces: list[_Piece], texts_per_call: int):
 
 
 def _save_vectors(path, vectors: np.ndarray) -> None:
-    partial = path.with_name(f".{path.name}.partial")
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.partial")
     with partial.open("wb") as out:
         np.save(out, vectors)
     partial.replace(path)
@@ -339,12 +404,10 @@ def index_documents(documents: list[Document], worker: str) -> None:
     upserts, ready = {}, []
     for document in documents:
         chunks = _searchable(document)
-        size = _batch_size(document)
-        vectors = np.concatenate([np.load(_batch_path(document, i))
-                                  for i in range(0, (len(chunks) + size - 1) // size)])
-        if len(vectors) != len(chunks):
-            _fail(document, worker, "internal_error", f"{len(vectors)} vectors for {len(chunks)} chunks; "
-                                                      f"re-index it.")
+        vectors = _saved_vectors(document, len(chunks))
+        if vectors is None:
+            if _advanced(document, worker, stage=Stage.EMBED, progress=PROGRESS_AT[Stage.EMBED]):
+                _event(document, worker, "Saved vectors were missing or did not match the chunks; embedding again")
             continue
         upserts[str(document.pk)] = ([pk for pk, _ in chunks], vectors, [text for _, text in chunks])
         ready.append(document)
@@ -356,6 +419,37 @@ def index_documents(documents: list[Document], worker: str) -> None:
     index_store(kb, kb.building_key or kb.index_key).apply(
         upserts={str(document.pk): upserts[str(document.pk)] for document in ready})
     finish_documents(ready, worker)
+
+
+def _saved_vectors(document: Document, chunk_count: int) -> np.ndarray | None:
+    """The document's saved vectors, one per searchable chunk, or None when a batch is missing or they do not
+    match its chunks."""
+    plan = _embed_plan_path(document)
+    if not plan.exists():
+        return None
+    size = files.read_json(plan)["batch_size"]
+    try:
+        vectors = np.concatenate([np.load(_batch_path(document, i)) for i in range((chunk_count + size - 1) // size)])
+    except FileNotFoundError:
+        return None
+    return vectors if len(vectors) == chunk_count else None
+
+
+def index_with_vectors(documents: list[tuple[Document, np.ndarray]], worker: str) -> None:
+    """Index documents whose chunk rows already exist, with their vectors (a bundle's, one per searchable chunk in
+    ordinal order), which `worker` holds at the embed stage. The vectors are saved as the embed stage saves them,
+    so a worker that takes over after this process died finds them, and the pipeline's index stage does the rest;
+    a failure fails the documents with the reason, as in ingestion."""
+    held = []
+    for document, vectors in documents:
+        size = _batch_size(document)
+        for start in range(0, len(vectors), size):
+            _save_vectors(_batch_path(document, start // size), vectors[start:start + size])
+        if _advanced(document, worker, stage=Stage.INDEX, progress=PROGRESS_AT[Stage.INDEX]):
+            held.append(document)
+    with LeaseKeeper(Document.objects.filter(status=DocumentStatus.PROCESSING), worker,
+                     lease_s=settings.RAG_INGEST_LEASE_S):
+        _guarded(held, worker, index_documents)
 
 
 def _held(documents: list[Document], worker: str) -> list[Document]:
@@ -400,9 +494,17 @@ def switch_to_built_index(kb_id: int) -> bool:
 
 
 def resume_stalled() -> list[int]:
-    """Queue again every document whose worker stopped renewing its lease (killed, or its machine lost)."""
-    stalled = list(Document.objects.filter(status=DocumentStatus.PROCESSING, lease_until__lt=timezone.now())
-                   .values_list("pk", flat=True))
+    """Dispatch again every document whose worker stopped renewing its lease (killed, or its machine lost), and
+    every queued document whose task message was sent RAG_QUEUED_REDISPATCH_S ago and never taken (lost with a
+    Redis restart, or never sent: the process died before its transaction's on_commit ran). The task is
+    idempotent, so a message that was only slow costs a no-op; claim() fails a document past its attempts."""
+    now = timezone.now()
+    overdue = now - timedelta(seconds=settings.RAG_QUEUED_REDISPATCH_S)
+    stalled = list(Document.objects.filter(
+        Q(status=DocumentStatus.PROCESSING, lease_until__lt=now)
+        | Q(status=DocumentStatus.QUEUED, lease_until__isnull=True, dispatched_at__lt=overdue)
+        | Q(status=DocumentStatus.QUEUED, lease_until__isnull=True, dispatched_at__isnull=True, created_at__lt=overdue)
+    ).order_by("pk").values_list("pk", flat=True))
     for document_id in stalled:
         dispatch_ingest(document_id)
     return stalled

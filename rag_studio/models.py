@@ -70,6 +70,9 @@ class Document(models.Model):
     attempts = models.PositiveSmallIntegerField(default=0)
     lease_owner = models.CharField(max_length=128, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True, help_text="When its task message was last sent")
+    chunk_set = models.CharField(max_length=32, blank=True,
+                                 help_text="Names the current chunk rows; saved vectors are only valid for it")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     indexed_at = models.DateTimeField(null=True, blank=True)
@@ -202,6 +205,10 @@ class EvalSet(models.Model):
     generator = models.CharField(max_length=96, blank=True)
     requested_items = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    lease_owner = models.CharField(max_length=128, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -232,6 +239,10 @@ class EvalRun(models.Model):
     metrics = models.JSONField(default=dict)
     judge_unparseable = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    lease_owner = models.CharField(max_length=128, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

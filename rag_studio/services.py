@@ -178,7 +178,7 @@ def start_reindex(*, actor: Actor, kb: KnowledgeBase) -> str:
         documents = list(kb.documents.filter(stage__in=[Stage.CHUNK, Stage.EMBED, Stage.INDEX, Stage.DONE]))
         kb.documents.filter(pk__in=[d.pk for d in documents]).update(
             status=DocumentStatus.QUEUED, stage=Stage.CHUNK, progress=0, lease_owner="", lease_until=None,
-            error="", error_code="")
+            attempts=0, error="", error_code="")
         DocumentEvent.objects.bulk_create(
             [DocumentEvent(document=d, stage=Stage.CHUNK, message=f"Re-index into {kb.building_key}")
              for d in documents])
@@ -212,6 +212,9 @@ def delete_knowledge_base(*, actor: Actor, kb: KnowledgeBase) -> None:
 
 
 def dispatch_ingest(document_id: int) -> None:
+    """Send the document's task; when it was sent is recorded, so that beat can tell a lost message (see
+    `ingestion.resume_stalled`)."""
+    Document.objects.filter(pk=document_id).update(dispatched_at=timezone.now())
     current_app.send_task(INGEST_TASK, args=[document_id])
 
 
@@ -313,16 +316,19 @@ def _upload_failure(filename: str, size: int, too_large: bool) -> tuple[str, str
 
 
 def retry_document(*, actor: Actor, document: Document) -> Document:
-    """Queue a failed document again from the stage where it stopped."""
+    """Queue a failed document again from the stage where it stopped, or send a queued one's task again (its
+    message may have been lost)."""
     kb = document.knowledge_base
     require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
-    if document.status != DocumentStatus.FAILED:
-        raise Conflict(f"'{document.filename}' is {document.status}; only failed documents can be retried.")
+    if document.status not in (DocumentStatus.FAILED, DocumentStatus.QUEUED):
+        raise Conflict(f"'{document.filename}' is {document.status}; only failed or queued documents can be "
+                       f"retried.")
     if not files.upload_path(kb.pk, document.sha256).exists():
         raise Conflict(f"'{document.filename}' was never stored ({document.error}); upload a fixed file instead.")
     with transaction.atomic():
         Document.objects.filter(pk=document.pk).update(status=DocumentStatus.QUEUED, error="", error_code="",
-                                                       lease_owner="", lease_until=None, updated_at=timezone.now())
+                                                       lease_owner="", lease_until=None, attempts=0,
+                                                       updated_at=timezone.now())
         DocumentEvent.objects.create(document=document, stage=document.stage, message="Retry requested")
         record_audit(actor=actor, workspace=kb.workspace, action="rag.document.retry", target=document)
         transaction.on_commit(lambda: dispatch_ingest(document.pk))

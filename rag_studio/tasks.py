@@ -1,12 +1,16 @@
+"""Thin Celery tasks. Each names its lease owner after this process and this task (`leases.owner_name`); time limits,
+queues and the beat schedule are set in factory/celery.py."""
+
 from celery import shared_task
 from celery.signals import worker_ready
 
 from rag_studio import evaluation, ingestion
+from rag_studio.leases import owner_name
 
 
 @shared_task(name="rag_studio.tasks.ingest_document", bind=True, ignore_result=True)
 def ingest_document(self, document_id: int) -> str:
-    return ingestion.ingest(document_id, worker=self.request.hostname or "worker")
+    return ingestion.ingest(document_id, worker=owner_name(self.request.hostname, self.request.id))
 
 
 @shared_task(name="rag_studio.tasks.resume_stalled_documents", ignore_result=True)
@@ -14,14 +18,19 @@ def resume_stalled_documents() -> list[int]:
     return ingestion.resume_stalled()
 
 
-@shared_task(name="rag_studio.tasks.generate_eval_set", ignore_result=True)
-def generate_eval_set(eval_set_id: int) -> None:
-    evaluation.generate_items(eval_set_id)
+@shared_task(name="rag_studio.tasks.sweep_overdue_evaluations", ignore_result=True)
+def sweep_overdue_evaluations() -> dict[str, list[int]]:
+    return evaluation.sweep_overdue()
 
 
-@shared_task(name="rag_studio.tasks.run_eval", ignore_result=True)
-def run_eval(run_id: int) -> None:
-    evaluation.execute_run(run_id)
+@shared_task(name="rag_studio.tasks.generate_eval_set", bind=True, ignore_result=True)
+def generate_eval_set(self, eval_set_id: int) -> str:
+    return evaluation.generate_items(eval_set_id, owner_name(self.request.hostname, self.request.id))
+
+
+@shared_task(name="rag_studio.tasks.run_eval", bind=True, ignore_result=True)
+def run_eval(self, run_id: int) -> str:
+    return evaluation.execute_run(run_id, owner_name(self.request.hostname, self.request.id))
 
 
 @worker_ready.connect

@@ -246,7 +246,7 @@ def test_a_failure_after_the_files_were_written_removes_them_and_every_row(acme,
 
     def app_slug_taken(config, extra):
         written.append(files.kb_dir(config.knowledge_base_id))
-        assert services.index_store(config.knowledge_base).count() > 0  # the index was written by now
+        assert any(files.uploads_dir(config.knowledge_base_id).iterdir())  # the documents are in place by now
         raise ValidationFailed("An app with that slug already exists.")
 
     with pytest.raises(ValidationFailed, match="slug already exists"):
@@ -308,3 +308,41 @@ def test_the_assets_page_imports_a_bundle_and_shows_why_a_tampered_one_is_refuse
     page = imported.content.decode()
     assert "Imported" in page
     assert 'data-asset="FAQ (imported)"' in page and 'data-asset="Handbook QA (imported)"' in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_other_writers_are_not_locked_out_while_an_import_copies_its_documents(acme, globex, ann, faq_config,
+                                                                             monkeypatch):
+    """On SQLite a writer waits at most FACTORY's 30 s timeout for the write lock; an import that held it across
+    gigabytes of copies made ingestion fail with "database is locked". Here another connection writes, with a
+    one-second timeout, while each document is being copied."""
+    import sqlite3
+    from django.db import connection
+
+    from assets.bundles import Bundle
+
+    exported = bundles.export_config_bundle(actor=ann, config=faq_config, include_indexes=True)
+    gil = Actor(user=globex.memberships.get().user)
+    database = connection.settings_dict["NAME"]
+    writes = []
+    copy_to = Bundle.copy_to
+
+    def copy_while_another_process_writes(self, path, target):
+        other = sqlite3.connect(database, timeout=1)
+        try:
+            other.execute("UPDATE rag_studio_knowledgebase SET description = 'written during the copy' "
+                          "WHERE id = ?", (faq_config.knowledge_base_id,))
+            other.commit()
+            writes.append("ok")
+        except sqlite3.OperationalError as exc:
+            writes.append(str(exc))
+        finally:
+            other.close()
+        copy_to(self, path, target)
+
+    monkeypatch.setattr(Bundle, "copy_to", copy_while_another_process_writes)
+    result = bundles.import_config_bundle(actor=gil, workspace=globex, file=exported.path.open("rb"))
+
+    assert writes == ["ok"]
+    assert {d.status for d in result.kb.documents.all()} == {DocumentStatus.INDEXED}
+    assert retrieve(result.kb, "保修期是多久？").hits[0].filename == "northwind-support-faq.md"

@@ -150,6 +150,7 @@ def test_the_run_api_answers_over_http_while_the_same_process_serves_the_gateway
     assert body["citations"][0]["document"] == "northwind-product-guide.docx"
 
 
+@pytest.mark.timeout(600)  # three jobs of SmolLM2 calls on a shared 2-core machine
 def test_an_eval_set_is_generated_from_the_corpus_and_two_configs_are_compared(platform, northwind, live_db):
     actor, kb = platform["actor"], northwind["kb"]
     generated = evaluation.start_generation(actor=actor, kb=kb, name="From the corpus", generator=SMOLLM2, count=4)
@@ -158,7 +159,8 @@ def test_an_eval_set_is_generated_from_the_corpus_and_two_configs_are_compared(p
     generated.refresh_from_db()
     assert generated.status == JobStatus.DONE, generated.error
     items = list(generated.items.all())
-    assert items, generated.error
+    # Held to a JSON schema, even a 135M model's every reply parses.
+    assert len(items) == 4 and generated.error == "", generated.error
     assert all(i.source_chunk_id and f"chunk:{i.source_chunk_id}" in i.expected_sources for i in items)
 
     keyword = services.save_rag_config(actor=actor, workspace=platform["workspace"], name="Keyword only",

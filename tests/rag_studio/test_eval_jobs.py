@@ -1,0 +1,98 @@
+"""Eval-set generation and eval runs as jobs, in one process: a generation that ends with nothing fails with the
+reason, a second message for a run that is running (Redis redelivers after its visibility timeout) leaves it
+alone, and beat dispatches again the runs and sets whose message was lost or whose worker died, failing them with
+the reason after RAG_EVAL_MAX_ATTEMPTS."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from rag_studio import evaluation, services
+from rag_studio.models import Document, EvalResult, EvalRun, EvalSet, JobStatus
+from serving.models import Deployment
+
+CHAT = "smollm2-135m-instruct"
+
+
+@pytest.fixture
+def dispatched(monkeypatch) -> list[tuple[str, int]]:
+    sent = []
+    monkeypatch.setattr(evaluation.current_app, "send_task", lambda task, args: sent.append((task, args[0])))
+    return sent
+
+
+@pytest.fixture
+def chat_deployment(presets):
+    """A chat deployment by name; nothing runs it: these tests never reach the model."""
+    return Deployment.objects.create(workspace=None, name=CHAT, model=presets[CHAT], engine="llamacpp")
+
+
+@pytest.fixture
+def eval_set(acme, ann, indexed_kb, chat_deployment, dispatched, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        return evaluation.start_generation(actor=ann, kb=indexed_kb, name="Generated", generator=CHAT, count=3)
+
+
+def test_a_generation_that_ends_with_no_items_fails_with_the_reason(eval_set, indexed_kb):
+    # The documents were deleted after the set was queued: there is nothing left to ask about.
+    Document.objects.filter(knowledge_base=indexed_kb).delete()
+
+    assert evaluation.generate_items(eval_set.pk, "worker@n/1/t1") == JobStatus.FAILED
+    eval_set.refresh_from_db()
+    assert eval_set.status == JobStatus.FAILED and not eval_set.items.exists()
+    assert eval_set.error.startswith("No question could be generated from the 0 sampled passage(s)")
+
+
+def test_generation_holds_the_model_to_a_json_schema_and_reads_its_reply():
+    schema = evaluation.QA_SCHEMA
+    assert schema["required"] == ["question", "answer"] and schema["additionalProperties"] is False
+    assert evaluation.parse_generated('{"question": "How long is the warranty?", "answer": "Two years."}') == (
+        "How long is the warranty?", "Two years.")
+    assert evaluation.parse_generated('{"question": "How long is the') is None  # cut short
+
+
+def _run(acme, ann, eval_set, dispatched, django_capture_on_commit_callbacks) -> EvalRun:
+    eval_set.items.create(question="How many days of annual leave?", expected_answer="25")
+    EvalSet.objects.filter(pk=eval_set.pk).update(status=JobStatus.DONE)
+    eval_set.refresh_from_db()
+    config = services.save_rag_config(actor=ann, workspace=acme, name="QA", knowledge_base=eval_set.knowledge_base,
+                                      template="basic", model=CHAT)
+    with django_capture_on_commit_callbacks(execute=True):
+        return evaluation.start_run(actor=ann, eval_set=eval_set, version=services.config_version(config))
+
+
+def test_a_second_message_for_a_running_run_leaves_it_running(acme, ann, eval_set, dispatched,
+                                                               django_capture_on_commit_callbacks):
+    run = _run(acme, ann, eval_set, dispatched, django_capture_on_commit_callbacks)
+    assert (evaluation.RUN_TASK, run.pk) in dispatched
+    # Worker A is running it (its lease is fresh); Redis hands the message to worker B after the visibility timeout.
+    EvalRun.objects.filter(pk=run.pk).update(status=JobStatus.RUNNING, lease_owner="worker@a/1/t1",
+                                             lease_until=timezone.now() + timedelta(seconds=60))
+
+    assert evaluation.execute_run(run.pk, "worker@b/2/t1") == JobStatus.RUNNING
+    run.refresh_from_db()
+    assert (run.status, run.error, run.lease_owner) == (JobStatus.RUNNING, "", "worker@a/1/t1")
+    assert not EvalResult.objects.filter(run=run).exists()
+
+
+def test_beat_dispatches_lost_and_abandoned_eval_work_again_and_fails_it_after_the_attempts(
+        acme, ann, eval_set, dispatched, django_capture_on_commit_callbacks, settings):
+    settings.RAG_QUEUED_REDISPATCH_S, settings.RAG_EVAL_MAX_ATTEMPTS = 60, 2
+    run = _run(acme, ann, eval_set, dispatched, django_capture_on_commit_callbacks)
+    long_ago = timezone.now() - timedelta(seconds=120)
+    # The run's message was lost; the generation's worker died (its lease ran out).
+    EvalRun.objects.filter(pk=run.pk).update(dispatched_at=long_ago)
+    EvalSet.objects.filter(pk=eval_set.pk).update(status=JobStatus.RUNNING, lease_owner="worker@a/1/t1",
+                                                  lease_until=long_ago, attempts=2)
+    dispatched.clear()
+
+    swept = evaluation.sweep_overdue()
+
+    assert swept == {evaluation.GENERATE_TASK: [eval_set.pk], evaluation.RUN_TASK: [run.pk]}
+    assert sorted(dispatched) == sorted([(evaluation.GENERATE_TASK, eval_set.pk), (evaluation.RUN_TASK, run.pk)])
+    # Taken over a third time, past RAG_EVAL_MAX_ATTEMPTS: it fails, saying why.
+    assert evaluation.generate_items(eval_set.pk, "worker@b/2/t2") == JobStatus.FAILED
+    eval_set.refresh_from_db()
+    assert eval_set.status == JobStatus.FAILED and eval_set.error.startswith("Stopped 2 times without finishing")
+    assert evaluation.sweep_overdue() == {evaluation.GENERATE_TASK: [], evaluation.RUN_TASK: []}
