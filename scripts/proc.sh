@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The platform's long-running processes, defined once: `make run` starts them in the background and
-# docker-compose.yml runs each as a service. Usage: scripts/proc.sh setup|web|worker|beat
+# docker-compose.yml runs each as a service. Usage: scripts/proc.sh setup|web|node|worker|beat
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] && export PATH="$PWD/.venv/bin:$PATH"
-# The node name decides the worker's queue (node.<name>); settings read the same variable.
+# The node name decides the node worker's queue (node.<name>); settings read the same variable.
 export FACTORY_NODE_NAME=${FACTORY_NODE_NAME:-$(hostname | cut -d. -f1 | tr '[:upper:]' '[:lower:]')}
 
 case "${1:-}" in
@@ -20,10 +20,16 @@ case "${1:-}" in
     exec uvicorn factory.asgi:application --host "${FACTORY_HOST:-127.0.0.1}" --port "${FACTORY_PORT:-8000}" \
       --workers "${FACTORY_WEB_WORKERS:-2}" --no-access-log --lifespan off ;;
   worker)
-    exec celery -A factory worker --queues "default,ingest,node.$FACTORY_NODE_NAME" \
+    # Ingestion and evaluation (queue ingest). A parse or an eval run that takes every one of these processes
+    # never delays this machine's replica jobs or heartbeats: those have the node worker to themselves.
+    exec celery -A factory worker --queues ingest \
       --hostname "worker@$FACTORY_NODE_NAME" --concurrency "${FACTORY_WORKER_CONCURRENCY:-2}" --loglevel INFO ;;
+  node)
+    # This machine's jobs (replica starts and stops, training), its heartbeats and beat's sweeps.
+    exec celery -A factory worker --queues "default,node.$FACTORY_NODE_NAME" \
+      --hostname "node@$FACTORY_NODE_NAME" --concurrency "${FACTORY_NODE_CONCURRENCY:-2}" --loglevel INFO ;;
   beat)
     exec celery -A factory beat --schedule "${FACTORY_DATA_DIR:-data}/celerybeat-schedule" --loglevel INFO ;;
   *)
-    echo "usage: $0 setup|web|worker|beat" >&2; exit 2 ;;
+    echo "usage: $0 setup|web|node|worker|beat" >&2; exit 2 ;;
 esac

@@ -5,7 +5,7 @@ proc_pattern() {
   case "$1" in
     redis) echo "redis-server" ;;
     web) echo "uvicorn" ;;
-    worker|beat) echo "celery" ;;
+    node|worker|beat) echo "celery" ;;
   esac
 }
 
