@@ -5,8 +5,8 @@ an embedding deployment. Vectors come back L2-normalised float32."""
 import os
 import queue
 import threading
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import lru_cache
 
 import httpx
 import numpy as np
@@ -26,16 +26,6 @@ class EmbeddingFailed(Exception):
     pass
 
 
-@lru_cache(maxsize=4)
-def _local_model(path: str):
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    torch.set_num_threads(max(1, settings.TORCH_THREADS))
-    with _load_lock:
-        return SentenceTransformer(path, device="cpu")
-
-
 class _ConcurrentBatcher:
     """Encodes the texts of concurrent callers together, one model call at a time on one thread: each call takes
     every text that arrived while the previous one ran. Under load, a query then shares its forward pass (and
@@ -44,36 +34,62 @@ class _ConcurrentBatcher:
     Written here because sentence-transformers encodes one caller's list only, and the embedding engine's batcher
     is asyncio-based and lives in a process of its own; callers here are the web process's worker threads."""
 
+    _STOP = object()
+
     def __init__(self, model, *, max_batch_size: int):
         self._model = model
         self._max_batch_size = max_batch_size
-        self._waiting: queue.SimpleQueue[tuple[list[str], Future]] = queue.SimpleQueue()
-        threading.Thread(target=self._encode_forever, name="embed-batcher", daemon=True).start()
+        self._waiting: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._encode_forever, name="embed-batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, texts: list[str]) -> Future:
+        """A future of the texts' vectors; a closed batcher encodes on the caller's thread instead."""
+        done: Future = Future()
+        if self._closed:
+            done.set_result(self._encode(texts))
+        else:
+            self._waiting.put((texts, done))
+        return done
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        done: Future = Future()
-        self._waiting.put((texts, done))
-        return done.result()
+        return self.submit(texts).result()
 
-    def _next_batch(self) -> list[tuple[list[str], Future]]:
-        batch = [self._waiting.get()]
-        size = len(batch[0][0])
+    def close(self) -> None:
+        """Stop the thread once the texts already waiting are encoded, and let go of the model."""
+        self._closed = True
+        self._waiting.put(self._STOP)
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        return self._model.encode(texts, batch_size=len(texts), convert_to_numpy=True, show_progress_bar=False)
+
+    def _next_batch(self) -> tuple[list[tuple[list[str], Future]], bool]:
+        """The waiting callers' texts, up to a batch, and whether the batcher was told to stop."""
+        first = self._waiting.get()
+        if first is self._STOP:
+            return [], True
+        batch, size = [first], len(first[0])
         while size < self._max_batch_size:
             try:
-                texts, done = self._waiting.get_nowait()
+                item = self._waiting.get_nowait()
             except queue.Empty:
                 break
-            batch.append((texts, done))
-            size += len(texts)
-        return batch
+            if item is self._STOP:
+                return batch, True
+            batch.append(item)
+            size += len(item[0])
+        return batch, False
 
     def _encode_forever(self) -> None:
-        while True:
-            batch = self._next_batch()
+        stopping = False
+        while not stopping:
+            batch, stopping = self._next_batch()
+            if not batch:
+                continue
             texts = [text for texts, _ in batch for text in texts]
             try:
-                vectors = self._model.encode(texts, batch_size=len(texts), convert_to_numpy=True,
-                                             show_progress_bar=False)
+                vectors = self._encode(texts)
             except Exception as exc:
                 for _, done in batch:
                     done.set_exception(exc)
@@ -82,12 +98,64 @@ class _ConcurrentBatcher:
             for texts, done in batch:
                 done.set_result(vectors[start:start + len(texts)])
                 start += len(texts)
+        self._model = None
 
 
-@lru_cache(maxsize=4)
-def _batcher(path: str, pid: int) -> _ConcurrentBatcher:
-    # Keyed by process: a forked worker inherits this cache but not the parent's batcher thread.
-    return _ConcurrentBatcher(_local_model(path), max_batch_size=settings.RAG_EMBED_BATCH_SIZE)
+class _LocalModels:
+    """The local models this process has loaded, each with its batcher, least recently used dropped first.
+
+    By hand rather than functools.lru_cache, which has no hook on eviction: an evicted batcher's thread would run
+    for ever and keep its model in memory. Keyed by process too: a forked worker inherits the cache, but not the
+    parent's batcher threads."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple[str, int], tuple[object, _ConcurrentBatcher | None]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def model(self, path: str):
+        return self._entry(path, batched=False)[0]
+
+    def batcher(self, path: str) -> _ConcurrentBatcher:
+        return self._entry(path, batched=True)[1]
+
+    def _entry(self, path: str, *, batched: bool):
+        key = (path, os.getpid())
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = (_load_model(path), None)
+            if batched and entry[1] is None:
+                entry = self._entries[key] = (entry[0], _ConcurrentBatcher(
+                    entry[0], max_batch_size=settings.RAG_EMBED_BATCH_SIZE))
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.capacity:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                if evicted is not None:
+                    evicted.close()
+            return entry
+
+
+def _load_model(path: str):
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(max(1, settings.TORCH_THREADS))
+    with _load_lock:
+        return SentenceTransformer(path, device="cpu")
+
+
+LOCAL_MODELS = _LocalModels(capacity=4)
+
+
+def _local_model(path: str):
+    return LOCAL_MODELS.model(path)
+
+
+def _resolved(value) -> Future:
+    done: Future = Future()
+    done.set_result(value)
+    return done
 
 
 def _normalised(vectors: np.ndarray) -> np.ndarray:
@@ -116,11 +184,21 @@ class Embedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         """One batch (queries, small batches): one request to a deployment, or a local model call shared with
         the texts of any concurrent callers."""
+        return self.embed_soon(texts).result()
+
+    def embed_soon(self, texts: list[str]) -> Future:
+        """`embed`, begun: a future of the vectors, so that the caller can do other work (a keyword search,
+        loading rows) while a local model encodes on its batcher's thread. A deployment is asked at once, on the
+        caller's thread."""
         if not texts:
-            return np.zeros((0, 0), dtype=np.float32)
+            return _resolved(np.zeros((0, 0), dtype=np.float32))
         if self.deployment:
-            return _normalised(self._embed_remote(texts))
-        return _normalised(_batcher(self.model_path, os.getpid()).encode(texts))
+            return _resolved(_normalised(self._embed_remote(texts)))
+        encoding = LOCAL_MODELS.batcher(self.model_path).submit(texts)
+        normalised: Future = Future()
+        encoding.add_done_callback(lambda done: normalised.set_exception(done.exception()) if done.exception()
+                                   else normalised.set_result(_normalised(done.result())))
+        return normalised
 
     def embed_many(self, texts: list[str]) -> np.ndarray:
         """Any number of texts, RAG_EMBED_BATCH_SIZE per model call. A local model takes them all at once and

@@ -9,8 +9,10 @@ Fusion:
             a hit missing from a list counting 0 there. When only one list has hits (dense-only or
             keyword-only retrieval, or a query with no keyword match), fused is that list's score: the
             weights only apportion between two lists that both have hits (both 0 is an error only then).
-  rrf:      fused = sum over the lists holding the hit of 1 / (rrf_k + rank), rank starting at 1; the
-            normalised scores are filled in for display.
+  rrf:      fused = sum over the lists holding the hit of 1 / (rrf_k + rank), rank starting at 1, divided by
+            its largest possible value (lists with hits / (rrf_k + 1)): 1.0 is first in every list, so a score
+            threshold (0-1) means the same as with weighted fusion instead of dropping every RRF hit (raw RRF
+            sums stay under 2 / (rrf_k + 1), 0.033 at k=60). The normalised scores are filled in for display.
 Ties are broken by chunk id so the same inputs always give the same order.
 """
 
@@ -87,7 +89,8 @@ def _reciprocal_rank(dense: dict[int, float], keyword: dict[int, float], rrf_k: 
     for ranked in (dense, keyword):
         for rank, chunk_id in enumerate(ranked, start=1):  # dicts keep list order: best first
             fused[chunk_id] = fused.get(chunk_id, 0.0) + 1.0 / (rrf_k + rank)
-    return fused
+    best_possible = sum(1 for ranked in (dense, keyword) if ranked) / (rrf_k + 1)
+    return {chunk_id: score / best_possible for chunk_id, score in fused.items()}
 
 
 def _clamp(score: float) -> float:

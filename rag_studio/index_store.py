@@ -31,6 +31,7 @@ read CURRENT (a few microseconds) before each search, so web processes see new w
 
 import fcntl
 import json
+import logging
 import os
 import re
 import shutil
@@ -41,11 +42,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import faiss
-import numpy as np
-from scipy import sparse
+# faiss logs at INFO which instruction set it loaded and why the others would not ("Could not load library with
+# AVX512 support"), in every process that imports it; only its warnings matter.
+logging.getLogger("faiss.loader").setLevel(logging.WARNING)
 
-from rag_studio.keywords import keyword_tokens
+import faiss  # noqa: E402
+import numpy as np  # noqa: E402
+from scipy import sparse  # noqa: E402
+
+from rag_studio.keywords import keyword_tokens  # noqa: E402
 
 FORMAT_VERSION = 2
 # BM25 parameters: the usual defaults (Lucene's, Elasticsearch's).

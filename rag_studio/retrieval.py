@@ -72,22 +72,28 @@ def retrieve(kb: KnowledgeBase, query: str, overrides: dict | None = None) -> Re
     timings, started = {}, time.perf_counter()
     store = index_store(kb)
     candidates = max(config["candidates"], config["top_k"], config["rerank"]["top_k"])
-    dense, keyword = [], []
-    if config["mode"] in ("dense", "hybrid"):
-        mark = time.perf_counter()
-        vector = Embedder.for_knowledge_base(kb).embed([query])[0]
-        timings["embed"] = _ms(mark)
-        mark = time.perf_counter()
-        dense = store.search_dense(vector, candidates)
-        timings["dense"] = _ms(mark)
+    dense, keyword, rows = [], [], {}
+    # The query embeds on the model's own thread while this one searches the keyword index and loads those hits'
+    # rows: torch, numpy and SQLite all let go of the GIL, so the two overlap on two cores.
+    embedding = Embedder.for_knowledge_base(kb).embed_soon([query]) if config["mode"] != "keyword" else None
     if config["mode"] in ("keyword", "hybrid"):
         mark = time.perf_counter()
         keyword = store.search_keyword(query, candidates)
         timings["keyword"] = _ms(mark)
+        mark = time.perf_counter()
+        rows = _hit_rows(kb, [chunk_id for chunk_id, _ in keyword])
+        timings["hydrate"] = _ms(mark)
+    if embedding is not None:
+        vector = embedding.result()[0]
+        timings["embed"] = _ms(started)  # until the vector was there, keyword work alongside included
+        mark = time.perf_counter()
+        dense = store.search_dense(vector, candidates)
+        timings["dense"] = _ms(mark)
     mark = time.perf_counter()
     scored = fuse(dense, keyword, method=config["fusion"], dense_weight=config["dense_weight"],
                   keyword_weight=config["keyword_weight"], top_k=candidates)
-    hits = [h for h in _hydrate(kb, scored) if h.fused >= config["score_threshold"]]
+    rows.update(_hit_rows(kb, [s.chunk_id for s in scored if s.chunk_id not in rows]))
+    hits = [h for h in _hydrate(kb, scored, rows) if h.fused >= config["score_threshold"]]
     timings["fuse"] = _ms(mark)
     result = Retrieval(query=query, settings=config, hits=hits, timings_ms=timings)
     if config["rerank"]["kind"] != "none":
@@ -112,10 +118,14 @@ HIT_COLUMNS = ("id", "knowledge_base_id", "document_id", "document__filename", "
                "end", "heading", "parent__text", "parent__page", "parent__start", "parent__end", "parent__heading")
 
 
-def _hydrate(kb: KnowledgeBase, scored) -> list[Hit]:
-    """Attach chunk text and location; a child chunk returns its parent's text, once per parent."""
-    rows = {row["id"]: row for row in Chunk.objects.filter(pk__in=[s.chunk_id for s in scored])
-            .order_by().values(*HIT_COLUMNS)}
+def _hit_rows(kb: KnowledgeBase, chunk_ids: list[int]) -> dict[int, dict]:
+    if not chunk_ids:
+        return {}
+    return {row["id"]: row for row in Chunk.objects.filter(pk__in=chunk_ids).order_by().values(*HIT_COLUMNS)}
+
+
+def _hydrate(kb: KnowledgeBase, scored, rows: dict[int, dict]) -> list[Hit]:
+    """Attach chunk text and location from `rows`; a child chunk returns its parent's text, once per parent."""
     hits, seen_parents = [], set()
     for score in scored:
         row = rows.get(score.chunk_id)

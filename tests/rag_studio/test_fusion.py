@@ -57,18 +57,27 @@ def test_rrf_by_hand():
 
     assert [hit.chunk_id for hit in hits] == [2, 1, 4, 3]
     scored = by_id(hits)
-    assert scored[2].fused == pytest.approx(1 / 62 + 1 / 61)  # rank 2 in dense, rank 1 in keyword
-    assert scored[1].fused == pytest.approx(1 / 61)
-    assert scored[4].fused == pytest.approx(1 / 62)
-    assert scored[3].fused == pytest.approx(1 / 63)
+    best_possible = 2 / 61  # first in both lists
+    assert scored[2].fused == pytest.approx((1 / 62 + 1 / 61) / best_possible)  # rank 2 in dense, 1 in keyword
+    assert scored[1].fused == pytest.approx(1 / 61 / best_possible)
+    assert scored[4].fused == pytest.approx(1 / 62 / best_possible)
+    assert scored[3].fused == pytest.approx(1 / 63 / best_possible)
     # the normalised scores are still filled in for display
     assert (scored[2].dense, scored[2].keyword, scored[4].keyword, scored[1].keyword) == (0.5, 1.0, 0.5, None)
 
 
 def test_rrf_with_a_small_k():
     hits = by_id(fuse([(5, 0.1), (6, 0.05)], [(6, 2.0)], method="rrf", rrf_k=0))
-    assert hits[6].fused == pytest.approx(1 / 2 + 1 / 1)
-    assert hits[5].fused == pytest.approx(1 / 1)
+    assert hits[6].fused == pytest.approx((1 / 2 + 1 / 1) / 2)
+    assert hits[5].fused == pytest.approx(1 / 1 / 2)
+
+
+def test_rrf_scores_run_from_0_to_1_so_a_score_threshold_keeps_good_hits():
+    hits = fuse([(1, 0.9), (2, 0.8)], [(1, 7.0), (3, 2.0)], method="rrf", rrf_k=60)
+    assert hits[0].chunk_id == 1 and hits[0].fused == pytest.approx(1.0)  # first in both lists
+    assert all(0 < hit.fused <= 1 for hit in hits)
+    alone = fuse([(1, 0.9), (2, 0.8)], [], method="rrf")
+    assert alone[0].fused == pytest.approx(1.0)
 
 
 def test_ties_are_broken_by_chunk_id_and_top_k_cuts():
@@ -79,7 +88,7 @@ def test_ties_are_broken_by_chunk_id_and_top_k_cuts():
 def test_a_chunk_repeated_in_a_list_counts_once_at_its_best_position():
     hits = fuse([(1, 0.9), (1, 0.3), (2, 0.5)], [], method="rrf")
     assert [(hit.chunk_id, hit.dense) for hit in hits] == [(1, 0.9), (2, 0.5)]
-    assert hits[1].fused == pytest.approx(1 / 62)
+    assert hits[1].fused == pytest.approx((1 / 62) / (1 / 61))  # rank 2 of one list
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -160,3 +160,11 @@ def test_viewers_cannot_upload(acme, indexed_kb):
     viewer = Actor(user=acme.memberships.get(role="viewer").user)
     with pytest.raises(Forbidden):
         services.upload_documents(actor=viewer, kb=indexed_kb, uploads=[upload("a.txt", b"hello")])
+
+
+def test_a_score_threshold_keeps_the_best_hits_with_rrf_fusion_too(indexed_kb):
+    """RRF's raw sums stay under 0.033; a 0-1 threshold set for weighted fusion used to drop every hit."""
+    hits = retrieve(indexed_kb, "How many days of annual leave do employees get?",
+                    {"fusion": "rrf", "score_threshold": 0.5}).hits
+    assert hits and hits[0].filename == "northwind-employee-handbook.pdf"
+    assert all(0.5 <= hit.fused <= 1 for hit in hits)
