@@ -2,7 +2,7 @@
 FROM python:3.11-slim-bookworm
 
 RUN apt-get update \
- && apt-get install -y --no-install-recommends build-essential cmake ninja-build git curl redis-tools bubblewrap \
+ && apt-get install -y --no-install-recommends build-essential cmake ninja-build git curl redis-tools bubblewrap gettext \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app

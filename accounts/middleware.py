@@ -1,4 +1,7 @@
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.conf import settings
+from django.utils import translation
+from django.utils.deprecation import MiddlewareMixin
 
 from accounts.selectors import workspaces_for
 
@@ -40,3 +43,19 @@ class CurrentWorkspaceMiddleware:
             return mine.filter(slug=slug).first()
         chosen = request.session.get(SESSION_KEY)
         return (chosen and mine.filter(pk=chosen).first()) or mine.first()
+
+
+LANGUAGE_SESSION_KEY = "language"
+
+
+class UserLanguageMiddleware(MiddlewareMixin):
+    """The signed-in user's chosen language (accounts.Profile) over what LocaleMiddleware read from the browser.
+
+    The choice is copied into the session at sign-in and when it changes (accounts.signals, views.choose_language),
+    so a request reads no extra row. API-key calls are anonymous here and keep their Accept-Language."""
+
+    def process_request(self, request):
+        language = request.session.get(LANGUAGE_SESSION_KEY) if request.user.is_authenticated else None
+        if language and language in dict(settings.LANGUAGES):
+            translation.activate(language)
+            request.LANGUAGE_CODE = translation.get_language()

@@ -80,3 +80,11 @@ class AuditEntry(models.Model):
     class Meta:
         ordering = ["-at", "-id"]
         verbose_name_plural = "audit entries"
+
+
+class Profile(models.Model):
+    """A user's own settings, whatever the workspace. `language` is blank for users who never chose: their browser's
+    Accept-Language decides."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="profile")
+    language = models.CharField(max_length=16, blank=True, choices=settings.LANGUAGES)

@@ -4,6 +4,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models import Model
@@ -12,7 +13,7 @@ from django.utils.text import slugify
 
 from accounts import ratelimits
 from accounts.errors import Conflict, Forbidden, NotFound, RateLimited, Unauthenticated, ValidationFailed
-from accounts.models import ROLE_RANK, ApiKey, AuditEntry, Membership, Role, Workspace, rank_of
+from accounts.models import ROLE_RANK, ApiKey, AuditEntry, Membership, Profile, Role, Workspace, rank_of
 
 User = get_user_model()
 API_KEY_PREFIX = "afk_"
@@ -98,6 +99,18 @@ def _unique_slug(name: str) -> str:
     while Workspace.objects.filter(slug=slug).exists():
         slug, n = f"{base}-{n}", n + 1
     return slug
+
+
+def choose_language(*, user: User, language: str) -> Profile:
+    """Remember the user's GUI language across sessions and browsers."""
+    if language not in dict(settings.LANGUAGES):
+        raise ValidationFailed(f"Unknown language '{language}'.", fields={"language": ["Unknown language."]})
+    profile, _ = Profile.objects.update_or_create(user=user, defaults={"language": language})
+    return profile
+
+
+def chosen_language(*, user: User) -> str:
+    return Profile.objects.filter(user=user).values_list("language", flat=True).first() or ""
 
 
 @transaction.atomic

@@ -20,6 +20,7 @@ api_urlpatterns = [
 urlpatterns = [
     path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("language/", views.choose_language, name="choose-language"),
     path("workspaces/switch/", views.switch_workspace, name="switch-workspace"),
     path("workspaces/new/", views.create_workspace, name="create-workspace"),
     path("keys/", views.api_keys, name="api-keys"),

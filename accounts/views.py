@@ -3,11 +3,12 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
+from django.views.i18n import set_language
 
 from accounts import selectors, services
-from accounts.errors import RateLimited
+from accounts.errors import RateLimited, ValidationFailed
 from accounts.gui import gui_actor, has_role, workspace_page
-from accounts.middleware import SESSION_KEY
+from accounts.middleware import LANGUAGE_SESSION_KEY, SESSION_KEY
 from accounts.models import ApiKey, Membership, Role
 
 
@@ -42,6 +43,21 @@ def switch_workspace(request):
     else:
         request.session[SESSION_KEY] = workspace.pk
     return redirect(request.POST.get("next") or "dashboard")
+
+
+@require_POST
+def choose_language(request):
+    """The language switch: Django's set_language (the language cookie, for the sign-in page too, and the redirect
+    back), and for a signed-in user the choice kept on their profile and in this session."""
+    language = request.POST.get("language", "")
+    if request.user.is_authenticated:
+        try:
+            services.choose_language(user=request.user, language=language)
+        except ValidationFailed as exc:
+            messages.error(request, exc.message)
+            return redirect(request.POST.get("next") or "dashboard")
+        request.session[LANGUAGE_SESSION_KEY] = language
+    return set_language(request)
 
 
 ISSUED_KEY_SESSION = "issued_api_key"

@@ -9,6 +9,7 @@ export FACTORY_NODE_NAME=${FACTORY_NODE_NAME:-$(hostname | cut -d. -f1 | tr '[:u
 
 case "${1:-}" in
   setup)
+    scripts/compile-messages.sh
     python manage.py migrate --noinput
     exec python manage.py bootstrap ;;
   web)

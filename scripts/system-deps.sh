@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a command needs, only when missing: redis-server, chromium, bubblewrap (the python
-# tools' sandbox).
+# tools' sandbox), gettext (msgfmt, which compiles the GUI's translations).
 set -euo pipefail
 missing=()
 for want in "$@"; do
@@ -8,6 +8,7 @@ for want in "$@"; do
     redis) command -v redis-server >/dev/null || missing+=(redis-server) ;;
     chromium) [ -x /usr/bin/chromium ] || missing+=(chromium) ;;
     bwrap) command -v bwrap >/dev/null || missing+=(bubblewrap) ;;
+    gettext) command -v msgfmt >/dev/null || missing+=(gettext) ;;
     *) echo "unknown system dependency: $want" >&2; exit 2 ;;
   esac
 done

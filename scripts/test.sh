@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install.sh
-scripts/system-deps.sh redis chromium bwrap
+scripts/system-deps.sh redis chromium bwrap gettext
+scripts/compile-messages.sh
 
 scratch=$(mktemp -d)
 port=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
