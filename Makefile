@@ -1,5 +1,5 @@
 # The whole setup on a fresh machine: `make run` and `make test`. See README.md.
-.PHONY: run stop test install lock backup
+.PHONY: run stop test install lock
 
 run:
 	@scripts/run.sh
@@ -12,10 +12,6 @@ test:
 
 install:
 	@scripts/install.sh
-
-# One archive of the instance (database, uploads, indexes, models, keys); ARGS="--output FILE". See README.md.
-backup:
-	@[ ! -f .run/env ] || . ./.run/env; .venv/bin/python manage.py backup $(ARGS)
 
 # Re-resolve the pinned dependency set after editing pyproject.toml.
 lock:

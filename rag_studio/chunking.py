@@ -2,9 +2,12 @@
 
 Modes (config["mode"]; see validate_chunking for every setting):
 - recursive: LangChain's RecursiveCharacterTextSplitter, trying paragraphs, lines, sentences, clauses, words and
-  finally characters, with separators for mixed English/Chinese text.
-- heading: one section per Markdown heading (the parsers emit DOCX/HTML headings as Markdown too); a section longer
-  than chunk_size is split recursively.
+  finally characters, with separators for mixed English/Chinese text: a Chinese sentence ends at 。！？； or an
+  ellipsis, with any closing quote or bracket after it, so a chunk never begins with the quote that ends the
+  sentence before it, and a sentence is only cut when it alone is longer than the chunk.
+- heading: one section per heading: Markdown headings (the parsers emit DOCX/HTML headings as Markdown too) and, in
+  plain text and PDFs, Chinese ones: 第一章 (level 1), 第一节 (2), 第一条 and 一、 (3), （一） (4), 1.1 (by depth);
+  a section longer than chunk_size is split recursively.
 - parent_child: large parent chunks that retrieval returns, each split into small children that are embedded.
 - delimiter: split exactly on a user-given string; a piece longer than chunk_size is split recursively.
 
@@ -37,10 +40,29 @@ MODE_SETTINGS = {
 KNOWN_SETTINGS = {"mode"}.union(*MODE_SETTINGS.values())
 
 # Coarsest first: paragraphs, lines, Chinese and English sentence ends, clauses, words, then single characters.
-SEPARATORS = ["\n\n", "\n", "。", "！", "？", ". ", "! ", "? ", "；", ";", "，", ", ", " ", ""]
+# Regular expressions, each kept at the end of the piece before it: a Chinese sentence end takes the closing quotes
+# and brackets after it (“好。”), so the next piece starts with the next sentence.
+_CLOSERS = "”’」』）》】〕)\"'"
+SEPARATORS = ["\n\n", "\n", f"(?<=……)(?![{_CLOSERS}])|(?<=[。！？][{_CLOSERS}])|(?<=[。！？])(?![{_CLOSERS}。！？])",
+              r"\. ", "! ", r"\? ", f"(?<=；)(?![{_CLOSERS}])|(?<=；[{_CLOSERS}])", ";", "，", ", ", " ", ""]
 
 # An ATX heading ("## Title", optionally closed by "##"), matched on a line with its indentation stripped.
 HEADING_LINE = re.compile(r"(#{1,6})[ \t]+(.+?)(?:[ \t]+#+)?")
+# Chinese headings in plain text and PDFs, with their level: 第一章 总则, 第二节 巡检, 第三条 …, 一、目的, （一）范围,
+# 2.1 点检. A line like these is a heading only when it is short and does not end a sentence: "（一）进入车间必须
+# 佩戴安全帽。" is a list item of the body.
+_NUMERAL = "[一二三四五六七八九十百零〇两\\d]+"
+CHINESE_HEADINGS = [
+    (re.compile(f"第{_NUMERAL}[编篇部章](?:分)?"), 1),
+    (re.compile(f"第{_NUMERAL}节"), 2),
+    (re.compile(f"第{_NUMERAL}条"), 3),
+    (re.compile(f"[一二三四五六七八九十]+[、．]"), 3),
+    (re.compile(f"[（(][一二三四五六七八九十]+[）)]"), 4),
+]
+_NUMBERED_HEADING = re.compile(r"(\d+(?:\.\d+)+)\.?(?=[ \t　]|[\u4e00-\u9fff])")
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+CHINESE_HEADING_MAX_CHARS = 40
+_SENTENCE_END = tuple("。！？；，：:,;.!?")
 CODE_FENCES = ("```", "~~~")
 
 
@@ -119,8 +141,8 @@ def _recursive_spans(text: str, start: int, end: int, size: int, overlap: int) -
     keep_separator="end" keeps each sentence end with its sentence and, because nothing is re-inserted between
     pieces, makes every chunk a stripped substring of the input, which add_start_index then locates.
     """
-    splitter = RecursiveCharacterTextSplitter(separators=SEPARATORS, keep_separator="end", chunk_size=size,
-                                              chunk_overlap=overlap, add_start_index=True)
+    splitter = RecursiveCharacterTextSplitter(separators=SEPARATORS, is_separator_regex=True, keep_separator="end",
+                                              chunk_size=size, chunk_overlap=overlap, add_start_index=True)
     spans = []
     for document in splitter.create_documents([text[start:end]]):
         chunk_start = start + document.metadata["start_index"]
@@ -156,20 +178,36 @@ def _heading_sections(text: str, max_level: int) -> list[tuple[int, int, str]]:
         stripped = line.strip()
         if stripped.startswith(CODE_FENCES):
             in_code_block = not in_code_block
-        heading = None if in_code_block else HEADING_LINE.fullmatch(stripped)
-        if heading and len(heading.group(1)) <= max_level:
+        heading = None if in_code_block else heading_of(stripped)
+        if heading and heading[0] <= max_level:
             if section_has_body:
                 sections.append((section_start, line_start, section_heading))
                 section_start, section_has_body = line_start, False
-            level = len(heading.group(1))
+            level, title = heading
             open_headings = [(open_level, title) for open_level, title in open_headings if open_level < level]
-            open_headings.append((level, heading.group(2)))
+            open_headings.append((level, title))
             section_heading = " > ".join(title for _, title in open_headings)
         elif stripped:
             section_has_body = True
         line_start += len(line)
     sections.append((section_start, len(text), section_heading))
     return sections
+
+
+def heading_of(line: str) -> tuple[int, str] | None:
+    """(level, title) when the stripped line is a Markdown heading or a Chinese one (CHINESE_HEADINGS)."""
+    markdown = HEADING_LINE.fullmatch(line)
+    if markdown:
+        return len(markdown.group(1)), markdown.group(2)
+    if len(line) > CHINESE_HEADING_MAX_CHARS or line.endswith(_SENTENCE_END) or not _CJK.search(line):
+        return None
+    for pattern, level in CHINESE_HEADINGS:
+        if pattern.match(line):
+            return level, line
+    numbered = _NUMBERED_HEADING.match(line)
+    if numbered:
+        return numbered.group(1).count(".") + 1, line
+    return None
 
 
 def _delimiter_mode_spans(text: str, config: dict) -> Iterator[tuple[int, int, str]]:
