@@ -39,6 +39,9 @@ def _agents_dir() -> Path:
 def _sqlite(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
     conn.execute("PRAGMA journal_mode=WAL")
+    # No fsync per checkpoint (11 of the 14 ms a step took): in WAL mode a killed worker loses nothing, and a power
+    # cut loses at most the last checkpoints, never the file's consistency; the run then resumes a step earlier.
+    conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA busy_timeout=30000")
     return conn
 
@@ -95,6 +98,8 @@ def scope_key(scope: str, thread: AgentThread) -> str:
 def variable_values(*, definitions: list[dict], thread: AgentThread) -> dict:
     """Each defined variable's value in this thread's scopes, or its default."""
     values = {definition["name"]: definition.get("default") for definition in definitions}
+    if not values:
+        return values
     stored = VariableValue.objects.filter(agent_id=thread.agent_id, name__in=list(values))
     by_key = {(row.name, row.scope, row.scope_key): row.value for row in stored}
     for definition in definitions:

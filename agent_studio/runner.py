@@ -67,25 +67,41 @@ def _claim(run_pk: int, owner: str) -> AgentRun | None:
     return run
 
 
-@contextmanager
-def _lease_kept(run_pk: int, owner: str):
-    """Renew the run's lease while this process works on it, however long one model or tool call takes; a process
-    that dies stops renewing, and the run is taken over once the lease runs out."""
-    stop = threading.Event()
+class _LeaseKeeper:
+    """Renews the leases of the runs this process works on, however long one model or tool call takes; a process
+    that dies stops renewing, and its runs are taken over once their leases run out. One thread per process, not
+    per run: starting and joining a thread for every run cost more than a whole step on a busy machine."""
 
-    def renew() -> None:
-        while not stop.wait(settings.AGENT_RUN_LEASE_S / 3):
-            AgentRun.objects.filter(pk=run_pk, lease_owner=owner, status=RunStatus.RUNNING).update(
-                lease_until=timezone.now() + timedelta(seconds=settings.AGENT_RUN_LEASE_S))
+    def __init__(self):
+        self._runs: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def kept(self, run_pk: int, owner: str):
+        with self._lock:
+            self._runs[run_pk] = owner
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._renew_forever, name="agent-run-leases", daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._runs.pop(run_pk, None)
+
+    def _renew_forever(self) -> None:
+        while True:
+            time.sleep(settings.AGENT_RUN_LEASE_S / 3)
+            with self._lock:
+                held = dict(self._runs)
+            for run_pk, owner in held.items():
+                AgentRun.objects.filter(pk=run_pk, lease_owner=owner, status=RunStatus.RUNNING).update(
+                    lease_until=timezone.now() + timedelta(seconds=settings.AGENT_RUN_LEASE_S))
             connection.close()
 
-    thread = threading.Thread(target=renew, name=f"agent-run-{run_pk}-lease", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)
+
+_leases = _LeaseKeeper()
 
 
 def _finish(run: AgentRun, owner: str, status: str, *, answer: str = "", error: str = "",
@@ -147,7 +163,7 @@ def execute(run_pk: int, *, owner: str, resume=None, extra_tools: list | None = 
         _fail(run, owner, recorder, f"The run was interrupted {MAX_ATTEMPTS} times (its worker stopped); giving up.",
               elapsed())
         return
-    with _lease_kept(run.pk, owner):
+    with _leases.kept(run.pk, owner):
         _run_graph(run, owner, recorder, context, resume, elapsed)
 
 

@@ -19,6 +19,7 @@ from agent_studio.strategies import GATEWAY_TAG
 from rag_studio.screening import screen_text
 
 DETAIL_CHARS = 4000
+CANCEL_CHECK_S = 0.5
 INJECTION_ONLY = {"pii": "allow", "secret": "allow", "injection": "flag"}
 
 
@@ -57,14 +58,20 @@ class Recorder(BaseCallbackHandler):
         self.index = run.steps.count()
         self.model_calls, self.tool_calls = run.model_calls, run.tool_calls
         self.deadline = time.monotonic() + self.limits["timeout_s"]
+        self.cancel_checked = float("-inf")
         self.pending: dict = {}
 
     # ---- limits ----
 
-    def check(self) -> None:
-        if AgentRun.objects.filter(pk=self.run_pk, cancel_requested=True).exists():
-            raise RunCancelled("The run was cancelled.")
-        if time.monotonic() > self.deadline:
+    def check(self, *, strict: bool = False) -> None:
+        """Before each model and tool call: the run's time, and whether it was cancelled (a database read: before
+        a model call at most every CANCEL_CHECK_S, before a tool call, which may act on the world, always)."""
+        now = time.monotonic()
+        if strict or now - self.cancel_checked >= CANCEL_CHECK_S:
+            self.cancel_checked = now
+            if AgentRun.objects.filter(pk=self.run_pk, cancel_requested=True).exists():
+                raise RunCancelled("The run was cancelled.")
+        if now > self.deadline:
             raise RunLimitReached(f"The run took longer than its limit of {self.limits['timeout_s']} s.")
 
     # ---- steps ----
@@ -120,7 +127,7 @@ class Recorder(BaseCallbackHandler):
     # ---- tool calls ----
 
     def on_tool_start(self, serialized, input_str, *, run_id, inputs=None, **kwargs):
-        self.check()
+        self.check(strict=True)
         with self.lock:
             if self.tool_calls >= self.limits["max_tool_calls"]:
                 raise RunLimitReached(f"The agent reached its limit of {self.limits['max_tool_calls']} tool calls.")

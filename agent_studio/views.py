@@ -12,7 +12,7 @@ from django.views.decorators.http import require_POST
 
 from accounts.errors import ValidationFailed
 from accounts.gui import gui_actor, workspace_page
-from agent_studio import config, probes, selectors, services
+from agent_studio import config, demo, probes, selectors, services
 from agent_studio.models import AgentTemplate, EvalStatus, ToolStrategy, VariableScope
 from agent_studio.strategies import probe
 from rag_studio.models import KnowledgeBase
@@ -89,6 +89,12 @@ def _settings_from(post, template: str) -> dict:
 
 @workspace_page
 def agents_home(request):
+    if request.method == "POST" and request.POST.get("action") == "demo":
+        agent = demo.create_demo_agent(actor=gui_actor(request), workspace=request.workspace,
+                                       model=request.POST.get("model", ""))
+        messages.success(request, _("Created the demo agent %(name)s, its tool and its scenarios.")
+                         % {"name": agent.name})
+        return redirect("agent", agent_id=agent.pk)
     if request.method == "POST":
         template = request.POST.get("template", AgentTemplate.TOOL_CALLING)
         agent = services.save_agent(actor=gui_actor(request), workspace=request.workspace,
