@@ -1,6 +1,7 @@
 """Managing published apps over REST (/api/runtime/apps/): publish, re-publish, roll back, keys, web chat
 settings, traces, feedback into eval sets, and monitoring. The apps' own public API is in app_api.py."""
 
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -95,6 +96,11 @@ class TraceSerializer(serializers.ModelSerializer):
         fields = ["id", "message_id", "release", "conversation_id", "channel", "end_user", "stream", "query",
                   "queries", "answer", "hits", "citations", "deployment", "model", "input_tokens", "output_tokens",
                   "retrieval_ms", "ttft_ms", "latency_ms", "status", "error", "feedback", "created_at"]
+
+
+class FeedbackDatasetSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=96, required=False, allow_blank=True, default="",
+                                 help_text="<slug>-feedback when blank; an existing name gets a new version")
 
 
 class EvalItemFromFeedbackSerializer(serializers.Serializer):
@@ -224,6 +230,17 @@ class AppViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
         return Response({"eval_set": item.eval_set_id, "eval_item": item.pk, "question": item.question,
                          "expected_answer": item.expected_answer, "expected_sources": item.expected_sources},
                         status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=FeedbackDatasetSerializer, responses={201: dict})
+    @action(detail=True, methods=["post"], url_path="feedback-dataset")
+    def feedback_dataset(self, request, slug=None):
+        """Export the app's up-voted answers (question and answer) as a fine-tuning dataset of this workspace."""
+        data = FeedbackDatasetSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        dataset = services.feedback_to_dataset(actor=self.actor, app=self.get_object(),
+                                               name=data.validated_data["name"])
+        return Response({"dataset": dataset.pk, "name": dataset.name, "sample_count": dataset.sample_count,
+                         "page": reverse("enhancement-dataset", args=[dataset.pk])}, status=status.HTTP_201_CREATED)
 
     @extend_schema(parameters=[OpenApiParameter("include_indexes", bool, required=False,
                                                 description="Also bundle the chunks and vectors")],

@@ -17,10 +17,12 @@ from agent_studio.models import Agent, Scenario
 from agent_studio.services import agent_version, save_scenario
 from assets.models import AssetKind, AssetVersion
 from assets.services import forget_asset, register_asset
+from enhancement.models import Dataset
+from enhancement.services import dataset_from_pairs
 from rag_studio.evaluation import add_corrected_item
 from rag_studio.models import EvalItem, EvalSet, RagConfig
 from rag_studio.services import config_version, register_kb_asset
-from runtime.models import App, AppKey, Feedback, Release, Trace
+from runtime.models import App, AppKey, Feedback, Release, Trace, TraceStatus
 
 APP_KEY_TAG = "afa_"
 WIDGET_TOKEN_TAG = "afw_"
@@ -267,3 +269,15 @@ def feedback_to_scenario(*, actor: Actor, feedback: Feedback, expected_answer: s
     return save_scenario(actor=actor, agent=trace.app.agent, name=f"feedback {trace.public_id.hex[:8]}",
                          input=trace.query, checks=[{"kind": "judge", "value": f"The answer says what this answer "
                                                                                f"says: {expected_answer.strip()}"}])
+
+
+def feedback_to_dataset(*, actor: Actor, app: App, name: str = "") -> Dataset:
+    """The app's up-voted answers, each with its question, as an instruction dataset of the app's workspace (a
+    new version when the name exists), for a fine-tune job in Model enhancement."""
+    pairs = [(trace.query, trace.answer) for trace in Trace.objects.filter(
+        app=app, feedback__rating__gt=0, status=TraceStatus.OK).exclude(answer="").order_by("created_at")]
+    if not pairs:
+        raise ValidationFailed(f"No up-voted answer of '{app.slug}' to export yet.")
+    return dataset_from_pairs(actor=actor, workspace=app.workspace, name=name.strip() or f"{app.slug}-feedback",
+                              pairs=pairs)
+

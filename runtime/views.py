@@ -116,12 +116,23 @@ def _since(period: str):
 @workspace_page
 def logs_page(request, slug):
     app = selectors.app_by_slug(workspace=request.workspace, slug=slug)
+    if request.method == "POST":
+        return _export_feedback_dataset(request, app)
     period, feedback, status = (request.GET.get(name, "") for name in ("period", "feedback", "status"))
     found = selectors.traces(app=app, since=_since(period), feedback=feedback, status=status)
     return render(request, "runtime/logs.html", {
         "app": app, "traces": found[:LOG_PAGE_SIZE], "total": found.count(), "period": period,
         "feedback": feedback, "status": status, "periods": list(selectors.PERIODS),
         "statuses": TraceStatus.choices})
+
+
+def _export_feedback_dataset(request, app):
+    """The logs page's export button: the up-voted answers become a dataset, shown in Model enhancement."""
+    dataset = services.feedback_to_dataset(actor=gui_actor(request), app=app,
+                                           name=request.POST.get("dataset_name", ""))
+    messages.success(request, f"Exported {dataset.sample_count} up-voted answer(s) of '{app.slug}' as dataset "
+                              f"'{dataset.name}'.")
+    return redirect("enhancement-dataset", dataset_id=dataset.pk)
 
 
 @workspace_page
