@@ -30,8 +30,8 @@ from accounts.selectors import effective_role
 from accounts.services import SERVICE_TOKEN_PREFIX, authenticate_api_key, authenticate_service_token, hash_secret
 from serving import metrics, toolcalls
 from serving.engines.base import CHAT, COMPLETION, EMBEDDING
-from serving.models import RequestRecord, ServingState, ToolStrategy
-from serving.router import Route, Target, router
+from serving.models import GroupMember, GroupRequest, RequestRecord, ServingState, ToolStrategy
+from serving.router import GroupTarget, Route, Target, router
 from serving.sse import SSEParser
 from workbridge import egress
 
@@ -213,11 +213,16 @@ def _check_max_tokens(body: dict, target: Target) -> None:
                                param=param)
 
 
-async def _resolve(body: dict, caller: Caller, capability: str) -> Target:
+async def _resolve(body: dict, caller: Caller) -> Target | GroupTarget:
     target = await router.resolve(body["model"])
     if target is None or not target.visible_to(caller.workspace_id):
         raise GatewayError(404, f"The model '{body['model']}' does not exist; /v1/models lists the deployments "
-                                f"you can use.", code="model_not_found", param="model")
+                                f"and model groups you can use.", code="model_not_found", param="model")
+    return target
+
+
+def check_usable(target: Target, capability: str) -> Target:
+    """The deployment is ready and can serve this endpoint, or the GatewayError that says why not."""
     if target.state != ServingState.READY or not target.routes:
         raise GatewayError(409, f"The deployment '{target.name}' is {target.state}; start it on the Models & "
                                 f"Serving page.", code="model_not_ready", param="model")
@@ -229,12 +234,37 @@ async def _resolve(body: dict, caller: Caller, capability: str) -> Target:
     return target
 
 
+def check_group_capability(group: GroupTarget, capability: str) -> None:
+    if capability not in group.capabilities:
+        raise GatewayError(400, f"The model group '{group.name}' serves {', '.join(sorted(group.capabilities))}, "
+                                f"not this endpoint.", code="unsupported_endpoint", param="model")
+
+
 def _content_of(chunk: dict) -> str:
     parts = []
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta") or {}
         parts.append(delta.get("content") or choice.get("text") or "")
     return "".join(parts)
+
+
+@dataclass
+class GroupNote:
+    """For a request through a model group: which member answered and why, written with the request's figures
+    once the answer's token counts are known."""
+
+    group_id: int
+    policy: str
+    member: str
+    threshold: float
+    reason: str
+    # Each member's cost per 1,000 tokens.
+    costs: dict[str, float]
+    score: float | None = None
+    escalated: bool = False
+    fallback: str = ""
+    # The small member's usage, when its answer was set aside for the big one's.
+    small_usage: dict | None = None
 
 
 @dataclass
@@ -249,6 +279,9 @@ class Exchange:
     attempts: int
     timing: metrics.RequestTiming
     body: dict
+    # Set for a call to a group's member; `note` only on the call whose answer the client gets.
+    group_id: int | None = None
+    note: GroupNote | None = None
 
     @staticmethod
     def wants_usage(body: dict) -> bool:
@@ -256,7 +289,8 @@ class Exchange:
         return isinstance(options, dict) and bool(options.get("include_usage"))
 
 
-async def _record(exchange: Exchange, *, stream: bool, status: int, usage: dict | None, error: str = "") -> None:
+async def record_request(exchange: Exchange, *, stream: bool, status: int, usage: dict | None,
+                         error: str = "") -> None:
     """Store the request's figures, with the token counts the engine reported (none if it reported none)."""
     target, timing = exchange.target, exchange.timing
     input_tokens = (usage or {}).get("prompt_tokens")
@@ -267,10 +301,32 @@ async def _record(exchange: Exchange, *, stream: bool, status: int, usage: dict 
         request_id=exchange.request_id, deployment_id=target.deployment_id, replica_id=exchange.route.replica_id,
         workspace_id=exchange.caller.workspace_id, endpoint=exchange.endpoint, stream=stream, status=status,
         attempts=exchange.attempts, input_tokens=input_tokens, output_tokens=output_tokens, error=error[:2000],
-        **timing.figures(output_tokens))
+        group_id=exchange.group_id, **timing.figures(output_tokens))
+    if exchange.note is not None:
+        await record_group_request(exchange.note, request_id=exchange.request_id,
+                                   workspace_id=exchange.caller.workspace_id, status=status, usage=usage)
 
 
-def _in_background(coroutine) -> None:
+async def record_group_request(note: GroupNote, *, request_id: str, workspace_id: int, status: int,
+                               usage: dict | None) -> None:
+    """Which member answered and why, with each member's tokens and their cost."""
+    tokens = {member: (0, 0) for member in GroupMember.values}
+    answered = usage or {}
+    tokens[note.member] = (answered.get("prompt_tokens") or 0, answered.get("completion_tokens") or 0)
+    if note.small_usage:
+        tokens[GroupMember.SMALL] = (note.small_usage.get("prompt_tokens") or 0,
+                                     note.small_usage.get("completion_tokens") or 0)
+    costs = {member: sum(tokens[member]) / 1000 * note.costs.get(member, 0.0) for member in tokens}
+    await GroupRequest.objects.acreate(
+        group_id=note.group_id, workspace_id=workspace_id, request_id=request_id, policy=note.policy,
+        member=note.member, score=note.score, threshold=note.threshold, escalated=note.escalated,
+        reason=note.reason[:2000], fallback=note.fallback[:2000], status=status,
+        small_input_tokens=tokens[GroupMember.SMALL][0], small_output_tokens=tokens[GroupMember.SMALL][1],
+        big_input_tokens=tokens[GroupMember.BIG][0], big_output_tokens=tokens[GroupMember.BIG][1],
+        small_cost=costs[GroupMember.SMALL], big_cost=costs[GroupMember.BIG])
+
+
+def in_background(coroutine) -> None:
     # A fresh context: the view's context carries asgiref's per-request executor, which is shut down by the time
     # the task reaches the database, and would lose the row.
     task = asyncio.create_task(coroutine, context=contextvars.Context())
@@ -287,7 +343,7 @@ async def _upstream_request(target: Target, url: str, content: bytes, headers: d
                                content=content)
 
 
-async def _open_upstream(target: Target, endpoint: str, content: bytes, stream: bool):
+async def open_upstream(target: Target, endpoint: str, content: bytes, stream: bool):
     """Send to a replica, failing over to another while nothing has reached the client yet."""
     tried: set[int] = set()
     common = {"Content-Type": JSON}
@@ -384,23 +440,39 @@ async def serve(endpoint: str, *, method: str, content: bytes, caller: Caller,
         elif capability == EMBEDDING and not body.get("input"):
             raise GatewayError(400, "'input' must be a non-empty string or list.", code="invalid_input",
                                param="input")
-        target = await _resolve(body, caller, capability)
-        _check_max_tokens(body, target)
-        stream = bool(body.get("stream"))
-        sent, maps_tool_calls = body, False
-        if capability == CHAT and "tools" in body and target.tool_strategy == ToolStrategy.CONSTRAINED:
-            sent, maps_tool_calls = _constrained_tools(body)
-            content = json.dumps(sent).encode()
-        upstream_stream = stream and not maps_tool_calls
-        route, upstream, attempts = await _open_upstream(
-            target, endpoint, _upstream_content(target, sent, content, upstream_stream), upstream_stream)
+        target = await _resolve(body, caller)
+        if isinstance(target, GroupTarget):
+            from serving.groups.gateway import serve_group  # the group's policies call back into this module
+
+            check_group_capability(target, capability)
+            return await serve_group(target, endpoint=endpoint, body=body, caller=caller, timing=timing,
+                                     request_id=request_id)
+        check_usable(target, capability)
+        return await serve_target(target, endpoint=endpoint, body=body, content=content, caller=caller,
+                                  timing=timing, request_id=request_id)
     except GatewayError as exc:
         return exc.reply()
+
+
+async def serve_target(target: Target, *, endpoint: str, body: dict, content: bytes, caller: Caller,
+                       timing: metrics.RequestTiming, request_id: str, note: GroupNote | None = None) -> Reply:
+    """Send the request to one of the deployment's replicas and relay its answer; a GatewayError when none takes
+    it (before anything reached the client)."""
+    _check_max_tokens(body, target)
+    stream = bool(body.get("stream"))
+    sent, maps_tool_calls = body, False
+    if ENDPOINTS[endpoint] == CHAT and "tools" in body and target.tool_strategy == ToolStrategy.CONSTRAINED:
+        sent, maps_tool_calls = constrained_tools(body)
+        content = json.dumps(sent).encode()
+    upstream_stream = stream and not maps_tool_calls
+    route, upstream, attempts = await open_upstream(
+        target, endpoint, _upstream_content(target, sent, content, upstream_stream), upstream_stream)
     exchange = Exchange(request_id=request_id, caller=caller, target=target, route=route, endpoint=endpoint,
-                        attempts=attempts, timing=timing, body=body)
+                        attempts=attempts, timing=timing, body=body, note=note,
+                        group_id=note.group_id if note else None)
     if maps_tool_calls:
-        return await _relay_tool_reply(exchange, upstream, stream)
-    if not stream:
+        reply = await _relay_tool_reply(exchange, upstream, stream)
+    elif not stream:
         reply = await _relay_whole(exchange, upstream)
     else:
         reply = Reply(upstream.status_code, _relay_stream(exchange, upstream), {
@@ -410,7 +482,7 @@ async def serve(endpoint: str, *, method: str, content: bytes, caller: Caller,
     return reply
 
 
-def _constrained_tools(body: dict) -> tuple[dict, bool]:
+def constrained_tools(body: dict) -> tuple[dict, bool]:
     """For an engine that would drop `tools` (a chat template without a tool-call format): the request to send in
     place of `body`, and whether its answer is JSON to map back into tool calls."""
     try:
@@ -423,7 +495,7 @@ def _constrained_tools(body: dict) -> tuple[dict, bool]:
     return toolcalls.constrained_request(body, functions, choice), True
 
 
-async def _read_whole(exchange: Exchange, upstream: httpx.Response) -> tuple[bytes, dict | None]:
+async def read_whole(exchange: Exchange, upstream: httpx.Response) -> tuple[bytes, dict | None]:
     """The engine's whole answer, and the parsed JSON of a successful one."""
     try:
         content = await upstream.aread()
@@ -439,24 +511,24 @@ async def _read_whole(exchange: Exchange, upstream: httpx.Response) -> tuple[byt
     return content, payload if isinstance(payload, dict) else None
 
 
-def _record_whole(exchange: Exchange, upstream: httpx.Response, content: bytes, payload: dict | None, *,
+def record_whole(exchange: Exchange, upstream: httpx.Response, content: bytes, payload: dict | None, *,
                   stream: bool) -> None:
     error = "" if upstream.status_code == 200 else content.decode(errors="replace")[:500]
-    _in_background(_record(exchange, stream=stream, status=upstream.status_code,
+    in_background(record_request(exchange, stream=stream, status=upstream.status_code,
                            usage=(payload or {}).get("usage"), error=error))
 
 
 async def _relay_whole(exchange: Exchange, upstream: httpx.Response) -> Reply:
-    content, payload = await _read_whole(exchange, upstream)
-    _record_whole(exchange, upstream, content, payload, stream=False)
+    content, payload = await read_whole(exchange, upstream)
+    record_whole(exchange, upstream, content, payload, stream=False)
     return Reply(upstream.status_code, content, {"Content-Type": upstream.headers.get("content-type", JSON)})
 
 
 async def _relay_tool_reply(exchange: Exchange, upstream: httpx.Response, stream: bool) -> Reply:
     """A constrained answer mapped back into tool calls, whole or as a stream's chunks (which all arrive at once:
     the JSON must be complete before it can be mapped)."""
-    content, payload = await _read_whole(exchange, upstream)
-    _record_whole(exchange, upstream, content, payload, stream=stream)
+    content, payload = await read_whole(exchange, upstream)
+    record_whole(exchange, upstream, content, payload, stream=stream)
     if payload is None or "choices" not in payload:
         return Reply(upstream.status_code, content, {"Content-Type": upstream.headers.get("content-type", JSON)})
     reply = toolcalls.tool_reply(payload)
@@ -504,7 +576,7 @@ async def _relay_stream(exchange: Exchange, upstream: httpx.Response):
         raise
     finally:
         await upstream.aclose()
-        _in_background(_record(exchange, stream=True, status=status, usage=usage, error=error))
+        in_background(record_request(exchange, stream=True, status=status, usage=usage, error=error))
 
 
 async def _list_models(authorization: str) -> Reply:

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.db import models
 
 from accounts.models import Workspace
@@ -155,7 +156,116 @@ class RequestRecord(models.Model):
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
     error = models.TextField(blank=True)
+    # Set when the request came through a model group (its GroupRequest says which member and why).
+    group = models.ForeignKey("ModelGroup", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+
+class GroupPolicy(models.TextChoices):
+    ROUTE = "route", "Route: a difficulty score picks the member before generation"
+    CASCADE = "cascade", "Cascade: the small model answers first; escalate to big when its confidence is low"
+    SPECULATIVE = "speculative", "Speculative: the big model decodes with a draft model of the same vocabulary"
+
+
+class GroupMember(models.TextChoices):
+    BIG = "big", "Big"
+    SMALL = "small", "Small"
+
+
+class ModelGroup(models.Model):
+    """One name in /v1 with a big and a small deployment behind it and the policy that picks, per request, which
+    of them answers (serving/groups/). Its name shares the deployments' namespace: `model` names either."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, null=True, blank=True, related_name="+")
+    name = models.SlugField(max_length=96, unique=True)
+    policy = models.CharField(max_length=16, choices=GroupPolicy.choices)
+    big = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="+")
+    small = models.ForeignKey(Deployment, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    # Speculative only: the draft model, and the deployment of the big model that decodes with it.
+    draft = models.ForeignKey(Model, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    speculative_deployment = models.ForeignKey(Deployment, on_delete=models.SET_NULL, null=True, blank=True,
+                                               related_name="+")
+    # Route: the big model answers when the difficulty score is at or above it. Cascade: the small answer is kept
+    # when its confidence is at or above it. Both in [0, 1].
+    threshold = models.FloatField(default=0.5)
+    # The policy's knobs (serving/groups/policies.py): the route's rules, the cascade's confidence signal.
+    settings = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class GroupRequest(models.Model):
+    """Which member answered one request through a group, and why: the score against the threshold, whether the
+    cascade escalated, a fallback when a member could not answer, and each member's tokens and their cost."""
+
+    group = models.ForeignKey(ModelGroup, on_delete=models.CASCADE, related_name="requests")
+    workspace = models.ForeignKey(Workspace, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # The X-Request-Id the client got; the answering member's RequestRecord carries the same id.
+    request_id = models.CharField(max_length=32, db_index=True)
+    policy = models.CharField(max_length=16, choices=GroupPolicy.choices)
+    member = models.CharField(max_length=8, choices=GroupMember.choices)
+    score = models.FloatField(null=True, blank=True)
+    threshold = models.FloatField()
+    escalated = models.BooleanField(default=False)
+    reason = models.TextField()
+    fallback = models.TextField(blank=True)
+    status = models.PositiveSmallIntegerField()
+    small_input_tokens = models.PositiveIntegerField(default=0)
+    small_output_tokens = models.PositiveIntegerField(default=0)
+    big_input_tokens = models.PositiveIntegerField(default=0)
+    big_output_tokens = models.PositiveIntegerField(default=0)
+    # In the group's cost units (settings: cost per 1,000 tokens of each member; by default its parameters in
+    # millions, so the figure tracks compute).
+    small_cost = models.FloatField(default=0.0)
+    big_cost = models.FloatField(default=0.0)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+
+class CalibrationState(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+
+
+class CalibrationRun(models.Model):
+    """Both members run on prompts with reference answers, each answer scored, the threshold swept: the
+    cost-quality curve of each policy (serving/groups/calibration.py), from which the user picks a point."""
+
+    group = models.ForeignKey(ModelGroup, on_delete=models.CASCADE, related_name="calibrations")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, null=True, blank=True, related_name="+")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                   related_name="+")
+    state = models.CharField(max_length=16, choices=CalibrationState.choices, default=CalibrationState.QUEUED)
+    source = models.CharField(max_length=200)
+    metric = models.CharField(max_length=16)
+    # The requests calibration sends each member, as the group will see them.
+    max_tokens = models.PositiveIntegerField(default=128)
+    temperature = models.FloatField(default=0.2)
+    # [{"prompt", "reference"}], as given.
+    items = models.JSONField(default=list)
+    # Per item: each member's answer, score and tokens, the small answer's confidence, the route's score.
+    outcomes = models.JSONField(default=list, blank=True)
+    # {"route": [point...], "cascade": [point...]}; a point: threshold, big share of requests and of tokens,
+    # quality, quality relative to big-only.
+    curves = models.JSONField(default=dict, blank=True)
+    summary = models.JSONField(default=dict, blank=True)
+    chosen = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

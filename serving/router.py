@@ -1,9 +1,9 @@
-"""Picks a replica for each gateway request: a weighted random choice over the ready replicas that are not
-cooling down after a failure. The routing table is cached for a second, and kept fresh in the background for the
-names in use, so that requests do not wait on the database. Cooldowns live in each web worker process: another
-worker may still try a failed replica once, and fails over from it as from any other, until the health check
-takes the replica out of every table. Database reads run off Django's one sync thread, which a sync view calling the
-gateway in this same process may be holding."""
+"""Resolves a `model` name to a deployment or a model group (serving/groups/), and picks a replica for each gateway
+request: a weighted random choice over the ready replicas that are not cooling down after a failure. The routing
+table is cached for a second, and kept fresh in the background for the names in use, so that requests do not wait
+on the database. Cooldowns live in each web worker process: another worker may still try a failed replica once, and
+fails over from it as from any other, until the health check takes the replica out of every table. Database reads
+run off Django's one sync thread, which a sync view calling the gateway in this same process may be holding."""
 
 import asyncio
 import logging
@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 
 from cluster.models import NodeStatus
 from serving.engines.base import engine
-from serving.models import Deployment, ServingState
+from serving.models import Deployment, GroupPolicy, ModelGroup, ServingState
 from workbridge.egress import Allowlist
 from workbridge.selectors import allowlist_for
 
@@ -60,10 +60,55 @@ class Target:
         return self.workspace_id is None or self.workspace_id == workspace_id
 
 
-def _load(name: str) -> Target | None:
+@dataclass
+class GroupTarget:
+    """A model group: which deployment stands for each member, and the policy that picks between them."""
+
+    group_id: int
+    name: str
+    workspace_id: int | None
+    policy: str
+    threshold: float
+    settings: dict
+    # "big" and, for route and cascade, "small": deployment names. A speculative group's big member is the big
+    # model's deployment that decodes with the draft.
+    members: dict[str, str]
+    # Each member's cost per 1,000 tokens, in the group's units.
+    costs: dict[str, float]
+    capabilities: set[str]
+    # Ready when at least one member is: a request then answers, through a recorded fallback if need be.
+    state: str
+
+    def visible_to(self, workspace_id: int) -> bool:
+        return self.workspace_id is None or self.workspace_id == workspace_id
+
+
+def _load_group(name: str) -> GroupTarget | None:
+    group = ModelGroup.objects.select_related("big__model", "small__model", "speculative_deployment__model").filter(
+        name=name).first()
+    if group is None:
+        return None
+    big = group.speculative_deployment if group.policy == GroupPolicy.SPECULATIVE else group.big
+    deployments = {"big": big} if group.policy == GroupPolicy.SPECULATIVE or group.small is None else {
+        "big": big, "small": group.small}
+    deployments = {member: d for member, d in deployments.items() if d is not None}
+    capabilities = set.intersection(*(engine(d.engine).capabilities(d.model) for d in deployments.values())) \
+        if deployments else set()
+    costs = dict(group.settings.get("costs") or {})
+    for member, deployment in deployments.items():
+        # By default a member's cost follows its parameters (in millions per 1,000 tokens), so it tracks compute.
+        costs.setdefault(member, (deployment.model.parameter_count or 0) / 1e6)
+    ready = any(d.state == ServingState.READY for d in deployments.values())
+    return GroupTarget(group_id=group.pk, name=group.name, workspace_id=group.workspace_id, policy=group.policy,
+                       threshold=group.threshold, settings=group.settings,
+                       members={member: d.name for member, d in deployments.items()}, costs=costs,
+                       capabilities=capabilities, state=ServingState.READY if ready else ServingState.STOPPED)
+
+
+def _load(name: str) -> Target | GroupTarget | None:
     deployment = Deployment.objects.select_related("model").filter(name=name).first()
     if deployment is None:
-        return None
+        return _load_group(name)
     model = deployment.model
     adapter = engine(deployment.engine)
     # A node whose worker stopped answering heartbeats takes its replicas out of every table.
@@ -81,24 +126,25 @@ def _load(name: str) -> Target | None:
     )
 
 
-def _load_many(names: list[str]) -> list[Target | None]:
+def _load_many(names: list[str]) -> list[Target | GroupTarget | None]:
     return [_load(name) for name in names]
 
 
-def _load_visible(workspace_id: int) -> list[Target]:
-    names = Deployment.objects.filter(state=ServingState.READY).values_list("name", flat=True)
+def _load_visible(workspace_id: int) -> list[Target | GroupTarget]:
+    names = [*Deployment.objects.filter(state=ServingState.READY).values_list("name", flat=True),
+             *ModelGroup.objects.values_list("name", flat=True)]
     targets = [_load(name) for name in names]
-    return [t for t in targets if t is not None and t.visible_to(workspace_id)]
+    return [t for t in targets if t is not None and t.state == ServingState.READY and t.visible_to(workspace_id)]
 
 
 class Router:
     def __init__(self) -> None:
-        self._table: dict[str, tuple[float, Target | None]] = {}  # name: (expires at, target)
+        self._table: dict[str, tuple[float, Target | GroupTarget | None]] = {}  # name: (expires at, target)
         self._asked_at: dict[str, float] = {}
         self._refresher: asyncio.Task | None = None
         self._cooling_until: dict[int, float] = {}
 
-    async def resolve(self, name: str) -> Target | None:
+    async def resolve(self, name: str) -> Target | GroupTarget | None:
         self._asked_at[name] = time.monotonic()
         self._keep_fresh()
         cached = self._table.get(name)
@@ -131,7 +177,7 @@ class Router:
             except Exception:  # a failed refresh only lets entries expire: requests then read the database
                 logger.exception("Refreshing the routing table failed")
 
-    async def visible_targets(self, workspace_id: int) -> list[Target]:
+    async def visible_targets(self, workspace_id: int) -> list[Target | GroupTarget]:
         return await sync_to_async(_load_visible, thread_sensitive=False)(workspace_id)
 
     def pick(self, target: Target, *, exclude: set[int]) -> Route | None:

@@ -3,8 +3,8 @@ from datetime import timedelta
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from serving.engines.base import engine
-from serving.models import Deployment, Model, RequestRecord, ServingState
+from serving.engines.base import CHAT, engine
+from serving.models import Deployment, GroupMember, GroupRequest, Model, ModelGroup, RequestRecord, ServingState
 
 
 def models_visible_to(*, workspace) -> QuerySet[Model]:
@@ -14,6 +14,70 @@ def models_visible_to(*, workspace) -> QuerySet[Model]:
 def deployments_visible_to(*, workspace) -> QuerySet[Deployment]:
     return Deployment.objects.filter(Q(workspace=workspace) | Q(workspace__isnull=True)).select_related(
         "model").prefetch_related("replicas__node")
+
+
+def groups_visible_to(*, workspace) -> QuerySet[ModelGroup]:
+    return ModelGroup.objects.filter(Q(workspace=workspace) | Q(workspace__isnull=True)).select_related(
+        "big__model", "small__model", "draft", "speculative_deployment")
+
+
+def _chats(deployment: Deployment | None) -> bool:
+    return deployment is not None and CHAT in engine(deployment.engine).capabilities(deployment.model)
+
+
+def chat_model_names(*, workspace) -> list[str]:
+    """Every name a studio may answer with: the chat deployments and the model groups (whose members chat) this
+    workspace can use, as the gateway takes them in `model`."""
+    names = [d.name for d in deployments_visible_to(workspace=workspace) if _chats(d)]
+    names += [g.name for g in groups_visible_to(workspace=workspace) if _group_chats(g)]
+    return sorted(names)
+
+
+def _group_chats(group: ModelGroup) -> bool:
+    return _chats(group.big) and (group.small is None or _chats(group.small))
+
+
+def chat_model_problem(*, workspace, name: str) -> str:
+    """Why `name` cannot answer chats for this workspace, in the user's words; '' when it can (a chat deployment
+    or a model group)."""
+    if not isinstance(name, str) or not name:
+        return "Name a chat deployment or model group."
+    deployment = deployments_visible_to(workspace=workspace).filter(name=name).first()
+    if deployment is not None:
+        return "" if _chats(deployment) else f"'{name}' cannot chat (it is an embedding or completion-only model)."
+    group = groups_visible_to(workspace=workspace).filter(name=name).first()
+    if group is not None:
+        return "" if _group_chats(group) else f"The model group '{name}' has a member that cannot chat."
+    return f"No deployment named '{name}', nor a model group. Deploy a chat model on Models & Serving first."
+
+
+def group_share_summary(*, group: ModelGroup, workspace, minutes: int = 60, buckets: int = 12) -> dict:
+    """The share of requests each member answered, their tokens and cost, overall and per time bucket, for the
+    group's page. A shared group serves every workspace: each sees only its own requests."""
+    since = timezone.now() - timedelta(minutes=minutes)
+    rows = list(GroupRequest.objects.filter(group=group, created_at__gte=since).filter(
+        Q(workspace=workspace) | Q(workspace__isnull=True)).values(
+        "created_at", "member", "escalated", "fallback", "big_input_tokens", "big_output_tokens",
+        "small_input_tokens", "small_output_tokens", "big_cost", "small_cost").order_by("created_at"))
+
+    def figures(batch: list[dict]) -> dict:
+        count = len(batch)
+        big = sum(1 for r in batch if r["member"] == GroupMember.BIG)
+        return {"requests": count, "big": big, "small": count - big,
+                "big_share": big / count if count else None, "small_share": (count - big) / count if count else None,
+                "escalated": sum(1 for r in batch if r["escalated"]),
+                "fallbacks": sum(1 for r in batch if r["fallback"]),
+                "big_tokens": sum(r["big_input_tokens"] + r["big_output_tokens"] for r in batch),
+                "small_tokens": sum(r["small_input_tokens"] + r["small_output_tokens"] for r in batch),
+                "big_cost": sum(r["big_cost"] for r in batch), "small_cost": sum(r["small_cost"] for r in batch)}
+
+    width = timedelta(minutes=minutes) / buckets
+    series = []
+    for index in range(buckets):
+        start = since + width * index
+        series.append({"start": start.isoformat(),
+                       **figures([r for r in rows if start <= r["created_at"] < start + width])})
+    return {"group": group.name, "minutes": minutes, "overall": figures(rows), "series": series}
 
 
 def _percentile(values: list[float], share: float) -> float | None:

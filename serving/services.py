@@ -23,7 +23,8 @@ from cluster.services import dispatch_job
 from serving.engines import process
 from serving.engines.base import EngineRefused, Listen, auth_headers, engine
 from serving.gguf_info import InvalidModelFile, read_gguf
-from serving.models import Deployment, Engine, Model, ModelKind, Replica, RoleHint, ServingEvent, ServingState
+from serving.models import (Deployment, Engine, Model, ModelGroup, ModelKind, Replica, RoleHint, ServingEvent,
+                            ServingState)
 from workbridge import egress
 from workbridge.selectors import allowlist_for
 
@@ -260,6 +261,8 @@ def create_deployment(*, actor: Actor, workspace: Workspace | None, model: Model
         raise ValidationFailed("The cooldown cannot be negative.", fields={"cooldown_s": ["Must be >= 0."]})
     if Deployment.objects.filter(name=name).exists():
         raise Conflict(f"A deployment called '{name}' already exists.")
+    if ModelGroup.objects.filter(name=name).exists():
+        raise Conflict(f"'{name}' is the name of a model group; clients tell deployments and groups apart by name.")
     deployment = Deployment.objects.create(workspace=workspace, name=name, model=model, engine=engine_name,
                                            settings=settings_ or {}, cooldown_s=cooldown_s)
     for node, weight in replicas:
@@ -316,7 +319,7 @@ def deploy_model(*, actor: Actor, workspace: Workspace | None, model: Model, rep
     node = Node.objects.get(name=settings.NODE_NAME)
     name = model.name
     suffix = 2
-    while Deployment.objects.filter(name=name).exists():
+    while Deployment.objects.filter(name=name).exists() or ModelGroup.objects.filter(name=name).exists():
         name, suffix = f"{model.name}-{suffix}", suffix + 1
     deployment = create_deployment(actor=actor, workspace=workspace, model=model, name=name,
                                    replicas=[(node, 1.0)] * replicas)
