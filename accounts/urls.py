@@ -1,5 +1,6 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
+from django.views.i18n import JavaScriptCatalog
 from rest_framework.routers import SimpleRouter
 
 from accounts import api, views
@@ -21,6 +22,8 @@ urlpatterns = [
     path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("language/", views.choose_language, name="choose-language"),
+    # gettext() for static/js, from locale/*/LC_MESSAGES/djangojs.po.
+    path("jsi18n/", JavaScriptCatalog.as_view(), name="javascript-catalog"),
     path("workspaces/switch/", views.switch_workspace, name="switch-workspace"),
     path("workspaces/new/", views.create_workspace, name="create-workspace"),
     path("keys/", views.api_keys, name="api-keys"),

@@ -51,8 +51,8 @@
   };
   const stepRow = (text) => {
     const item = document.createElement("li");
-    item.innerHTML = `<input class="plan-step" size="60"> <button type="button" class="small up" aria-label="Move up">↑</button>` +
-      `<button type="button" class="small down" aria-label="Move down">↓</button><button type="button" class="small danger remove" aria-label="Delete step">✕</button>`;
+    item.innerHTML = `<input class="plan-step" size="60"> <button type="button" class="small up" aria-label="${gettext("Move up")}">↑</button>` +
+      `<button type="button" class="small down" aria-label="${gettext("Move down")}">↓</button><button type="button" class="small danger remove" aria-label="${gettext("Delete step")}">✕</button>`;
     item.querySelector("input").value = text;
     item.querySelector(".up").onclick = () => item.previousElementSibling && steps.insertBefore(item, item.previousElementSibling);
     item.querySelector(".down").onclick = () => item.nextElementSibling && steps.insertBefore(item.nextElementSibling, item);
@@ -98,7 +98,7 @@
           say("assistant", data.answer, sources);
           break;
         } else if (event === "error") { say("error", data.error); break; }
-        else if (event === "cancelled") { say("error", data.error || "Cancelled."); break; }
+        else if (event === "cancelled") { say("error", data.error || gettext("Cancelled.")); break; }
       }
     } finally { busy(false); await loadVariables(); }
   };

@@ -10,7 +10,7 @@ function lineChart(svg, series, keys) {
     const empty = document.createElementNS(SVG_NS, "text");
     empty.setAttribute("x", width / 2); empty.setAttribute("y", height / 2);
     empty.setAttribute("text-anchor", "middle"); empty.setAttribute("class", "chart-empty");
-    empty.textContent = "no data yet";
+    empty.textContent = gettext("no data yet");
     svg.appendChild(empty);
     return;
   }
@@ -86,4 +86,61 @@ async function drawAppCharts(container) {
   document.querySelector('[data-total="error_rate"]').textContent =
     t.requests ? `${((100 * t.errors) / t.requests).toFixed(1)}%` : "—";
   document.querySelector('[data-total="feedback"]').textContent = votes ? `${Math.round((100 * t.up) / votes)}%` : "—";
+}
+
+// A model group's page: the share of requests each member answered, and what each member cost, over time.
+async function drawGroupShare(container, overall) {
+  const response = await fetch(container.dataset.url, { credentials: "same-origin" });
+  if (!response.ok) return;
+  const summary = await response.json();
+  lineChart(document.getElementById("chart-share"), summary.series, ["big_share", "small_share"]);
+  lineChart(document.getElementById("chart-cost"), summary.series, ["big_cost", "small_cost"]);
+  const o = summary.overall;
+  overall.textContent = overall.dataset.template.replace(/\{(\w+)\}/g, (_, key) => o[key]);
+}
+
+// The cost-quality curve of a calibration: x is the big model's share of tokens, y the quality relative to the big
+// model alone (absolute quality where big-only scored 0); one line per policy. Clicking a point calls pick(policy,
+// threshold).
+function curveChart(svg, curves, pick) {
+  const width = 480, height = 240, pad = 36;
+  svg.replaceChildren();
+  const policies = Object.keys(curves);
+  const value = (p) => (p.relative_quality === null ? p.quality : p.relative_quality);
+  const top = Math.max(1, ...policies.flatMap((policy) => curves[policy].map(value))) * 1.05;
+  const x = (share) => pad + share * (width - 2 * pad);
+  const y = (v) => height - pad - (v / top) * (height - 2 * pad);
+  const text = (content, attributes) => {
+    const node = document.createElementNS(SVG_NS, "text");
+    for (const [name, v] of Object.entries(attributes)) node.setAttribute(name, v);
+    node.setAttribute("class", "chart-axis");
+    node.textContent = content;
+    svg.appendChild(node);
+  };
+  text(svg.dataset.xLabel + " →", { x: width - pad, y: height - 6, "text-anchor": "end" });
+  text("↑ " + svg.dataset.yLabel, { x: 2, y: 14 });
+  text(top.toFixed(2), { x: 2, y: pad - 4 });
+  const full = document.createElementNS(SVG_NS, "line");
+  full.setAttribute("x1", x(0)); full.setAttribute("x2", x(1)); full.setAttribute("y1", y(1)); full.setAttribute("y2", y(1));
+  full.setAttribute("stroke", "#adb5bd"); full.setAttribute("stroke-dasharray", "4 4");
+  svg.appendChild(full);
+  policies.forEach((policy, k) => {
+    const points = [...curves[policy]].sort((a, b) => a.big_share_tokens - b.big_share_tokens);
+    const line = document.createElementNS(SVG_NS, "polyline");
+    line.setAttribute("points", points.map((p) => `${x(p.big_share_tokens)},${y(value(p))}`).join(" "));
+    line.setAttribute("fill", "none"); line.setAttribute("stroke", COLOURS[k]); line.setAttribute("stroke-width", "2");
+    svg.appendChild(line);
+    for (const p of points) {
+      const dot = document.createElementNS(SVG_NS, "circle");
+      dot.setAttribute("cx", x(p.big_share_tokens)); dot.setAttribute("cy", y(value(p))); dot.setAttribute("r", 5);
+      dot.setAttribute("fill", COLOURS[k]); dot.setAttribute("class", "curve-point");
+      dot.dataset.policy = policy; dot.dataset.threshold = p.threshold;
+      const title = document.createElementNS(SVG_NS, "title");
+      title.textContent = `${policy} @ ${p.threshold}: big ${(100 * p.big_share_requests).toFixed(0)}% of requests, ` +
+        `${(100 * p.big_share_tokens).toFixed(0)}% of tokens, quality ${p.quality}`;
+      dot.appendChild(title);
+      dot.addEventListener("click", () => pick(policy, p.threshold));
+      svg.appendChild(dot);
+    }
+  });
 }

@@ -22,7 +22,7 @@ async function uploadFiles(files) {
   });
   const body = await response.json().catch(() => ({}));
   if (!response.ok) {
-    outcomes.replaceChildren(el("li", { class: "error-text" }, body.error?.message || `Upload failed (${response.status})`));
+    outcomes.replaceChildren(el("li", { class: "error-text" }, body.error?.message || interpolate(gettext("Upload failed (%s)"), [response.status])));
     return;
   }
   outcomes.replaceChildren(...body.outcomes.map((o) => el("li", { "data-outcome": o.status },
@@ -97,7 +97,7 @@ async function ask(question) {
   });
   if (!response.ok) {
     const body = await response.json().catch(() => ({}));
-    error.textContent = body.error?.message || `The chat failed (${response.status}).`;
+    error.textContent = body.error?.message || interpolate(gettext("The chat failed (%s)."), [response.status]);
     return;
   }
   let hits = [];

@@ -36,7 +36,7 @@ function votes(after, messageId) {
     const button = document.createElement("button");
     button.type = "button";
     button.textContent = label;
-    button.setAttribute("aria-label", `Thumbs ${rating}`);
+    button.setAttribute("aria-label", rating === "up" ? gettext("Thumbs up") : gettext("Thumbs down"));
     button.setAttribute("aria-pressed", "false");
     button.addEventListener("click", async () => {
       const response = await fetch(form.dataset.feedbackUrl, {
@@ -58,7 +58,7 @@ async function ask(query) {
   });
   if (!response.ok) {
     const body = await response.json().catch(() => ({}));
-    errorLine.textContent = body.error?.message || `The chat failed (${response.status}).`;
+    errorLine.textContent = body.error?.message || interpolate(gettext("The chat failed (%s)."), [response.status]);
     answer.remove();
     return;
   }

@@ -50,7 +50,7 @@ MATRIX: dict[str, object] = {
     # factory and accounts
     "dashboard": OWN, "coming": PUBLIC, "healthz": PUBLIC, "schema": PUBLIC, "api-docs": PUBLIC,
     "login": PUBLIC, "logout": OWN, "api-login": PUBLIC, "api-logout": OWN, "api-me": OWN,
-    "choose-language": OWN, "switch-workspace": OWN, "create-workspace": OWN, "api-keys": LIST, "settings": LIST,
+    "choose-language": OWN, "javascript-catalog": PUBLIC, "switch-workspace": OWN, "create-workspace": OWN, "api-keys": LIST, "settings": LIST,
     "workspace-list": LIST, "workspace-detail": _pk("workspace"),
     "member-list": LIST, "member-detail": _pk("membership"),
     "api-key-list": LIST, "api-key-detail": _pk("api_key"), "api-key-revoke": _pk("api_key"),
