@@ -21,7 +21,7 @@ from accounts.errors import ValidationFailed
 from accounts.models import Workspace
 from agent_studio.models import AgentTemplate, ToolStrategy, VariableScope
 from rag_studio.models import KnowledgeBase
-from serving.selectors import deployments_visible_to
+from serving.selectors import chat_model_problem
 from workbridge.models import Tool
 
 VARIABLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
@@ -130,12 +130,8 @@ def check_settings(*, workspace: Workspace, template: str, raw: dict, agent_id: 
     if not isinstance(prompt, str) or len(prompt) > MAX_PROMPT_CHARS:
         raise _refuse("system_prompt", f"'system_prompt' must be text of at most {MAX_PROMPT_CHARS} characters.")
     model = value.get("model")
-    deployment = deployments_visible_to(workspace=workspace).select_related("model").filter(name=model).first() \
-        if isinstance(model, str) else None
-    if deployment is None:
-        raise _refuse("model", f"No deployment named '{model}'. Deploy a chat model on Models & Serving first.")
-    if not deployment.model.supports_chat:
-        raise _refuse("model", f"'{model}' cannot chat (it is an embedding or completion-only model).")
+    if problem := chat_model_problem(workspace=workspace, name=model):
+        raise _refuse("model", problem)
     if value["tool_strategy"] not in ToolStrategy.values:
         raise _refuse("tool_strategy", f"'tool_strategy' must be one of {', '.join(ToolStrategy.values)}.")
 

@@ -16,7 +16,7 @@ from agent_studio import config, demo, probes, selectors, services
 from agent_studio.models import AgentTemplate, EvalStatus, ToolStrategy, VariableScope
 from agent_studio.strategies import probe
 from rag_studio.models import KnowledgeBase
-from serving.selectors import deployments_visible_to
+from serving.selectors import chat_model_names
 from workbridge.models import Tool
 
 
@@ -28,8 +28,7 @@ def _agent(request, agent_id: int):
 
 
 def _chat_deployments(workspace) -> list[str]:
-    return [d.name for d in deployments_visible_to(workspace=workspace).select_related("model")
-            if d.model.supports_chat]
+    return chat_model_names(workspace=workspace)
 
 
 def _int(post, field: str, label: str) -> int:

@@ -60,6 +60,7 @@ from rag_studio.models import (Chunk, Document, DocumentEvent, DocumentStatus, F
                                Stage)
 from rag_studio.parsing import ParseError, file_kind
 from serving.models import Deployment, Model, RoleHint
+from serving.selectors import chat_model_problem
 
 CONFIG_BUNDLE = "rag_config"
 APP_BUNDLE = "app"  # a config bundle that also carries a published app (runtime's `extra`)
@@ -347,9 +348,7 @@ def _valid_ingested(ingested) -> bool:
 
 def _require_chat_deployment(workspace: Workspace, name: str) -> None:
     """The config answers through a deployment by name; importing one that cannot answer here helps nobody."""
-    deployment = Deployment.objects.select_related("model").filter(
-        Q(workspace=workspace) | Q(workspace__isnull=True), name=name).first()
-    if deployment is None or not deployment.model.supports_chat:
+    if chat_model_problem(workspace=workspace, name=name):
         raise ValidationFailed(
             f"The bundle's RAG config answers with the deployment '{name}', which does not exist here (or cannot "
             f"chat). Deploy a chat model under that name on Models & Serving, then import again.",

@@ -28,6 +28,7 @@ from rag_studio.parsing import ParseError, file_kind
 from rag_studio.retrieval_config import validate_retrieval
 from rag_studio.screening import DEFAULT_POLICY, validate_policy
 from serving.models import Deployment, Model, RoleHint, ServingState
+from serving.selectors import chat_model_problem
 
 INGEST_TASK = "rag_studio.tasks.ingest_document"
 DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
@@ -355,14 +356,10 @@ def ready_embedding_deployments(workspace: Workspace):
                                      model__role_hint=RoleHint.EMBEDDING, state=ServingState.READY)
 
 
-def _chat_deployment(workspace: Workspace, name: str, field: str) -> Deployment:
-    deployment = Deployment.objects.select_related("model").filter(
-        Q(workspace=workspace) | Q(workspace__isnull=True), name=name).first()
-    if deployment is None:
-        raise _fields_error(field, f"No deployment named '{name}'. Deploy a model on the Models page first.")
-    if not deployment.model.supports_chat:
-        raise _fields_error(field, f"'{name}' cannot chat (it is an embedding or completion-only model).")
-    return deployment
+def _chat_deployment(workspace: Workspace, name: str, field: str) -> None:
+    """`name` answers chats for this workspace: a chat deployment or a model group (serving decides which)."""
+    if problem := chat_model_problem(workspace=workspace, name=name):
+        raise _fields_error(field, problem)
 
 
 def _config_settings(config: RagConfig) -> dict:

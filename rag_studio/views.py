@@ -21,7 +21,7 @@ from rag_studio.retrieval import retrieve
 from rag_studio.retrieval_config import FUSION_METHODS, RERANK_KINDS, RETRIEVAL_MODES
 from rag_studio.screening import ACTIONS, CATEGORIES
 from serving.models import RoleHint
-from serving.selectors import deployments_visible_to, models_visible_to
+from serving.selectors import chat_models, models_visible_to
 
 
 def _kb(request, kb_id):
@@ -33,8 +33,7 @@ def _config(request, config_id):
 
 
 def _chat_deployments(workspace):
-    return [d for d in deployments_visible_to(workspace=workspace).select_related("model")
-            if d.model.supports_chat]
+    return chat_models(workspace=workspace)
 
 
 def _embedding_models(workspace):

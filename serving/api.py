@@ -2,13 +2,18 @@ from django.db.models import Q
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
 from accounts.permissions import WorkspaceScopedMixin
 from cluster.models import Node
 from serving import selectors, services
 from serving.engines.base import engine
-from serving.models import Deployment, Engine, Model, Replica, RequestRecord, RoleHint, ServingEvent
+from serving.groups import services as group_services
+from serving.groups.calibration import MAX_ITEMS
+from serving.groups.scoring import METRICS
+from serving.models import (CalibrationRun, Deployment, Engine, GroupPolicy, GroupRequest, Model, ModelGroup, Replica,
+                            RequestRecord, RoleHint, ServingEvent)
 
 
 class ModelSerializer(serializers.ModelSerializer):
@@ -213,3 +218,186 @@ class RequestRecordViewSet(WorkspaceScopedMixin, mixins.RetrieveModelMixin, view
     queryset = RequestRecord.objects.all()
     serializer_class = RequestRecordSerializer
     lookup_field = "request_id"
+
+
+class ModelGroupSerializer(serializers.ModelSerializer):
+    big = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    small = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    draft = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    speculative_deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    shared = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ModelGroup
+        fields = ["id", "name", "policy", "big", "small", "draft", "speculative_deployment", "threshold", "settings",
+                  "shared", "created_at", "updated_at"]
+
+    def get_shared(self, obj) -> bool:
+        return obj.workspace_id is None
+
+
+class ModelGroupCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=96)
+    policy = serializers.ChoiceField(choices=GroupPolicy.choices)
+    big = serializers.CharField(help_text="Name of the big member's deployment")
+    small = serializers.CharField(required=False, allow_blank=True, default="",
+                                  help_text="Name of the small member's deployment (route, cascade)")
+    draft = serializers.CharField(required=False, allow_blank=True, default="",
+                                  help_text="Speculative: name of the draft model (default: the small member's)")
+    threshold = serializers.FloatField(default=0.5)
+    settings = serializers.JSONField(required=False, default=dict)
+
+
+class ModelGroupUpdateSerializer(serializers.Serializer):
+    policy = serializers.ChoiceField(choices=GroupPolicy.choices, required=False)
+    small = serializers.CharField(required=False)
+    threshold = serializers.FloatField(required=False)
+    settings = serializers.JSONField(required=False)
+
+
+class GroupRequestSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = GroupRequest
+        fields = ["request_id", "policy", "member", "score", "threshold", "escalated", "reason", "fallback", "status",
+                  "small_input_tokens", "small_output_tokens", "big_input_tokens", "big_output_tokens", "small_cost",
+                  "big_cost", "created_at"]
+
+
+class CalibrationStartSerializer(serializers.Serializer):
+    items = serializers.JSONField(required=False, help_text=f"[{{prompt, reference}}], at most {MAX_ITEMS}")
+    file = serializers.FileField(required=False, help_text="JSONL: one {prompt, reference} per line")
+    source = serializers.CharField(required=False, max_length=200, default="API")
+    metric = serializers.ChoiceField(choices=METRICS, default="token_f1")
+    max_tokens = serializers.IntegerField(default=128)
+    temperature = serializers.FloatField(default=0.2)
+
+    def validate(self, attrs):
+        if ("items" in attrs) == ("file" in attrs):
+            raise serializers.ValidationError({"items": ["Give either 'items' or a JSONL 'file'."]})
+        return attrs
+
+
+class CalibrationRunSerializer(serializers.ModelSerializer):
+    group = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = CalibrationRun
+        fields = ["id", "group", "state", "source", "metric", "max_tokens", "temperature", "curves", "summary",
+                  "chosen", "error", "created_at", "finished_at"]
+
+
+class CalibrationRunDetailSerializer(CalibrationRunSerializer):
+    class Meta(CalibrationRunSerializer.Meta):
+        fields = CalibrationRunSerializer.Meta.fields + ["items", "outcomes"]
+
+
+class PickPointSerializer(serializers.Serializer):
+    policy = serializers.ChoiceField(choices=[GroupPolicy.ROUTE, GroupPolicy.CASCADE])
+    threshold = serializers.FloatField()
+
+
+def _deployment_named(workspace, name: str, field: str) -> Deployment | None:
+    if not name:
+        return None
+    deployment = selectors.deployments_visible_to(workspace=workspace).filter(name=name).first()
+    if deployment is None:
+        raise serializers.ValidationError({field: [f"No deployment called '{name}'."]})
+    return deployment
+
+
+class ModelGroupViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                        mixins.DestroyModelMixin, viewsets.GenericViewSet):
+    """Model groups: one name in /v1 over a big and a small deployment, and the policy that picks per request."""
+
+    serializer_class = ModelGroupSerializer
+    lookup_field = "name"
+    parser_classes = [JSONParser, MultiPartParser, FormParser]
+
+    def get_queryset(self):
+        return selectors.groups_visible_to(workspace=self.workspace)
+
+    @extend_schema(request=ModelGroupCreateSerializer, responses={201: ModelGroupSerializer})
+    def create(self, request):
+        data = ModelGroupCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        spec = data.validated_data
+        draft = None
+        if spec["draft"]:
+            draft = selectors.models_visible_to(workspace=self.workspace).filter(name=spec["draft"]).first()
+            if draft is None:
+                raise serializers.ValidationError({"draft": [f"No model called '{spec['draft']}'."]})
+        group = group_services.create_group(
+            actor=self.actor, workspace=self.workspace, name=spec["name"], policy=spec["policy"],
+            big=_deployment_named(self.workspace, spec["big"], "big"),
+            small=_deployment_named(self.workspace, spec["small"], "small"), draft=draft,
+            threshold=spec["threshold"], settings=spec["settings"])
+        return Response(ModelGroupSerializer(group).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=ModelGroupUpdateSerializer, responses=ModelGroupSerializer)
+    def partial_update(self, request, name=None):
+        data = ModelGroupUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        spec = data.validated_data
+        group = group_services.update_group(
+            actor=self.actor, group=self.get_object(), policy=spec.get("policy"), threshold=spec.get("threshold"),
+            settings=spec.get("settings"), small=_deployment_named(self.workspace, spec.get("small", ""), "small"))
+        return Response(ModelGroupSerializer(group).data)
+
+    def perform_destroy(self, instance):
+        group_services.delete_group(actor=self.actor, group=instance)
+
+    @extend_schema(responses=GroupRequestSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def requests(self, request, name=None):
+        """The latest requests through the group: which member answered, why, and what each member's tokens cost."""
+        records = self.get_object().requests.filter(Q(workspace=self.workspace) | Q(workspace__isnull=True))[:100]
+        return Response(GroupRequestSerializer(records, many=True).data)
+
+    @extend_schema(parameters=[OpenApiParameter("minutes", int)], responses=dict)
+    @action(detail=True, methods=["get"])
+    def share(self, request, name=None):
+        """The share of requests each member answered, with tokens and cost, overall and over time."""
+        minutes = serializers.IntegerField(min_value=1, max_value=7 * 24 * 60).run_validation(
+            request.query_params.get("minutes", 60))
+        return Response(selectors.group_share_summary(group=self.get_object(), workspace=self.workspace,
+                                                      minutes=minutes))
+
+    @extend_schema(request=CalibrationStartSerializer, responses={202: CalibrationRunSerializer})
+    @action(detail=True, methods=["post"])
+    def calibrate(self, request, name=None):
+        """Run both members on prompt/reference pairs (a list, or a JSONL file) and draw the cost-quality curve."""
+        data = CalibrationStartSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        spec = data.validated_data
+        items = spec.get("items")
+        source = spec["source"]
+        if "file" in spec:
+            items = group_services.calibration_items_from_file(content=spec["file"].read())
+            source = f"uploaded {spec['file'].name}"
+        run = group_services.start_calibration(
+            actor=self.actor, workspace=self.workspace, group=self.get_object(), items=items, source=source,
+            metric=spec["metric"], max_tokens=spec["max_tokens"], temperature=spec["temperature"])
+        return Response(CalibrationRunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses=CalibrationRunSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def calibrations(self, request, name=None):
+        runs = self.get_object().calibrations.filter(workspace=self.workspace)[:50]
+        return Response(CalibrationRunSerializer(runs, many=True).data)
+
+
+class CalibrationRunViewSet(WorkspaceScopedMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """A calibration run of this workspace, with its prompts, every answer and score, and its curves."""
+
+    queryset = CalibrationRun.objects.select_related("group")
+    serializer_class = CalibrationRunDetailSerializer
+
+    @extend_schema(request=PickPointSerializer, responses=ModelGroupSerializer)
+    @action(detail=True, methods=["post"])
+    def pick(self, request, pk=None):
+        """Set the group's policy and threshold to this point of the run's curve."""
+        data = PickPointSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        group = group_services.pick_calibration_point(actor=self.actor, run=self.get_object(),
+                                                      **data.validated_data)
+        return Response(ModelGroupSerializer(group).data)

@@ -17,7 +17,10 @@ from serving import selectors, services
 from serving.engines.base import CHAT, engine
 from accounts.selectors import effective_role
 from serving.gateway import Caller, GatewayError, admit, django_response, serve
-from serving.models import Engine, RoleHint
+from serving.groups import services as group_services
+from serving.groups.policies import route_settings
+from serving.groups.scoring import METRICS
+from serving.models import CalibrationState, Engine, GroupPolicy, RoleHint
 
 
 def _may_scrape(request) -> bool:
@@ -92,6 +95,8 @@ def serving_home(request):
         "nodes": Node.objects.all(),
         "engines": Engine.choices,
         "roles": RoleHint.choices,
+        "groups": selectors.groups_visible_to(workspace=request.workspace),
+        "policies": GroupPolicy.choices,
     })
 
 
@@ -211,3 +216,111 @@ async def playground_chat(request):
         return django_response(exc.reply())
     return django_response(await serve("chat/completions", method=request.method, content=request.body,
                                        caller=caller))
+
+
+def _group_or_404(request, name: str):
+    group = selectors.groups_visible_to(workspace=request.workspace).filter(name=name).first()
+    if group is None:
+        raise Http404("No such model group.")
+    return group
+
+
+def _deployment_named(request, name: str):
+    return _deployment_or_404(request, name) if name else None
+
+
+def _number(text: str, label: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValidationFailed(f"{label} must be a number (got '{text}').")
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+@workspace_page
+def create_model_group(request):
+    if request.method != "POST":
+        return redirect("serving")
+    post = request.POST
+    draft = None
+    if post.get("draft"):
+        draft = _model_or_404(request, int(post["draft"]) if post["draft"].isdigit() else 0)
+    group = group_services.create_group(
+        actor=gui_actor(request), workspace=request.workspace, name=post.get("name", ""),
+        policy=post.get("policy", ""), big=_deployment_named(request, post.get("big", "")),
+        small=_deployment_named(request, post.get("small", "")), draft=draft,
+        threshold=_number(post.get("threshold") or "0.5", "The threshold"))
+    messages.success(request, f"Model group {group.name} answers at /v1 as model=\"{group.name}\".")
+    return redirect("model-group", name=group.name)
+
+
+def _save_group_settings(request, group) -> None:
+    post = request.POST
+    settings_ = {**group.settings, "route": {
+        "length_scale": _number(post.get("length_scale") or "2000", "The length scale"),
+        "keywords": _lines(post.get("keywords", "")), "patterns": _lines(post.get("patterns", "")),
+        "keyword_weight": _number(post.get("keyword_weight") or "0.5", "The keyword weight"),
+        "pattern_weight": _number(post.get("pattern_weight") or "0.5", "The pattern weight")},
+        "cascade": {"confidence": post.get("confidence") or "mean"}}
+    group_services.update_group(actor=gui_actor(request), group=group, policy=post.get("policy") or None,
+                                threshold=_number(post.get("threshold") or str(group.threshold), "The threshold"),
+                                settings=settings_)
+    messages.success(request, "Model group saved.")
+
+
+def _start_calibration(request, group) -> None:
+    upload = request.FILES.get("file")
+    if upload is None:
+        raise ValidationFailed("Choose a JSONL file of prompts with reference answers.")
+    try:
+        max_tokens = int(request.POST.get("max_tokens") or 128)
+    except ValueError:
+        raise ValidationFailed("Max tokens must be a whole number.")
+    items = group_services.calibration_items_from_file(content=upload.read())
+    group_services.start_calibration(actor=gui_actor(request), workspace=request.workspace, group=group,
+                                     items=items, source=f"uploaded {upload.name}",
+                                     metric=request.POST.get("metric") or "token_f1", max_tokens=max_tokens)
+    messages.success(request, f"Calibrating on {len(items)} prompts: both members answer each one.")
+
+
+def _pick_point(request, group) -> None:
+    run = group.calibrations.filter(workspace=request.workspace, pk=request.POST.get("run") or 0).first()
+    if run is None:
+        raise Http404("No such calibration run.")
+    policy, _, threshold = request.POST.get("pick", "").partition(":")
+    group_services.pick_calibration_point(actor=gui_actor(request), run=run, policy=policy,
+                                          threshold=_number(threshold, "The threshold"))
+    messages.success(request, f"{group.name} now uses the {policy} policy at this point of the curve.")
+
+
+@workspace_page
+def model_group_page(request, name: str):
+    group = _group_or_404(request, name)
+    if request.method == "POST":
+        action = request.POST.get("action")
+        if action == "settings":
+            _save_group_settings(request, group)
+        elif action == "calibrate":
+            _start_calibration(request, group)
+        elif action == "pick":
+            _pick_point(request, group)
+        elif action == "delete":
+            group_services.delete_group(actor=gui_actor(request), group=group)
+            messages.success(request, f"Deleted the model group {name}; its members stay deployed.")
+            return redirect("serving")
+        return redirect("model-group", name=group.name)
+    runs = list(group.calibrations.filter(workspace=request.workspace)[:10])
+    shown = next((run for run in runs if run.state == CalibrationState.DONE), None)
+    return render(request, "serving/group.html", {
+        "group": group, "policies": GroupPolicy.choices,
+        "route": route_settings(group.settings.get("route") or {}),
+        "confidence": (group.settings.get("cascade") or {}).get("confidence", "mean"),
+        "requests": group.requests.filter(Q(workspace=request.workspace) | Q(workspace__isnull=True))[:20],
+        "runs": runs, "shown": shown, "metrics": METRICS,
+        "curve_tables": [(policy, points, (shown.summary.get("suggested") or {}).get(policy))
+                         for policy, points in shown.curves.items()] if shown else [],
+        "running": any(run.state in (CalibrationState.QUEUED, CalibrationState.RUNNING) for run in runs),
+    })

@@ -72,6 +72,11 @@ MATRIX: dict[str, object] = {
         "deployment-detail", "deployment-engine", "deployment-events", "deployment-metrics", "deployment-requests",
         "deployment-routing", "deployment-start", "deployment-stop", "deployment", "deployment-state")},
     "request-record-detail": Scoped("request_record", lambda o: {"request_id": o["request_record"].request_id}),
+    "create-model-group": OWN, "model-group-list": LIST,
+    **{name: Scoped("model_group", lambda o: {"name": o["model_group"].name}) for name in (
+        "model-group", "model-group-detail", "model-group-requests", "model-group-share", "model-group-calibrate",
+        "model-group-calibrations")},
+    "calibration-run-detail": _pk("calibration_run"), "calibration-run-pick": _pk("calibration_run"),
     # workbridge
     "tools": LIST, "tool-new": OWN, "tools-import-openapi": OWN, "tools-import-curl": OWN, "secret-set": OWN,
     "egress-rule-add": OWN, "mcp-server-add": OWN,
@@ -194,7 +199,8 @@ def tenancy(make_workspace, presets, settings):  # noqa: F811
     from runtime import services as runtime_services
     from runtime.models import Channel, Trace
     from serving import services as serving_services
-    from serving.models import RequestRecord
+    from serving.groups import services as group_services
+    from serving.models import CalibrationRun, RequestRecord
     from workbridge import services as workbridge_services
     from workbridge.models import ApiSpec, McpServer
 
@@ -202,8 +208,9 @@ def tenancy(make_workspace, presets, settings):  # noqa: F811
     make_workspace("Globex", owner="bob")
     ann = Actor(user=acme.memberships.get(role="owner").user)
     node = register_node(name=settings.NODE_NAME, resources=inventory.probe())
-    serving_services.create_deployment(actor=SYSTEM, workspace=None, model=presets["smollm2-135m-instruct"],
-                                       name="smollm2-135m-instruct", replicas=[(node, 1.0)])
+    shared_smollm2 = serving_services.create_deployment(
+        actor=SYSTEM, workspace=None, model=presets["smollm2-135m-instruct"], name="smollm2-135m-instruct",
+        replicas=[(node, 1.0)])
     o = {"workspace": acme, "membership": acme.memberships.get(user__username="vic"),
          "api_key": create_api_key(actor=ann, workspace=acme, name="acme-key").api_key,
          "job": dispatch_job(actor=ann, workspace=acme, kind="node.inventory", node=node),
@@ -211,6 +218,10 @@ def tenancy(make_workspace, presets, settings):  # noqa: F811
                                                   path=str(presets["smollm2-135m-instruct"].path))}
     o["deployment"] = serving_services.create_deployment(actor=ann, workspace=acme, model=o["model"],
                                                          name="acme-chat", replicas=[(node, 1.0)])
+    o["model_group"] = group_services.create_group(actor=ann, workspace=acme, name="acme-group", policy="route",
+                                                   big=o["deployment"], small=shared_smollm2)
+    o["calibration_run"] = CalibrationRun.objects.create(group=o["model_group"], workspace=acme, source="acme-prompts",
+                                                         metric="token_f1", items=[{"prompt": "p", "reference": "r"}])
     o["request_record"] = RequestRecord.objects.create(deployment=o["deployment"], workspace=acme,
                                                        request_id=uuid.uuid4().hex, endpoint="chat/completions",
                                                        status=200)
@@ -322,7 +333,8 @@ def test_another_workspaces_lists_do_not_show_its_objects(tenancy):
             continue
         body = api.get(_path(names[key][1], {})).content.decode()
         for marker in ("acme-key", "acme-chat", "acme-smol", "Acme docs", "Acme QA", "acme-app", "lookup",
-                       "acme_token", "10.9.0.0", "Acme agent", "acme-data", "acme-job", "acme-spec", "acme-mcp"):
+                       "acme_token", "10.9.0.0", "Acme agent", "acme-data", "acme-job", "acme-spec", "acme-mcp",
+                       "acme-group", "acme-prompts"):
             if marker in body:
                 leaked.append(f"{key}: {marker}")
     assert not leaked, "Another workspace's list showed A's objects:\n" + "\n".join(leaked)
