@@ -39,7 +39,7 @@ from rag_studio.embedding import Embedder, EmbeddingFailed
 from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, Stage
 from rag_studio.parsing import ParsedPage, ParseError, parse_document
 from rag_studio.screening import screen_text
-from rag_studio.services import dispatch_ingest, index_store
+from rag_studio.services import DISK_FULL, dispatch_ingest, index_store
 
 logger = logging.getLogger(__name__)
 ORDER = [Stage.PARSE, Stage.CLEAN, Stage.SCREEN, Stage.CHUNK, Stage.EMBED, Stage.INDEX, Stage.DONE]
@@ -174,6 +174,14 @@ def _guarded(documents: list[Document], worker: str, step) -> bool:
         reason, code = exc.reason, exc.code
     except EmbeddingFailed as exc:
         reason, code = str(exc), "embedding_failed"
+    except OSError as exc:
+        if exc.errno in DISK_FULL:
+            reason = (f"The data directory is full ({exc.strerror} in the {documents[0].stage} stage); free space "
+                      f"on the server, then retry the document.")
+            code = "storage_full"
+        else:
+            logger.exception("Ingestion of documents %s failed", [d.pk for d in documents])
+            reason, code = f"Unexpected error in the {documents[0].stage} stage: {exc}", "internal_error"
     except Exception as exc:  # any other bug must still end in a readable failure, not "processing" forever
         logger.exception("Ingestion of documents %s failed", [d.pk for d in documents])
         reason, code = f"Unexpected error in the {documents[0].stage} stage: {exc}", "internal_error"

@@ -1,6 +1,7 @@
 """Knowledge bases and their documents: create and configure, upload, delete, re-index. The ingestion stages
 themselves live in `ingestion`, retrieval in `retrieval`."""
 
+import errno
 import hashlib
 import os
 import shutil
@@ -13,7 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from accounts.errors import Conflict, NotFound, ValidationFailed
+from accounts.errors import Conflict, NotFound, ServiceUnavailable, ValidationFailed
 from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from assets.models import AssetKind, AssetVersion
@@ -241,6 +242,17 @@ class UploadedFile:
             yield block
 
 
+class StorageFull(ServiceUnavailable):
+    """The data directory has no room left: nothing the user sent is wrong, and retrying later (after an operator
+    frees space) works."""
+
+    status = 507
+    code = "storage_full"
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
 def upload_documents(*, actor: Actor, kb: KnowledgeBase, uploads) -> list[UploadOutcome]:
     """Store each file (hashed while it streams to disk) and queue its ingestion. A file that cannot be ingested
     becomes a failed document with its reason; a file already in the knowledge base is reported as a duplicate.
@@ -248,7 +260,17 @@ def upload_documents(*, actor: Actor, kb: KnowledgeBase, uploads) -> list[Upload
     require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
     if not uploads:
         raise _fields_error("files", "Choose at least one file to upload.")
-    outcomes = [_store_upload(kb, upload) for upload in uploads]
+    outcomes = []
+    for upload in uploads:
+        try:
+            outcomes.append(_store_upload(kb, upload))
+        except OSError as exc:
+            if exc.errno not in DISK_FULL:
+                raise
+            stored = f" ({len(outcomes)} file(s) before it were stored)" if outcomes else ""
+            raise StorageFull(f"The data directory is full: '{Path(upload.name or 'unnamed').name}' and the files "
+                              f"after it were not stored{stored}. Free space on the server, then upload them "
+                              f"again.", retry_after=60)
     record_audit(actor=actor, workspace=kb.workspace, action="rag.document.upload", target=kb,
                  detail={"files": [o.filename for o in outcomes], "statuses": [o.status for o in outcomes]})
     return outcomes
@@ -259,16 +281,20 @@ def _store_upload(kb: KnowledgeBase, upload) -> UploadOutcome:
     staging = files.uploads_dir(kb.pk) / f".incoming-{os.getpid()}-{id(upload)}"
     staging.parent.mkdir(parents=True, exist_ok=True)
     digest, size, too_large = hashlib.sha256(), 0, False
-    with staging.open("wb") as out:
-        for block in upload.chunks():
-            size += len(block)
-            digest.update(block)
-            if size > settings.RAG_UPLOAD_MAX_BYTES:
-                too_large = True
-                continue
-            out.write(block)
-        out.flush()
-        os.fsync(out.fileno())
+    try:
+        with staging.open("wb") as out:
+            for block in upload.chunks():
+                size += len(block)
+                digest.update(block)
+                if size > settings.RAG_UPLOAD_MAX_BYTES:
+                    too_large = True
+                    continue
+                out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError:
+        staging.unlink(missing_ok=True)  # a disk that filled up mid-file keeps no half of it
+        raise
     sha256 = digest.hexdigest()
     existing = kb.documents.filter(sha256=sha256).first()
     if existing is not None:
