@@ -1,0 +1,202 @@
+"""Model groups without engines: what the policies decide and say, the calibration curve against hand-computed
+points, and every refusal a user can meet through the API and the GUI (issue 19, "Bad input")."""
+
+import io
+import json
+
+import pytest
+from django.test import Client
+from rest_framework.test import APIClient
+
+from accounts.services import SYSTEM, Actor, create_api_key
+from cluster import inventory
+from cluster.services import register_node
+from serving import services
+from serving.groups import calibration, policies
+from serving.models import CalibrationRun, CalibrationState, ModelGroup
+from serving.presets import GEMMA3, MINILM, SMOLLM2, register_presets
+
+pytestmark = pytest.mark.django_db
+
+# A SmolLM2 answer through llama-server with `logprobs: true, top_logprobs: 1`, as the engine sent it (trimmed).
+RECORDED_CHOICE = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": " Paris."},
+                   "logprobs": {"content": [
+                       {"id": 7042, "token": " Paris", "logprob": -0.24842411279678345, "top_logprobs": []},
+                       {"id": 30, "token": ".", "logprob": -0.3992047607898712, "top_logprobs": []}]}}
+
+
+@pytest.fixture
+def stack(make_workspace, settings):
+    node = register_node(name=settings.NODE_NAME, resources=inventory.probe())
+    models = register_presets(lambda line: None)
+    deployments = {name: services.create_deployment(actor=SYSTEM, workspace=None, model=models[name], name=name,
+                                                    replicas=[(node, 1.0)]) for name in (SMOLLM2, GEMMA3, MINILM)}
+    workspace = make_workspace("Acme", "ann", dev="developer", vic="viewer")
+    ann = workspace.memberships.get(role="owner").user
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION="Bearer " + create_api_key(actor=Actor(user=ann), workspace=workspace,
+                                                                  name="ann").secret)
+    return {"workspace": workspace, "ann": ann, "api": api, "deployments": deployments, "models": models}
+
+
+def _group(api, **fields):
+    body = {"name": "assistant", "policy": "cascade", "big": GEMMA3, "small": SMOLLM2, "threshold": 0.5} | fields
+    return api.post("/api/serving/groups/", body, format="json")
+
+
+def test_the_route_score_says_what_made_it():
+    rules = {"length_scale": 100, "keywords": ["prove"], "patterns": [r"\d+\s*[*/]\s*\d+"]}
+    easy = policies.route_score("Say hi.", rules)
+    hard = policies.route_score("Prove that 12 * 7 is 84.", rules)
+
+    assert easy.score == pytest.approx(0.07) and "keyword" not in easy.why
+    assert hard.score == 1.0
+    assert "keyword 'prove'" in hard.why and "pattern" in hard.why
+
+
+def test_the_cascade_keeps_a_confident_answer_and_escalates_the_rest():
+    mean = (-0.24842411279678345 - 0.3992047607898712) / 2
+    kept = policies.cascade_verdict(RECORDED_CHOICE, threshold=0.7, signal="mean")
+    escalated = policies.cascade_verdict(RECORDED_CHOICE, threshold=0.7, signal="min")
+    empty = policies.cascade_verdict(RECORDED_CHOICE | {"message": {"content": " "}}, threshold=0.0, signal="mean")
+
+    assert kept.keep_small and kept.confidence == pytest.approx(2.718281828 ** mean)
+    assert not escalated.keep_small and "0.671 < threshold 0.700" in escalated.why
+    assert not empty.keep_small and "self-check" in empty.why
+
+
+def test_the_curve_matches_hand_computed_points():
+    def outcome(score, confidence, small_q, big_q, big_tokens):
+        return {"route_score": score, "small": {"answer": "x", "quality": small_q, "tokens": 10,
+                                                "confidence": confidence},
+                "big": {"answer": "y", "quality": big_q, "tokens": big_tokens, "confidence": None}}
+
+    outcomes = [outcome(0.1, 0.9, 1.0, 1.0, 30), outcome(0.6, 0.3, 0.0, 1.0, 10), outcome(0.9, 0.8, 0.5, 0.5, 60)]
+    drawn = calibration.curves(outcomes)
+    cascade = {p["threshold"]: p for p in drawn["cascade"]}
+
+    # At 0.5 only the answer of confidence 0.3 escalates: 1 of 3 requests, 10 of 100 big tokens, quality (1+1+.5)/3.
+    assert cascade[0.8] == {"threshold": 0.8, "big_share_requests": 0.3333, "big_share_tokens": 0.1,
+                            "quality": 0.8333, "relative_quality": 1.0}
+    assert cascade[0.0]["big_share_requests"] == 0 and cascade[0.0]["relative_quality"] == 0.6
+    route = {p["threshold"]: p for p in drawn["route"]}
+    assert route[0.6]["big_share_requests"] == 0.6667 and route[0.6]["quality"] == 0.8333
+    assert calibration.summary(outcomes, drawn)["suggested"]["cascade"]["threshold"] == 0.8
+
+
+def test_a_cascade_group_is_one_name_and_a_studio_can_answer_with_it(stack):
+    from agent_studio.config import check_settings
+    from rag_studio import services as rag_services
+
+    response = _group(stack["api"])
+
+    assert response.status_code == 201, response.content
+    assert response.json()["policy"] == "cascade" and response.json()["small"] == SMOLLM2
+    ann = Actor(user=stack["ann"])
+    kb = rag_services.create_knowledge_base(actor=ann, workspace=stack["workspace"], name="Docs")
+    config = rag_services.save_rag_config(actor=ann, workspace=stack["workspace"], name="QA", knowledge_base=kb,
+                                          template="citations", model="assistant")
+    assert config.model == "assistant"
+    assert check_settings(workspace=stack["workspace"], template="tool_calling", raw={"model": "assistant"})
+
+
+@pytest.mark.parametrize("fields, status, field, words", [
+    ({"threshold": 1.5}, 400, "threshold", "from 0 to 1"),
+    ({"threshold": -0.1}, 400, "threshold", "from 0 to 1"),
+    ({"small": ""}, 400, "small", "needs a 'small' deployment"),
+    ({"small": "nope"}, 400, "small", "No deployment called 'nope'"),
+    ({"small": MINILM}, 400, "small", "cannot chat"),
+    ({"small": GEMMA3}, 400, "small", "another deployment"),
+    ({"policy": "vote"}, 400, "policy", "not a valid choice"),
+    ({"settings": {"route": {"patterns": ["("]}}}, 400, "settings", "not a regular expression"),
+    ({"name": SMOLLM2}, 409, None, "already the name of a deployment"),
+])
+def test_bad_groups_are_refused_with_the_reason(stack, fields, status, field, words):
+    response = _group(stack["api"], **fields)
+
+    assert response.status_code == status, response.content
+    error = response.json()["error"]
+    assert words in json.dumps(error)
+    if field:
+        assert field in error.get("fields", {})
+
+
+def test_a_speculative_group_whose_vocabularies_differ_is_refused_with_the_reason(stack):
+    response = _group(stack["api"], policy="speculative")
+
+    assert response.status_code == 400
+    assert "'smollm2-135m-instruct' cannot draft for 'gemma-3-270m'" in response.json()["error"]["message"]
+    assert "tokenizers differ (llama against gpt2)" in response.json()["error"]["message"]
+    assert not ModelGroup.objects.exists()
+
+
+def test_a_viewer_cannot_make_or_change_a_group(stack):
+    _group(stack["api"])
+    viewer = APIClient()
+    viewer.credentials(HTTP_AUTHORIZATION="Bearer " + create_api_key(
+        actor=Actor(user=stack["ann"]), workspace=stack["workspace"], name="v", role="viewer").secret)
+
+    assert _group(viewer, name="other").status_code == 403
+    assert viewer.patch("/api/serving/groups/assistant/", {"threshold": 0.1}, format="json").status_code == 403
+    assert viewer.get("/api/serving/groups/assistant/").json()["threshold"] == 0.5
+
+
+def test_calibration_prompts_without_references_or_stopped_members_are_refused(stack):
+    _group(stack["api"])
+    lines = b'{"prompt": "What is 2 + 2?", "reference": "4"}\n{"prompt": "Name a colour."}\n'
+    missing = stack["api"].post("/api/serving/groups/assistant/calibrate/",
+                                {"file": io.BytesIO(lines)}, format="multipart")
+    stopped = stack["api"].post("/api/serving/groups/assistant/calibrate/",
+                                {"items": [{"prompt": "What is 2 + 2?", "reference": "4"}]}, format="json")
+
+    assert missing.status_code == 400
+    assert "Line 2 has no reference answer" in missing.json()["error"]["message"]
+    assert stopped.status_code == 409 and "start gemma-3-270m, smollm2-135m-instruct first" in \
+        stopped.json()["error"]["message"]
+    assert not CalibrationRun.objects.exists()
+
+
+def _finished_run(group, workspace) -> CalibrationRun:
+    outcomes = [{"prompt": "p", "reference": "r", "route_score": 0.2,
+                 "small": {"answer": "a", "quality": 1.0, "tokens": 10, "confidence": 0.9},
+                 "big": {"answer": "b", "quality": 1.0, "tokens": 20, "confidence": None}},
+                {"prompt": "q", "reference": "s", "route_score": 0.7,
+                 "small": {"answer": "a", "quality": 0.0, "tokens": 10, "confidence": 0.4},
+                 "big": {"answer": "b", "quality": 1.0, "tokens": 20, "confidence": None}}]
+    drawn = calibration.curves(outcomes)
+    return CalibrationRun.objects.create(group=group, workspace=workspace, source="test",
+                                         metric="token_f1", items=[], outcomes=outcomes, curves=drawn,
+                                         summary=calibration.summary(outcomes, drawn), state=CalibrationState.DONE)
+
+
+def test_picking_a_point_of_the_curve_sets_the_policy_and_threshold(stack):
+    _group(stack["api"])
+    group = ModelGroup.objects.get()
+    run = _finished_run(group, stack["workspace"])
+
+    off_curve = stack["api"].post(f"/api/serving/calibrations/{run.pk}/pick/", {"policy": "route", "threshold": 0.5},
+                                  format="json")
+    picked = stack["api"].post(f"/api/serving/calibrations/{run.pk}/pick/", {"policy": "route", "threshold": 0.7},
+                               format="json")
+
+    assert off_curve.status_code == 400 and "not a point of the route curve" in off_curve.json()["error"]["message"]
+    assert picked.status_code == 200
+    assert (picked.json()["policy"], picked.json()["threshold"]) == ("route", 0.7)
+    assert CalibrationRun.objects.get().chosen["big_share_requests"] == 0.5
+
+
+def test_the_group_page_draws_the_curve_and_a_point_is_picked_there(stack):
+    _group(stack["api"])
+    group = ModelGroup.objects.get()
+    run = _finished_run(group, stack["workspace"])
+    browser = Client()
+    browser.force_login(stack["ann"])
+
+    page = browser.get("/serving/groups/assistant/").content.decode()
+    assert 'id="chart-curve"' in page and 'id="curve-data"' in page
+    assert page.count("Use this point") == len(run.curves["route"]) + len(run.curves["cascade"])
+    browser.post("/serving/groups/assistant/", {"action": "pick", "run": run.pk, "pick": "cascade:0.9"})
+
+    group.refresh_from_db()
+    assert (group.policy, group.threshold) == ("cascade", 0.9)
+    assert "assistant" in browser.get("/serving/").content.decode()
