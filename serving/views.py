@@ -198,8 +198,11 @@ def deployment_state(request, name: str):
 def playground(request):
     chat_ready = [d for d in selectors.deployments_visible_to(workspace=request.workspace)
                   if d.state == "ready" and CHAT in engine(d.engine).capabilities(d.model)]
+    # `compare`: a second deployment answering the same chat beside the first (a tuned model and its base).
     return render(request, "serving/playground.html", {"deployments": chat_ready,
-                                                       "selected": request.GET.get("deployment", "")})
+                                                       "selected": request.GET.get("deployment", ""),
+                                                       "compare": request.GET.get("compare", ""),
+                                                       "panes": ["", "-compare"]})
 
 
 @csrf_protect
