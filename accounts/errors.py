@@ -1,13 +1,16 @@
 """The application's error hierarchy, mapped to HTTP in one place.
 
 Services raise these with the user's words; `api_exception_handler` turns them (and DRF's own errors) into
-`{"error": {"code", "message", "fields"?}}` with the right status, so no view needs its own try/except.
+`{"error": {"code", "message", "fields"?}}` with the right status, so no view needs its own try/except. The code is a
+stable English machine word; the message is in the request's language where it is translated (gettext at the raise:
+accounts' messages and DRF's own; the other apps' service messages are English).
 """
 
 import logging
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
+from django.utils.translation import gettext as _
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
@@ -91,9 +94,9 @@ def api_exception_handler(exc, context):
         headers = {"Retry-After": str(exc.retry_after)} if hasattr(exc, "retry_after") else {}
         return Response(error_body(exc.code, exc.message, exc.fields), status=exc.status, headers=headers)
     if isinstance(exc, Http404):
-        exc = drf_exceptions.NotFound(str(exc) or "Not found.")
+        exc = drf_exceptions.NotFound(str(exc) or _("Not found."))
     elif isinstance(exc, DjangoPermissionDenied):
-        exc = drf_exceptions.PermissionDenied(str(exc) or "You do not have permission to do this.")
+        exc = drf_exceptions.PermissionDenied(str(exc) or _("You do not have permission to do this."))
     if isinstance(exc, drf_exceptions.APIException):
         fields = exc.detail if isinstance(exc, drf_exceptions.ValidationError) and isinstance(exc.detail, dict) else None
         headers = {}
@@ -105,4 +108,5 @@ def api_exception_handler(exc, context):
         code = code if isinstance(code, str) else "invalid"
         return Response(error_body(code, _first_message(exc.detail), fields), status=exc.status_code, headers=headers)
     logger.exception("Unhandled error in %s", context.get("view").__class__.__name__)
-    return Response(error_body("internal_error", "Something went wrong on our side; it has been logged."), status=500)
+    return Response(error_body("internal_error", _("Something went wrong on our side; it has been logged.")),
+                    status=500)

@@ -1,12 +1,13 @@
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 
 class Role(models.TextChoices):
-    VIEWER = "viewer", "Viewer"
-    DEVELOPER = "developer", "Developer"
-    ADMIN = "admin", "Admin"
-    OWNER = "owner", "Owner"
+    VIEWER = "viewer", _("Viewer")
+    DEVELOPER = "developer", _("Developer")
+    ADMIN = "admin", _("Admin")
+    OWNER = "owner", _("Owner")
 
 
 # Each role may do everything the roles before it may.

@@ -1,6 +1,7 @@
 """The permission layer every API uses: a request acts inside one workspace, with one role, and sees only that
 workspace's objects. Another workspace's object is indistinguishable from a missing one (404)."""
 
+from django.utils.translation import gettext as _
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from accounts.errors import Forbidden, NotFound
@@ -33,14 +34,15 @@ class WorkspaceRole(BasePermission):
             return False
         workspace = request_workspace(request)
         if workspace is None:
-            raise NotFound("Workspace not found, or you are not a member of it.")
+            raise NotFound(_("Workspace not found, or you are not a member of it."))
         role = effective_role(user=request.user, api_key=request_api_key(request), workspace=workspace)
         if role is None:
-            raise NotFound("Workspace not found, or you are not a member of it.")
+            raise NotFound(_("Workspace not found, or you are not a member of it."))
         needed = getattr(view, "read_role", Role.VIEWER) if request.method in SAFE_METHODS else getattr(
             view, "write_role", Role.DEVELOPER)
         if rank_of(role) < ROLE_RANK[needed]:
-            raise Forbidden(f"This needs the {needed} role in workspace '{workspace.slug}'; you are {role}.")
+            raise Forbidden(_("This needs the %(role)s role in workspace '%(workspace)s'; you are %(held)s.")
+                            % {"role": needed, "workspace": workspace.slug, "held": role})
         request.workspace_role = role
         return True
 

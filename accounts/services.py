@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Model
 from django.utils import timezone
 from django.utils.text import slugify
+from django.utils.translation import gettext as _
 
 from accounts import ratelimits
 from accounts.errors import Conflict, Forbidden, NotFound, RateLimited, Unauthenticated, ValidationFailed
@@ -54,11 +55,12 @@ def require_role(*, actor: Actor, workspace: Workspace, role: str) -> None:
     """Raise unless the actor holds at least `role` in the workspace (an API key is capped by its own role)."""
     held = role_of(user=actor.user, workspace=workspace) if actor.user else None
     if held is None:
-        raise NotFound("Workspace not found.")
+        raise NotFound(_("Workspace not found."))
     if actor.api_key is not None and rank_of(actor.api_key.role) < rank_of(held):
         held = actor.api_key.role
     if rank_of(held) < ROLE_RANK[role]:
-        raise Forbidden(f"This needs the {role} role in workspace '{workspace.slug}'; you are {held}.")
+        raise Forbidden(_("This needs the %(role)s role in workspace '%(workspace)s'; you are %(held)s.")
+                        % {"role": role, "workspace": workspace.slug, "held": held})
 
 
 def is_platform_admin(actor: Actor) -> bool:
@@ -73,7 +75,7 @@ def require_platform_admin(*, actor: Actor, action: str) -> None:
     """Shared things (preset models and their deployments, model files on the server) are changed by platform
     administrators only; the platform itself (no user: bootstrap, presets) may too."""
     if actor.user is not None and not is_platform_admin(actor):
-        raise Forbidden(f"{action} is a platform administrator's action; ask one of them.")
+        raise Forbidden(_("%(action)s is a platform administrator's action; ask one of them.") % {"action": action})
 
 
 def require_role_or_platform(*, actor: Actor, workspace: Workspace | None, role: str, action: str) -> None:
@@ -104,7 +106,8 @@ def _unique_slug(name: str) -> str:
 def choose_language(*, user: User, language: str) -> Profile:
     """Remember the user's GUI language across sessions and browsers."""
     if language not in dict(settings.LANGUAGES):
-        raise ValidationFailed(f"Unknown language '{language}'.", fields={"language": ["Unknown language."]})
+        raise ValidationFailed(_("Unknown language '%(language)s'.") % {"language": language},
+                               fields={"language": [_("Unknown language.")]})
     profile, _ = Profile.objects.update_or_create(user=user, defaults={"language": language})
     return profile
 
@@ -117,7 +120,7 @@ def chosen_language(*, user: User) -> str:
 def create_workspace(*, actor: Actor, name: str) -> Workspace:
     name = name.strip()
     if not name:
-        raise ValidationFailed("A workspace needs a name.", fields={"name": ["This field may not be blank."]})
+        raise ValidationFailed(_("A workspace needs a name."), fields={"name": [_("This field may not be blank.")]})
     workspace = Workspace.objects.create(name=name, slug=_unique_slug(name))
     Membership.objects.create(workspace=workspace, user=actor.user, role=Role.OWNER)
     record_audit(actor=actor, workspace=workspace, action="workspace.create", target=workspace)
@@ -132,12 +135,13 @@ def add_member(*, actor: Actor, workspace: Workspace, username: str, role: str) 
         require_role(actor=actor, workspace=workspace, role=Role.OWNER)
     user = User.objects.filter(username=username).first()
     if user is None:
-        raise ValidationFailed(f"No user is called '{username}'.", fields={"username": ["Unknown user."]})
+        raise ValidationFailed(_("No user is called '%(username)s'.") % {"username": username},
+                               fields={"username": [_("Unknown user.")]})
     try:
         with transaction.atomic():
             membership = Membership.objects.create(workspace=workspace, user=user, role=role)
     except IntegrityError:
-        raise Conflict(f"'{username}' is already a member of this workspace.")
+        raise Conflict(_("'%(username)s' is already a member of this workspace.") % {"username": username})
     record_audit(actor=actor, workspace=workspace, action="member.add", target=membership,
                  detail={"username": username, "role": role})
     return membership
@@ -147,7 +151,7 @@ def _ensure_an_owner_remains(membership: Membership) -> None:
     if membership.role == Role.OWNER and not (
         Membership.objects.filter(workspace=membership.workspace, role=Role.OWNER).exclude(pk=membership.pk).exists()
     ):
-        raise Conflict("A workspace must keep at least one owner.")
+        raise Conflict(_("A workspace must keep at least one owner."))
 
 
 @transaction.atomic
@@ -234,7 +238,7 @@ def create_api_key(*, actor: Actor, workspace: Workspace, name: str, role: str =
     require_role(actor=actor, workspace=workspace, role=role)
     name = name.strip()
     if not name:
-        raise ValidationFailed("Give the key a name so you can recognise it later.",
+        raise ValidationFailed(_("Give the key a name so you can recognise it later."),
                                fields={"name": ["This field may not be blank."]})
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationFailed("The expiry date is in the past.", fields={"expires_at": ["Must be in the future."]})

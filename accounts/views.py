@@ -2,6 +2,7 @@ from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 from django.views.i18n import set_language
 
@@ -39,7 +40,7 @@ class LoginView(auth_views.LoginView):
 def switch_workspace(request):
     workspace = selectors.workspace_of_member(user=request.user, workspace_id=request.POST.get("workspace"))
     if workspace is None:
-        messages.error(request, "That workspace does not exist or you are not a member of it.")
+        messages.error(request, _("That workspace does not exist or you are not a member of it."))
     else:
         request.session[SESSION_KEY] = workspace.pk
     return redirect(request.POST.get("next") or "dashboard")
@@ -84,7 +85,7 @@ def api_keys(request):
 def revoke_api_key(request, key_id: int):
     api_key = get_object_or_404(ApiKey, pk=key_id, workspace=request.workspace)
     services.revoke_api_key(actor=gui_actor(request), api_key=api_key)
-    messages.success(request, f"Key '{api_key.name}' revoked.")
+    messages.success(request, _("Key '%(name)s' revoked.") % {"name": api_key.name})
     return redirect("api-keys")
 
 
@@ -94,7 +95,7 @@ def settings_page(request):
         services.add_member(actor=gui_actor(request), workspace=request.workspace,
                             username=request.POST.get("username", "").strip(),
                             role=request.POST.get("role") or Role.DEVELOPER)
-        messages.success(request, "Member added.")
+        messages.success(request, _("Member added."))
         return redirect("settings")
     return render(request, "accounts/settings.html", {
         "members": selectors.members_of(workspace=request.workspace),
@@ -109,7 +110,7 @@ def settings_page(request):
 def remove_member(request, membership_id: int):
     membership = get_object_or_404(Membership, pk=membership_id, workspace=request.workspace)
     services.remove_member(actor=gui_actor(request), membership=membership)
-    messages.success(request, f"{membership.user.username} removed.")
+    messages.success(request, _("%(username)s removed.") % {"username": membership.user.username})
     return redirect("settings")
 
 

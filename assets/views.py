@@ -3,6 +3,7 @@ from pathlib import Path
 from django.contrib import messages
 from django.http import FileResponse
 from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from accounts.errors import ValidationFailed
@@ -36,7 +37,7 @@ def import_bundle(request):
         raise ValidationFailed("Choose a bundle file to import.")
     outcome = bundles.import_bundle(actor=gui_actor(request), workspace=request.workspace, file=upload)
     names = ", ".join(f"{asset.get_kind_display()} '{asset.name}'" for asset in outcome.assets)
-    messages.success(request, f"Imported {names}.")
+    messages.success(request, _("Imported %(names)s.") % {"names": names})
     for note in outcome.notes:
         messages.info(request, note)
     return redirect("assets")

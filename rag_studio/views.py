@@ -5,6 +5,7 @@ from django.contrib import messages
 from django.http import JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from accounts.errors import ApplicationError, ValidationFailed, error_body
@@ -106,7 +107,8 @@ def rag_home(request):
             description=request.POST.get("description", ""),
             embedding_model=request.POST.get("embedding_model", ""),
             chunking=_chunking_from(request.POST))
-        messages.success(request, f"Created knowledge base '{kb.name}'. Upload documents to it below.")
+        messages.success(request, _("Created knowledge base '%(name)s'. Upload documents to it below.")
+                         % {"name": kb.name})
         return redirect("rag-kb", kb_id=kb.pk)
     return render(request, "rag/home.html", {
         "knowledge_bases": selectors.knowledge_bases(workspace=request.workspace),
@@ -154,11 +156,12 @@ def kb_settings(request, kb_id):
     post = request.POST
     if post.get("action") == "reindex":
         key = services.start_reindex(actor=gui_actor(request), kb=kb)
-        messages.success(request, f"Re-indexing into {key}; searches use the current index until it is done.")
+        messages.success(request, _("Re-indexing into %(index)s; searches use the current index until it is done.")
+                         % {"index": key})
         return redirect("rag-kb", kb_id=kb.pk)
     if post.get("action") == "delete":
         services.delete_knowledge_base(actor=gui_actor(request), kb=kb)
-        messages.success(request, f"Deleted knowledge base '{kb.name}'.")
+        messages.success(request, _("Deleted knowledge base '%(name)s'.") % {"name": kb.name})
         return redirect("rag")
     stale = services.update_knowledge_base(
         actor=gui_actor(request), kb=kb, reindex=post.get("reindex") == "on",
@@ -167,9 +170,9 @@ def kb_settings(request, kb_id):
         chunking=_chunking_from(post), retrieval=_retrieval_from(post),
         screening={category: post.get(f"screen_{category}", "flag") for category in CATEGORIES})
     if stale and post.get("reindex") != "on":
-        messages.info(request, "Saved. The index was built with other settings: re-index to apply them.")
+        messages.info(request, _("Saved. The index was built with other settings: re-index to apply them."))
     else:
-        messages.success(request, "Saved." + (" Re-indexing in the background." if stale else ""))
+        messages.success(request, _("Saved. Re-indexing in the background.") if stale else _("Saved."))
     return redirect("rag-kb", kb_id=kb.pk)
 
 
@@ -205,10 +208,10 @@ def document_action(request, document_id):
     kb_id = document.knowledge_base_id
     if request.POST.get("action") == "delete":
         services.delete_document(actor=gui_actor(request), document=document)
-        messages.success(request, f"Deleted '{document.filename}' and its chunks from the index.")
+        messages.success(request, _("Deleted '%(name)s' and its chunks from the index.") % {"name": document.filename})
     elif request.POST.get("action") == "retry":
         services.retry_document(actor=gui_actor(request), document=document)
-        messages.success(request, f"Queued '{document.filename}' again.")
+        messages.success(request, _("Queued '%(name)s' again.") % {"name": document.filename})
     return redirect("rag-kb", kb_id=kb_id)
 
 
@@ -225,7 +228,8 @@ def config_edit(request, config_id=None):
             prompt=post.get("prompt", "").strip(), retrieval=retrieval,
             generation={"temperature": post.get("temperature") or 0.2,
                         "max_tokens": post.get("max_tokens") or 256})
-        messages.success(request, f"Saved '{config.name}' (version {config.version}).")
+        messages.success(request, _("Saved '%(name)s' (version %(version)s).") % {"name": config.name,
+                                                                                 "version": config.version})
         return redirect("rag-config", config_id=config.pk)
     kbs = selectors.knowledge_bases(workspace=request.workspace)
     selected_kb = config.knowledge_base if config else kbs.first()
@@ -315,19 +319,20 @@ def evals_page(request):
                 raise ValidationFailed("Choose a CSV or JSONL file to upload.")
             eval_set = evaluation.upload_eval_set(actor=actor, kb=kb, name=post.get("name", ""),
                                                   filename=upload.name, content=upload.read())
-            messages.success(request, f"Uploaded '{eval_set.name}' with {eval_set.items.count()} questions.")
+            messages.success(request, _("Uploaded '%(name)s' with %(count)s questions.")
+                             % {"name": eval_set.name, "count": eval_set.items.count()})
         elif action == "generate":
             kb = _kb(request, post.get("knowledge_base"))
             eval_set = evaluation.start_generation(actor=actor, kb=kb, name=post.get("name", ""),
                                                    generator=post.get("generator", ""),
                                                    count=_int(post.get("count", "10"), "count"))
-            messages.success(request, f"Generating '{eval_set.name}' in the background.")
+            messages.success(request, _("Generating '%(name)s' in the background.") % {"name": eval_set.name})
         elif action == "run":
             eval_set = selectors.scoped(selectors.eval_sets(workspace=workspace), post.get("eval_set"), "Eval set")
             config = _config(request, post.get("config"))
             run = evaluation.start_run(actor=actor, eval_set=eval_set, version=services.config_version(config),
                                        judge=post.get("judge", ""), top_k=_int(post.get("top_k", "5"), "top_k"))
-            messages.success(request, f"Eval run #{run.pk} started.")
+            messages.success(request, _("Eval run #%(id)s started.") % {"id": run.pk})
             return redirect(f"{reverse('rag-evals')}?set={eval_set.pk}")
         return redirect("rag-evals")
     eval_sets = selectors.eval_sets(workspace=workspace)

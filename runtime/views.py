@@ -3,6 +3,7 @@ from django.http import HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from django.views.decorators.clickjacking import xframe_options_exempt
 from django.views.decorators.http import require_GET
 
@@ -24,7 +25,7 @@ def apps_page(request):
     workspace = request.workspace
     if request.method == "POST":
         source = request.POST.get("source", "")
-        kind, _, pk = source.partition(":")
+        kind, _separator, pk = source.partition(":")
         config = agent = None
         if kind == "agent":
             agent = agent_selectors.agents(workspace=workspace).filter(pk=pk if pk.isdigit() else None).first()
@@ -35,8 +36,9 @@ def apps_page(request):
                                           request.POST.get("rag_config"), "RAG config")
         app = services.publish_app(actor=gui_actor(request), config=config, agent=agent,
                                    name=request.POST.get("name", ""), slug=request.POST.get("slug", ""))
-        messages.success(request, f"Published '{app.name}' at /api/apps/{app.slug}/ (release 1, {app.source.name} "
-                                  f"v{app.current_release.version.number}).")
+        messages.success(request, _("Published '%(name)s' at %(url)s (release 1, %(source)s v%(version)s).") % {
+            "name": app.name, "url": f"/api/apps/{app.slug}/", "source": app.source.name,
+            "version": app.current_release.version.number})
         return redirect("app", slug=app.slug)
     selected = (f"agent:{request.GET['agent']}" if request.GET.get("agent") else
                 f"config:{request.GET['config']}" if request.GET.get("config") else "")
@@ -50,36 +52,37 @@ def _app_action(request, app: App) -> None:
     actor, post, action = gui_actor(request), request.POST, request.POST.get("action")
     if action == "republish":
         release = services.republish(actor=actor, app=app, note=post.get("note", ""))
-        messages.success(request, f"Release {release.number} is live: {app.source.name} "
-                                  f"v{release.version.number}.")
+        messages.success(request, _("Release %(release)s is live: %(source)s v%(version)s.") % {
+            "release": release.number, "source": app.source.name, "version": release.version.number})
     elif action == "rollback":
         release = services.roll_back(actor=actor, app=app, number=int(post.get("release", "0") or 0))
-        messages.success(request, f"Rolled back: release {release.number} serves "
-                                  f"v{release.version.number} again.")
+        messages.success(request, _("Rolled back: release %(release)s serves v%(version)s again.") % {
+            "release": release.number, "version": release.version.number})
     elif action in ("enable", "disable"):
         services.update_app(actor=actor, app=app, enabled=action == "enable")
-        messages.success(request, f"'{app.name}' is {action}d.")
+        messages.success(request, (_("'%(name)s' is enabled.") if action == "enable" else _("'%(name)s' is disabled."))
+                         % {"name": app.name})
     elif action == "settings":
         services.update_app(actor=actor, app=app, name=post.get("name"), rate_limit=post.get("rate_limit"),
                             allowed_origins=post.get("allowed_origins", "").split())
-        messages.success(request, "Saved.")
+        messages.success(request, _("Saved."))
     elif action == "create_key":
         issued = services.create_app_key(actor=actor, app=app, name=post.get("key_name", ""),
                                          rate_limit=post.get("key_rate_limit") or None)
-        messages.success(request, f"Key '{issued.app_key.name}' created. Copy it now; it is not shown again: "
-                                  f"{issued.secret}")
+        messages.success(request, _("Key '%(name)s' created. Copy it now; it is not shown again: %(secret)s")
+                         % {"name": issued.app_key.name, "secret": issued.secret})
     elif action == "revoke_key":
         app_key = app.keys.filter(pk=post.get("key")).first()
         if app_key is None:
             raise NotFound("That key does not exist.")
         services.revoke_app_key(actor=actor, app_key=app_key)
-        messages.success(request, f"Key '{app_key.name}' revoked.")
+        messages.success(request, _("Key '%(name)s' revoked.") % {"name": app_key.name})
     elif action == "rotate_widget_token":
         services.rotate_widget_token(actor=actor, app=app)
-        messages.success(request, "The web chat token was rotated; update the snippet on your sites.")
+        messages.success(request, _("The web chat token was rotated; update the snippet on your sites."))
     elif action == "delete":
         services.delete_app(actor=actor, app=app)
-        messages.success(request, f"Deleted '{app.name}'.")
+        messages.success(request, _("Deleted '%(name)s'.") % {"name": app.name})
     else:
         raise ValidationFailed(f"Unknown action '{action}'.")
 
@@ -130,8 +133,8 @@ def _export_feedback_dataset(request, app):
     """The logs page's export button: the up-voted answers become a dataset, shown in Model enhancement."""
     dataset = services.feedback_to_dataset(actor=gui_actor(request), app=app,
                                            name=request.POST.get("dataset_name", ""))
-    messages.success(request, f"Exported {dataset.sample_count} up-voted answer(s) of '{app.slug}' as dataset "
-                              f"'{dataset.name}'.")
+    messages.success(request, _("Exported %(count)s up-voted answer(s) of '%(app)s' as dataset '%(dataset)s'.")
+                     % {"count": dataset.sample_count, "app": app.slug, "dataset": dataset.name})
     return redirect("enhancement-dataset", dataset_id=dataset.pk)
 
 
@@ -145,7 +148,8 @@ def trace_page(request, slug, message_id):
     if request.method == "POST" and feedback is not None and app.is_agent:
         scenario = services.feedback_to_scenario(actor=gui_actor(request), feedback=feedback,
                                                  expected_answer=request.POST.get("expected_answer", ""))
-        messages.success(request, f"Added the scenario '{scenario.name}' to {app.agent.name}'s evaluation.")
+        messages.success(request, _("Added the scenario '%(scenario)s' to the evaluation of %(agent)s.")
+                         % {"scenario": scenario.name, "agent": app.agent.name})
         return redirect("app-trace", slug=slug, message_id=message_id)
     if request.method == "POST" and feedback is not None:
         eval_set = (rag_selectors.scoped(rag_selectors.eval_sets(workspace=request.workspace),
@@ -154,7 +158,7 @@ def trace_page(request, slug, message_id):
         item = services.feedback_to_eval_item(
             actor=gui_actor(request), feedback=feedback, expected_answer=request.POST.get("expected_answer", ""),
             expected_sources=request.POST.get("expected_sources", "").split("\n"), eval_set=eval_set)
-        messages.success(request, f"Added to the eval set '{item.eval_set.name}'.")
+        messages.success(request, _("Added to the eval set '%(name)s'.") % {"name": item.eval_set.name})
         return redirect("app-trace", slug=slug, message_id=message_id)
     conversation = (trace.conversation.traces.filter(created_at__lte=trace.created_at).order_by("created_at")
                     if trace.conversation else [])

@@ -7,6 +7,7 @@ from django.contrib import messages
 from django.db.models import Q
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_protect
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
 
@@ -87,7 +88,7 @@ def serving_home(request):
             actor=gui_actor(request), workspace=request.workspace, name=request.POST.get("name", ""),
             path=request.POST.get("path", "").strip(), url=request.POST.get("url", "").strip(),
             api_key=request.POST.get("api_key", ""), role_hint=request.POST.get("role_hint") or RoleHint.SMALL)
-        messages.success(request, f"Registered {model.name}.")
+        messages.success(request, _("Registered %(name)s.") % {"name": model.name})
         return redirect("serving")
     return render(request, "serving/home.html", {
         "models": selectors.models_visible_to(workspace=request.workspace),
@@ -106,7 +107,7 @@ def deploy_model(request, model_id: int):
         return redirect("serving")
     deployment = services.deploy_model(actor=gui_actor(request), workspace=request.workspace,
                                        model=_model_or_404(request, model_id))
-    messages.success(request, f"Deploying {deployment.name}: its replica is starting.")
+    messages.success(request, _("Deploying %(name)s: its replica is starting.") % {"name": deployment.name})
     return redirect("deployment", name=deployment.name)
 
 
@@ -117,8 +118,9 @@ def model_chat_template(request, model_id: int):
     model = services.set_chat_template(actor=gui_actor(request), workspace=request.workspace,
                                        model=_model_or_404(request, model_id),
                                        chat_template=request.POST.get("chat_template", ""))
-    chat = "it now serves chat" if model.supports_chat else "it has no chat template: completion only"
-    messages.success(request, f"Saved the chat template of {model.name}: {chat}. Restart its deployments to use it.")
+    chat = _("it now serves chat") if model.supports_chat else _("it has no chat template: completion only")
+    messages.success(request, _("Saved the chat template of %(name)s: %(chat)s. Restart its deployments to use it.")
+                     % {"name": model.name, "chat": chat})
     return redirect("serving")
 
 
@@ -172,7 +174,7 @@ def deployment_page(request, name: str):
                 raise ValidationFailed("The cooldown must be a number of seconds.")
             services.update_routing(actor=gui_actor(request), deployment=deployment, cooldown_s=cooldown_s,
                                     weights=weights)
-            messages.success(request, "Routing saved.")
+            messages.success(request, _("Routing saved."))
         return redirect("deployment", name=deployment.name)
     return render(request, "serving/deployment.html", {
         "deployment": deployment,
