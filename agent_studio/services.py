@@ -4,6 +4,7 @@ variables, evaluation scenarios and runs. Every function takes plain arguments a
 import re
 import uuid
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
 from django.utils import timezone
@@ -25,7 +26,7 @@ SCENARIO_CHECK_KINDS = {"contains", "not_contains", "regex", "json_field", "judg
 def _dispatch_run(run: AgentRun, resume=None) -> None:
     from agent_studio.tasks import execute_run
 
-    transaction.on_commit(lambda: execute_run.delay(run.pk, resume))
+    transaction.on_commit(lambda: execute_run.apply_async(args=[run.pk, resume], queue=settings.AGENT_QUEUE))
 
 
 @transaction.atomic
@@ -275,5 +276,5 @@ def start_evaluation(*, actor: Actor, agent: Agent, version_number: int | None =
                                              include_safety=bool(include_safety), created_by=actor.user)
     from agent_studio.tasks import run_evaluation
 
-    transaction.on_commit(lambda: run_evaluation.delay(evaluation.pk))
+    transaction.on_commit(lambda: run_evaluation.apply_async(args=[evaluation.pk], queue=settings.AGENT_QUEUE))
     return evaluation

@@ -1,4 +1,5 @@
 from celery import shared_task
+from django.conf import settings
 from django.utils import timezone
 
 from agent_studio import evaluation, runner
@@ -17,7 +18,7 @@ def resume_stalled_runs() -> int:
     stalled = list(AgentRun.objects.filter(status=RunStatus.RUNNING, lease_until__lt=timezone.now())
                    .values_list("pk", flat=True))
     for run_id in stalled:
-        execute_run.delay(run_id)
+        execute_run.apply_async(args=[run_id], queue=settings.AGENT_QUEUE)
     return len(stalled)
 
 

@@ -320,6 +320,8 @@ CELERY_TASK_ROUTES = {"rag_studio.tasks.*": {"queue": "ingest"}}
 # worker from its last checkpoint; beat looks for such runs every AGENT_STALLED_CHECK_INTERVAL_S.
 AGENT_RUN_LEASE_S = float(os.environ.get("FACTORY_AGENT_LEASE_S", "120"))
 AGENT_STALLED_CHECK_INTERVAL_S = float(os.environ.get("FACTORY_AGENT_STALLED_CHECK_S", "30"))
+# The Celery queue agent runs and evaluations go to; a pool may give them workers of their own.
+AGENT_QUEUE = os.environ.get("FACTORY_AGENT_QUEUE", "default")
 CELERY_BEAT_SCHEDULE = {
     "cluster-heartbeats": {
         "task": "cluster.tasks.request_heartbeats",

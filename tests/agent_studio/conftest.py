@@ -73,18 +73,16 @@ def call(tool: str, /, **arguments) -> AIMessage:
                                               "type": "tool_call"}])
 
 
-@pytest.fixture(autouse=True)
-def unread_agent_queue(monkeypatch):
-    """Runs queued here are run inline by the test (run_inline): their messages go to a queue no worker reads.
+@pytest.fixture
+def unread_agent_queue(settings):
+    """Runs queued here are run inline by the test (run_inline), so their messages go to a queue no worker reads.
     Tools run in LangGraph's thread pool, whose database connections must see committed rows, so these tests use
     transactional databases, where a dispatch happens for real."""
-    from celery import current_app
-
-    monkeypatch.setitem(current_app.conf, "task_routes", {"agent_studio.tasks.*": {"queue": "pytest-unread"}})
+    settings.AGENT_QUEUE = "pytest-unread"
 
 
 @pytest.fixture
-def chat_deployment(transactional_db):
+def chat_deployment(transactional_db, unread_agent_queue):
     node = register_node(name=WORKER_NODE, resources=inventory.probe())
     locate, role, _template = presets.PRESETS[presets.SMOLLM2]
     model = register_model(actor=SYSTEM, workspace=None, name=MODEL, path=str(locate()), role_hint=role)
