@@ -26,8 +26,11 @@ async function uploadFiles(files) {
     return;
   }
   outcomes.replaceChildren(...body.outcomes.map((o) => el("li", { "data-outcome": o.status },
-    o.status === "duplicate" ? `${o.filename}: already in this knowledge base (as ${o.duplicate_of})`
-      : o.status === "failed" ? `${o.filename}: failed: ${o.error}` : `${o.filename}: ${o.status}`)));
+    o.status === "duplicate"
+      ? interpolate(gettext("%(file)s: already in this knowledge base (as %(other)s)"),
+                    { file: o.filename, other: o.duplicate_of }, true)
+      : o.status === "failed" ? interpolate(gettext("%(file)s: failed: %(error)s"), { file: o.filename, error: o.error }, true)
+        : `${o.filename}: ${stateLabel(o.status)}`)));
   refreshDocuments(true);
 }
 
@@ -43,6 +46,14 @@ if (uploadForm) {
   uploadForm.addEventListener("drop", (event) => uploadFiles(event.dataTransfer.files));
 }
 
+// Document states and stages as words in the page's language; the badge's class keeps the value.
+const STATE_LABELS = {
+  uploaded: gettext("uploaded"), queued: gettext("queued"), processing: gettext("processing"),
+  indexed: gettext("indexed"), failed: gettext("failed"), parse: gettext("parse"), clean: gettext("clean"),
+  screen: gettext("screen"), chunk: gettext("chunk"), embed: gettext("embed"), index: gettext("index"),
+};
+const stateLabel = (value) => STATE_LABELS[value] || value;
+
 async function refreshDocuments(reloadOnNew = false) {
   const response = await fetch(documentsTable.dataset.url, { credentials: "same-origin" });
   if (!response.ok) return;
@@ -52,8 +63,8 @@ async function refreshDocuments(reloadOnNew = false) {
     const row = documentsTable.querySelector(`tr[data-document="${d.id}"]`);
     if (!row) { unknown = true; continue; }
     const badge = row.querySelector('[data-field="status"]');
-    badge.textContent = d.status; badge.className = `badge ${d.status}`;
-    row.querySelector('[data-field="stage"]').textContent = d.stage;
+    badge.textContent = stateLabel(d.status); badge.className = `badge ${d.status}`;
+    row.querySelector('[data-field="stage"]').textContent = stateLabel(d.stage);
     row.querySelector('[data-field="error"]').textContent = d.error;
     row.querySelector('[data-field="progress"]').value = d.progress;
     row.querySelector('[data-field="percent"]').textContent = `${d.progress}%`;
