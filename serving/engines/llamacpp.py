@@ -111,7 +111,11 @@ class LlamaCppEngine(EngineAdapter):
             if isinstance(settings["draft_model_id"], int) else None
         if draft is None or draft.kind != ModelKind.GGUF or draft.is_embedding:
             raise EngineRefused("'draft_model_id' must name a registered GGUF text model.")
-        if problem := draft_incompatibility(model.path, draft.path):
+        try:
+            problem = draft_incompatibility(model.path, draft.path)
+        except (OSError, ValueError) as exc:  # a file gone or unreadable since it was registered
+            raise EngineRefused(f"The vocabularies of '{model.name}' and '{draft.name}' could not be read: {exc}")
+        if problem:
             raise EngineRefused(f"'{draft.name}' cannot draft for '{model.name}' in llama-server: {problem}.")
         return draft
 

@@ -127,12 +127,13 @@ async def _small_answer(small: Target, group: GroupTarget, *, endpoint: str, bod
     sent, maps_tool_calls = body, False
     if ENDPOINTS[endpoint] == CHAT and "tools" in body and small.tool_strategy == ToolStrategy.CONSTRAINED:
         sent, maps_tool_calls = constrained_tools(body)
-    # One log-prob per token is all the confidence needs; llama-server reports them only for n_probs >= 1.
-    sent = {key: value for key, value in sent.items() if key != "stream_options"} | {
-        "stream": False, "logprobs": True, "top_logprobs": max(1, int(body.get("top_logprobs") or 1))}
-    if endpoint == "completions":
-        sent["logprobs"] = max(1, int(body.get("logprobs") or 1))
-        sent.pop("top_logprobs")
+    # One log-prob per token is all the confidence needs (llama-server reports them only for n_probs >= 1); a
+    # client that asked for more alternatives gets them.
+    asked = body.get("logprobs" if endpoint == "completions" else "top_logprobs")
+    alternatives = asked if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 1 else 1
+    sent = {key: value for key, value in sent.items() if key != "stream_options"} | {"stream": False}
+    sent |= {"logprobs": alternatives} if endpoint == "completions" else {"logprobs": True,
+                                                                         "top_logprobs": alternatives}
     route, upstream, attempts = await open_upstream(small, endpoint, json.dumps(sent).encode(), False)
     exchange = Exchange(request_id=request_id, caller=caller, target=small, route=route, endpoint=endpoint,
                         attempts=attempts, timing=timing, body=body, group_id=group.group_id)

@@ -56,6 +56,8 @@ def request_text(body: dict) -> str:
 
 def route_settings(raw: dict) -> dict:
     """The route's settings with defaults filled in, or PolicySettingsInvalid naming the bad one."""
+    if not isinstance(raw or {}, dict):
+        raise PolicySettingsInvalid("'route' must be an object of rules.")
     value = {**ROUTE_DEFAULTS, **{k: v for k, v in (raw or {}).items() if k in ROUTE_DEFAULTS}}
     scale = value["length_scale"]
     if not isinstance(scale, (int, float)) or isinstance(scale, bool) or scale <= 0:
@@ -98,6 +100,8 @@ def route_score(text: str, settings: dict) -> RouteScore:
 
 
 def cascade_settings(raw: dict) -> dict:
+    if not isinstance(raw or {}, dict):
+        raise PolicySettingsInvalid("'cascade' must be an object.")
     value = {**CASCADE_DEFAULTS, **{k: v for k, v in (raw or {}).items() if k in CASCADE_DEFAULTS}}
     if value["confidence"] not in CONFIDENCE_SIGNALS:
         raise PolicySettingsInvalid(f"'confidence' must be one of {', '.join(CONFIDENCE_SIGNALS)}.")
