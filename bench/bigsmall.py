@@ -24,7 +24,9 @@ import argparse
 import json
 import random
 import secrets
+import signal
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -130,6 +132,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=19)
     args = parser.parse_args()
+    # A stopped bench (`timeout`, Ctrl-C's cousin SIGTERM) still stops the engines it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
     items = calibration.checked_items(rows)
