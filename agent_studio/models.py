@@ -2,20 +2,21 @@ import uuid
 
 from django.conf import settings as conf
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from accounts.models import Workspace
 
 
 class AgentTemplate(models.TextChoices):
-    TOOL_CALLING = "tool_calling", "Tool-calling assistant"
-    PLAN_EXECUTE = "plan_execute", "Plan and execute"
-    TEAM = "team", "Team (a supervisor and its sub-agents)"
+    TOOL_CALLING = "tool_calling", _("Tool-calling assistant")
+    PLAN_EXECUTE = "plan_execute", _("Plan and execute")
+    TEAM = "team", _("Team (a supervisor and its sub-agents)")
 
 
 class ToolStrategy(models.TextChoices):
-    NATIVE = "native", "OpenAI tools through the gateway"
-    JSON = "json", "JSON reply held to a schema"
-    REACT_TEXT = "react_text", "Thought / Action / Observation text"
+    NATIVE = "native", _("OpenAI tools through the gateway")
+    JSON = "json", _("JSON reply held to a schema")
+    REACT_TEXT = "react_text", _("Thought / Action / Observation text")
 
 
 class Agent(models.Model):
@@ -57,9 +58,9 @@ class AgentVersion(models.Model):
 
 
 class ThreadSource(models.TextChoices):
-    DEBUG = "debug", "Debug chat"
-    APP = "app", "Published app"
-    EVAL = "eval", "Evaluation"
+    DEBUG = "debug", _("Debug chat")
+    APP = "app", _("Published app")
+    EVAL = "eval", _("Evaluation")
 
 
 class AgentThread(models.Model):
@@ -78,12 +79,12 @@ class AgentThread(models.Model):
 
 
 class RunStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    AWAITING_APPROVAL = "awaiting_approval", "Awaiting plan approval"
-    DONE = "done", "Done"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
+    QUEUED = "queued", _("Queued")
+    RUNNING = "running", _("Running")
+    AWAITING_APPROVAL = "awaiting_approval", _("Awaiting plan approval")
+    DONE = "done", _("Done")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
 
 
 FINAL_RUN_STATES = (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED)
@@ -129,12 +130,12 @@ class AgentRun(models.Model):
 
 
 class StepKind(models.TextChoices):
-    PLAN = "plan", "Plan"
-    MODEL = "model", "Model call"
-    TOOL = "tool", "Tool call"
-    MEMORY = "memory", "Memory write"
-    ERROR = "error", "Error"
-    ANSWER = "answer", "Answer"
+    PLAN = "plan", _("Plan")
+    MODEL = "model", _("Model call")
+    TOOL = "tool", _("Tool call")
+    MEMORY = "memory", _("Memory write")
+    ERROR = "error", _("Error")
+    ANSWER = "answer", _("Answer")
 
 
 class RunStep(models.Model):
@@ -157,9 +158,9 @@ class RunStep(models.Model):
 
 
 class VariableScope(models.TextChoices):
-    CONVERSATION = "conversation", "Conversation"
-    END_USER = "end_user", "End user"
-    APP = "app", "App (every conversation)"
+    CONVERSATION = "conversation", _("Conversation")
+    END_USER = "end_user", _("End user")
+    APP = "app", _("App (every conversation)")
 
 
 class VariableValue(models.Model):
@@ -200,10 +201,10 @@ class Scenario(models.Model):
 
 
 class EvalStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    DONE = "done", "Done"
-    FAILED = "failed", "Failed"
+    QUEUED = "queued", _("Queued")
+    RUNNING = "running", _("Running")
+    DONE = "done", _("Done")
+    FAILED = "failed", _("Failed")
 
 
 class AgentEvalRun(models.Model):

@@ -1,16 +1,17 @@
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from accounts.models import Workspace
 
 
 class AssetKind(models.TextChoices):
-    KNOWLEDGE_BASE = "knowledge_base", "Knowledge base"
-    RAG_CONFIG = "rag_config", "RAG config"
-    APP = "app", "App"
-    AGENT = "agent", "Agent"
-    TOOL = "tool", "Tool"
-    DATASET = "dataset", "Dataset"
+    KNOWLEDGE_BASE = "knowledge_base", _("Knowledge base")
+    RAG_CONFIG = "rag_config", _("RAG config")
+    APP = "app", _("App")
+    AGENT = "agent", _("Agent")
+    TOOL = "tool", _("Tool")
+    DATASET = "dataset", _("Dataset")
 
 
 class Asset(models.Model):

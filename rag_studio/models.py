@@ -1,4 +1,5 @@
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from accounts.models import Workspace
 from serving.models import Deployment, Model
@@ -34,20 +35,20 @@ class KnowledgeBase(models.Model):
 
 
 class DocumentStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    PROCESSING = "processing", "Processing"
-    INDEXED = "indexed", "Indexed"
-    FAILED = "failed", "Failed"
+    QUEUED = "queued", _("Queued")
+    PROCESSING = "processing", _("Processing")
+    INDEXED = "indexed", _("Indexed")
+    FAILED = "failed", _("Failed")
 
 
 class Stage(models.TextChoices):
-    PARSE = "parse", "Parse"
-    CLEAN = "clean", "Clean"
-    SCREEN = "screen", "Screen"
-    CHUNK = "chunk", "Chunk"
-    EMBED = "embed", "Embed"
-    INDEX = "index", "Index"
-    DONE = "done", "Done"
+    PARSE = "parse", _("Parse")
+    CLEAN = "clean", _("Clean")
+    SCREEN = "screen", _("Screen")
+    CHUNK = "chunk", _("Chunk")
+    EMBED = "embed", _("Embed")
+    INDEX = "index", _("Index")
+    DONE = "done", _("Done")
 
 
 class Document(models.Model):
@@ -139,10 +140,10 @@ class Chunk(models.Model):
 
 
 class RagTemplate(models.TextChoices):
-    BASIC = "basic", "Basic QA"
-    CITATIONS = "citations", "QA with inline citations"
-    CONVERSATIONAL = "conversational", "Conversational (rewrites the question from history)"
-    MULTI_QUERY = "multi_query", "Multi-query (several rewrites, fused)"
+    BASIC = "basic", _("Basic QA")
+    CITATIONS = "citations", _("QA with inline citations")
+    CONVERSATIONAL = "conversational", _("Conversational (rewrites the question from history)")
+    MULTI_QUERY = "multi_query", _("Multi-query (several rewrites, fused)")
 
 
 class RagConfig(models.Model):
@@ -184,16 +185,16 @@ class RagConfigVersion(models.Model):
 
 
 class EvalSetSource(models.TextChoices):
-    UPLOADED = "uploaded", "Uploaded"
-    GENERATED = "generated", "Generated from the corpus"
-    FEEDBACK = "feedback", "Corrected answers from app feedback"
+    UPLOADED = "uploaded", _("Uploaded")
+    GENERATED = "generated", _("Generated from the corpus")
+    FEEDBACK = "feedback", _("Corrected answers from app feedback")
 
 
 class JobStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    DONE = "done", "Done"
-    FAILED = "failed", "Failed"
+    QUEUED = "queued", _("Queued")
+    RUNNING = "running", _("Running")
+    DONE = "done", _("Done")
+    FAILED = "failed", _("Failed")
 
 
 class EvalSet(models.Model):

@@ -1,5 +1,6 @@
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from accounts.models import Workspace
 from cluster.models import Node
@@ -7,15 +8,15 @@ from workbridge.vault import EncryptedTextField
 
 
 class ModelKind(models.TextChoices):
-    GGUF = "gguf", "GGUF file"
-    HF = "hf", "Hugging Face directory"
-    EXTERNAL = "external", "External OpenAI-compatible endpoint"
+    GGUF = "gguf", _("GGUF file")
+    HF = "hf", _("Hugging Face directory")
+    EXTERNAL = "external", _("External OpenAI-compatible endpoint")
 
 
 class RoleHint(models.TextChoices):
-    BIG = "big", "Big"
-    SMALL = "small", "Small"
-    EMBEDDING = "embedding", "Embedding"
+    BIG = "big", _("Big")
+    SMALL = "small", _("Small")
+    EMBEDDING = "embedding", _("Embedding")
 
 
 class Model(models.Model):
@@ -56,24 +57,24 @@ class Model(models.Model):
 
 
 class Engine(models.TextChoices):
-    LLAMACPP = "llamacpp", "llama.cpp (CPU, GGUF)"
-    VLLM = "vllm", "vLLM (GPU)"
-    EMBEDDING = "embedding", "Sentence-transformers embeddings"
-    EXTERNAL = "external", "External URL"
+    LLAMACPP = "llamacpp", _("llama.cpp (CPU, GGUF)")
+    VLLM = "vllm", _("vLLM (GPU)")
+    EMBEDDING = "embedding", _("Sentence-transformers embeddings")
+    EXTERNAL = "external", _("External URL")
 
 
 class ServingState(models.TextChoices):
-    PENDING = "pending", "Pending"
-    STARTING = "starting", "Starting"
-    READY = "ready", "Ready"
-    DRAINING = "draining", "Draining"
-    STOPPED = "stopped", "Stopped"
-    FAILED = "failed", "Failed"
+    PENDING = "pending", _("Pending")
+    STARTING = "starting", _("Starting")
+    READY = "ready", _("Ready")
+    DRAINING = "draining", _("Draining")
+    STOPPED = "stopped", _("Stopped")
+    FAILED = "failed", _("Failed")
 
 
 class ToolStrategy(models.TextChoices):
-    NATIVE = "native", "Native: the engine's own tool calls"
-    CONSTRAINED = "constrained", "Constrained: the gateway's JSON-schema tool calls"
+    NATIVE = "native", _("Native: the engine's own tool calls")
+    CONSTRAINED = "constrained", _("Constrained: the gateway's JSON-schema tool calls")
 
 
 class Deployment(models.Model):
@@ -165,14 +166,14 @@ class RequestRecord(models.Model):
 
 
 class GroupPolicy(models.TextChoices):
-    ROUTE = "route", "Route: a difficulty score picks the member before generation"
-    CASCADE = "cascade", "Cascade: the small model answers first; escalate to big when its confidence is low"
-    SPECULATIVE = "speculative", "Speculative: the big model decodes with a draft model of the same vocabulary"
+    ROUTE = "route", _("Route: a difficulty score picks the member before generation")
+    CASCADE = "cascade", _("Cascade: the small model answers first; escalate to big when its confidence is low")
+    SPECULATIVE = "speculative", _("Speculative: the big model decodes with a draft model of the same vocabulary")
 
 
 class GroupMember(models.TextChoices):
-    BIG = "big", "Big"
-    SMALL = "small", "Small"
+    BIG = "big", _("Big")
+    SMALL = "small", _("Small")
 
 
 class ModelGroup(models.Model):
@@ -234,10 +235,10 @@ class GroupRequest(models.Model):
 
 
 class CalibrationState(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    DONE = "done", "Done"
-    FAILED = "failed", "Failed"
+    QUEUED = "queued", _("Queued")
+    RUNNING = "running", _("Running")
+    DONE = "done", _("Done")
+    FAILED = "failed", _("Failed")
 
 
 class CalibrationRun(models.Model):

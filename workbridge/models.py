@@ -1,5 +1,6 @@
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from accounts.models import Workspace
 from workbridge.vault import EncryptedTextField, mask
@@ -24,10 +25,10 @@ class EgressRule(models.Model):
 
 
 class Binding(models.TextChoices):
-    HTTP = "http", "HTTP request"
-    OPENAPI = "openapi", "OpenAPI operation"
-    PYTHON = "python", "Python function"
-    MCP = "mcp", "MCP server tool"
+    HTTP = "http", _("HTTP request")
+    OPENAPI = "openapi", _("OpenAPI operation")
+    PYTHON = "python", _("Python function")
+    MCP = "mcp", _("MCP server tool")
 
 
 class ApiSpec(models.Model):
@@ -51,8 +52,8 @@ class ApiSpec(models.Model):
 
 
 class McpTransport(models.TextChoices):
-    HTTP = "http", "Streamable HTTP"
-    STDIO = "stdio", "Local command (stdio)"
+    HTTP = "http", _("Streamable HTTP")
+    STDIO = "stdio", _("Local command (stdio)")
 
 
 class McpServer(models.Model):
@@ -129,8 +130,8 @@ class Secret(models.Model):
 
 
 class InvocationStatus(models.TextChoices):
-    OK = "ok", "OK"
-    FAILED = "failed", "Failed"
+    OK = "ok", _("OK")
+    FAILED = "failed", _("Failed")
 
 
 class Invocation(models.Model):
