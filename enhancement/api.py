@@ -10,10 +10,11 @@ from accounts.permissions import WorkspaceRole, WorkspaceScopedMixin, request_ac
 from cluster.models import Node
 from enhancement import runner, selectors, services
 from enhancement.formats import ColumnMapping
-from enhancement.models import Dataset, DatasetFormat, EnhancementJob, Method
+from enhancement.models import Dataset, DatasetFormat, DistillMode, EnhancementJob, Method
 from enhancement.training.export import QUANTIZATIONS
+from enhancement.training.pruning import METHODS as PRUNE_METHODS
 from serving.api import DeploymentSerializer
-from serving.selectors import models_visible_to
+from serving.selectors import deployments_visible_to, models_visible_to
 
 
 class DatasetSerializer(serializers.ModelSerializer):
@@ -139,7 +140,8 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = EnhancementJob
         fields = ["id", "name", "kind", "state", "stage", "step", "total_steps", "base_model", "dataset",
-                  "dataset_sha256", "method", "hyperparameters", "quantizations", "plan", "node", "report",
+                  "dataset_sha256", "method", "hyperparameters", "quantizations", "compression", "plan", "node",
+                  "report",
                   "outputs", "error", "created_at"]
 
     def get_outputs(self, obj) -> list[dict]:
@@ -164,6 +166,38 @@ class QuantizeSerializer(serializers.Serializer):
     quantizations = serializers.ListField(child=serializers.ChoiceField(choices=list(QUANTIZATIONS)))
     dataset = serializers.IntegerField(required=False, allow_null=True, default=None,
                                        help_text="Its validation split is the report's held-out text")
+    node = serializers.CharField(required=False, default="")
+
+
+class PruneSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=80)
+    base_model = serializers.CharField()
+    method = serializers.ChoiceField(choices=list(PRUNE_METHODS), help_text="magnitude (unstructured) or "
+                                     "mlp_channels (structured: whole MLP channels)")
+    sparsity = serializers.FloatField(help_text="Share of the weights (or MLP channels) to remove")
+    recovery_steps = serializers.IntegerField(min_value=0, max_value=100_000, default=0,
+                                              help_text="A short LoRA fine-tune on the dataset afterwards")
+    dataset = serializers.IntegerField(required=False, allow_null=True, default=None)
+    hyperparameters = serializers.DictField(required=False, default=dict, help_text="Of the recovery fine-tune")
+    quantizations = serializers.ListField(child=serializers.ChoiceField(choices=list(QUANTIZATIONS)),
+                                          default=["q8_0"])
+    node = serializers.CharField(required=False, default="")
+
+
+class DistillSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=80)
+    student = serializers.CharField(help_text="The model to teach (GGUF or Hugging Face)")
+    dataset = serializers.IntegerField(help_text="Its prompts (sequence) or conversations (logits)")
+    mode = serializers.ChoiceField(choices=DistillMode.choices)
+    teacher = serializers.CharField(help_text="sequence: a ready chat deployment; logits: a model with the "
+                                              "student's tokenizer")
+    method = serializers.ChoiceField(choices=Method.choices, default=Method.LORA)
+    hyperparameters = serializers.DictField(required=False, default=dict)
+    quantizations = serializers.ListField(child=serializers.ChoiceField(choices=list(QUANTIZATIONS)),
+                                          default=["q4_k_m"])
+    temperature = serializers.FloatField(default=2.0, help_text="logits only")
+    alpha = serializers.FloatField(default=0.5, help_text="logits only: the KL term's share of the loss")
+    max_prompts = serializers.IntegerField(default=200, help_text="sequence only: training prompts the teacher answers")
     node = serializers.CharField(required=False, default="")
 
 
@@ -207,6 +241,48 @@ class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
             actor=self.actor, workspace=self.workspace, name=spec["name"],
             base_model=_model_named(self.workspace, spec["base_model"]), node=_node_named(spec["node"]),
             quantizations=spec["quantizations"], dataset=dataset)
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=PruneSerializer, responses={201: JobSerializer})
+    @action(detail=False, methods=["post"])
+    def prune(self, request):
+        """A compression job: magnitude or MLP-channel pruning, an optional recovery fine-tune, GGUF export and a
+        before/after report."""
+        data = PruneSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        spec = data.validated_data
+        dataset = (selectors.scoped(selectors.datasets(workspace=self.workspace), spec["dataset"], "Dataset")
+                   if spec["dataset"] else None)
+        job = services.create_prune_job(
+            actor=self.actor, workspace=self.workspace, name=spec["name"],
+            base_model=_model_named(self.workspace, spec["base_model"]), node=_node_named(spec["node"]),
+            method=spec["method"], sparsity=spec["sparsity"], recovery_steps=spec["recovery_steps"],
+            dataset=dataset, quantizations=spec["quantizations"], hyperparameters=spec["hyperparameters"])
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=DistillSerializer, responses={201: JobSerializer})
+    @action(detail=False, methods=["post"])
+    def distill(self, request):
+        """A distillation job: the student fine-tuned on a teacher deployment's answers (sequence), or on a
+        same-tokenizer teacher model's token distributions (logits)."""
+        data = DistillSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        spec = data.validated_data
+        teacher_deployment = teacher_model = None
+        if spec["mode"] == DistillMode.SEQUENCE:
+            teacher_deployment = deployments_visible_to(workspace=self.workspace).filter(name=spec["teacher"]).first()
+            if teacher_deployment is None:
+                raise serializers.ValidationError({"teacher": [f"No deployment called '{spec['teacher']}'."]})
+        else:
+            teacher_model = _model_named(self.workspace, spec["teacher"])
+        job = services.create_distill_job(
+            actor=self.actor, workspace=self.workspace, name=spec["name"],
+            student=_model_named(self.workspace, spec["student"]),
+            dataset=selectors.scoped(selectors.datasets(workspace=self.workspace), spec["dataset"], "Dataset"),
+            node=_node_named(spec["node"]), mode=spec["mode"], teacher_deployment=teacher_deployment,
+            teacher_model=teacher_model, method=spec["method"], hyperparameters=spec["hyperparameters"],
+            quantizations=spec["quantizations"], temperature=spec["temperature"], alpha=spec["alpha"],
+            max_prompts=spec["max_prompts"])
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(parameters=[OpenApiParameter("since", int)], responses=dict)

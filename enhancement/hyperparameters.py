@@ -21,6 +21,8 @@ RANGES = {
     "seed": (42, 0, 2 ** 31 - 1, int),
     "save_steps": (50, 1, 1_000_000, int),
     "eval_steps": (50, 1, 1_000_000, int),
+    # Data-parallel training processes; more than one run on Ray Train (enhancement/training/distributed.py).
+    "workers": (1, 1, 64, int),
 }
 
 
@@ -63,4 +65,8 @@ def checked(values: dict) -> dict:
     if out["micro_batch_size"] and out["batch_size"] % out["micro_batch_size"]:
         raise ValidationFailed(f"The batch size ({out['batch_size']}) must be a multiple of the micro-batch size "
                                f"({out['micro_batch_size']}).", fields={"micro_batch_size": ["Must divide batch_size."]})
+    if out["batch_size"] % out["workers"]:
+        raise ValidationFailed(f"The batch size ({out['batch_size']}) must be a multiple of the workers "
+                               f"({out['workers']}): each worker takes an equal share of every step.",
+                               fields={"workers": ["Must divide batch_size."]})
     return out

@@ -65,3 +65,25 @@ def model_shape(model: Model) -> ModelShape:
     except (OSError, KeyError, ValueError, TypeError) as exc:
         raise ValidationFailed(f"Cannot read the architecture of '{model.name}': {exc}",
                                fields={"base_model": ["Unreadable architecture."]})
+
+
+@lru_cache(maxsize=16)
+def _gguf_tokens(path: str, modified_ns: int) -> tuple[str, ...]:
+    tokens = GGUFReader(path).fields.get("tokenizer.ggml.tokens")
+    return tuple(tokens.contents()) if tokens is not None else ()
+
+
+def model_vocabulary(model: Model) -> tuple[str, ...]:
+    """The model's tokens in id order (from its GGUF, or its Hugging Face tokenizer): two models read text alike
+    when these are equal."""
+    path = Path(model.path)
+    try:
+        if model.kind == ModelKind.GGUF:
+            return _gguf_tokens(str(path), path.stat().st_mtime_ns)
+        from transformers import AutoTokenizer
+
+        vocabulary = AutoTokenizer.from_pretrained(str(path)).get_vocab()
+        return tuple(sorted(vocabulary, key=vocabulary.get))
+    except (OSError, ValueError) as exc:
+        raise ValidationFailed(f"Cannot read the tokenizer of '{model.name}': {exc}",
+                               fields={"teacher": ["Unreadable tokenizer."]})

@@ -46,6 +46,13 @@ class Dataset(models.Model):
 class JobKind(models.TextChoices):
     FINETUNE = "finetune", "Fine-tune"
     QUANTIZE = "quantize", "Quantize"
+    PRUNE = "prune", "Prune"
+    DISTILL = "distill", "Distill"
+
+
+class DistillMode(models.TextChoices):
+    SEQUENCE = "sequence", "Sequence-level (the teacher deployment's answers)"
+    LOGITS = "logits", "Logits (the teacher's token distributions; same tokenizer)"
 
 
 class Method(models.TextChoices):
@@ -58,6 +65,8 @@ class Stage(models.TextChoices):
     runs again continues after the last finished stage."""
 
     QUEUED = "queued", "Queued"
+    TEACH = "teach", "Teacher answering the prompts"
+    PRUNE = "prune", "Pruning"
     TRAIN = "train", "Training"
     MERGE = "merge", "Merging"
     CONVERT = "convert", "Converting to GGUF"
@@ -80,6 +89,8 @@ class EnhancementJob(models.Model):
     # Checked settings: steps, learning rate, batch size, LoRA rank … (enhancement/hyperparameters.py).
     hyperparameters = models.JSONField(default=dict, blank=True)
     quantizations = models.JSONField(default=list, blank=True, help_text="GGUF types to export, e.g. ['q4_k_m']")
+    # A prune job's {method, sparsity}; a distill job's {mode, teacher, temperature, alpha, max_prompts}.
+    compression = models.JSONField(default=dict, blank=True)
     # The parallelism plan the job runs with (enhancement/planner.py), and the ranked alternatives it was chosen from.
     plan = models.JSONField(default=dict, blank=True)
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="+")

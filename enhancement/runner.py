@@ -3,7 +3,9 @@ watches it, copies its metrics into the database, kills its process group when t
 its outputs once the process has written them all.
 
 On disk, under `$FACTORY_DATA_DIR/enhancement/jobs/<id>-<created>/`: spec.json (what to do), train.log, metrics.jsonl,
-status.json, checkpoints/, the stage outputs, result.json (written last), error.json (a failure's reason).
+status.json, checkpoints/, the stage outputs, result.json (written last), error.json (a failure's reason); for
+sequence-level distillation teacher.jsonl (the teacher's answers, written here before the process starts), for
+pruning pruning.json (what was pruned).
 
 A worker that dies leaves the process running (its own session). The redelivered job finds it by its pid and start
 time and watches it again; if it died too, a new process continues from the last finished stage and checkpoint.
@@ -12,6 +14,7 @@ Either way the job trains once, and models are registered only from a complete r
 
 import json
 import logging
+import os
 import sys
 import time
 from datetime import datetime
@@ -22,10 +25,12 @@ from django.conf import settings
 from django.db import transaction
 
 from accounts.errors import ApplicationError
+from accounts.services import service_token
 from cluster.models import Job, JobState
 from enhancement import files
 from enhancement.formats import parse_jsonl
-from enhancement.models import EnhancementJob, MetricSample, Stage
+from enhancement.models import DistillMode, EnhancementJob, JobKind, MetricSample, Stage
+from enhancement.training import data
 from enhancement.training.run import write_json_atomic
 from serving.engines import process
 from serving.models import Model, ModelKind
@@ -35,6 +40,7 @@ logger = logging.getLogger(__name__)
 POLL_S = 1.0
 # The name this app registers its output directory under with serving (see apps.py).
 PRODUCER = "enhancement"
+TEACHER_DATA = "teacher.jsonl"
 METRIC_FIELDS = ("train_loss", "validation_loss", "learning_rate", "tokens_per_s", "samples_per_s", "step_time_s",
                  "eta_s", "cpu_percent", "memory_bytes", "gpu_percent", "gpu_memory_bytes")
 
@@ -59,15 +65,75 @@ def build_spec(job: EnhancementJob, directory: Path) -> dict:
         eval_path.write_text("".join(json.dumps({"messages": c}, ensure_ascii=False) + "\n"
                                      for c in conversations[-16:]), encoding="utf-8")
     is_gguf = base.kind == ModelKind.GGUF
-    return {
+    spec = {
         "job": job.pk, "kind": job.kind, "method": job.method, "hyperparameters": job.hyperparameters,
         "base_path": base.path, "base_gguf": base.path if is_gguf else "",
         "base_quantization": base.quantization if is_gguf else "", "chat_template": base.chat_template,
-        "tokenizer_path": base.path, "quantizations": job.quantizations,
+        "tokenizer_path": base.path, "quantizations": job.quantizations, "compression": job.compression,
         "dataset_path": str(files.dataset_path(job.dataset_sha256)) if job.dataset_sha256 else "",
         "validation_count": job.dataset.validation_count if job.dataset_sha256 else 0,
         "eval_dataset_path": str(eval_path), "eval_validation_count": eval_validation,
     }
+    if job.kind == JobKind.DISTILL and job.compression["mode"] == DistillMode.SEQUENCE:
+        spec["dataset_path"] = str(directory / TEACHER_DATA)
+    elif job.kind == JobKind.DISTILL:
+        spec["teacher_path"] = job.compression["path"]
+        spec["kd"] = {"temperature": job.compression["temperature"], "alpha": job.compression["alpha"]}
+    return spec
+
+
+def teacher_answers(job: EnhancementJob, directory: Path, report) -> bool:
+    """Sequence-level distillation's data: the teacher deployment's answer to each training prompt (a dataset
+    conversation up to its last answer), asked through the gateway as the job's workspace; the validation split
+    keeps the dataset's own answers, so the report measures against the data. Answers are appended as they come,
+    so a job that runs again asks only for the rest. False when the job was cancelled meanwhile."""
+    target = directory / TEACHER_DATA
+    if target.exists():
+        return True
+    from openai import OpenAI, OpenAIError
+
+    conversations = data.read_conversations(files.dataset_path(job.dataset_sha256))
+    train, validation = data.split(conversations, job.dataset.validation_count)
+    prompts = [messages[:-1] for messages in train if messages[-1]["role"] == "assistant"]
+    prompts = prompts[:job.compression["max_prompts"]]
+    partial = directory / f"{TEACHER_DATA}.partial"
+    done = partial.read_bytes() if partial.exists() else b""
+    done = done[:done.rfind(b"\n") + 1]  # a line cut by a kill is asked again
+    partial.write_bytes(done)
+    answered = done.count(b"\n")
+    teacher = job.compression["deployment"]
+    client = OpenAI(base_url=settings.GATEWAY_URL, api_key=service_token(workspace_id=job.workspace_id),
+                    timeout=600, max_retries=2)
+    EnhancementJob.objects.filter(pk=job.pk).update(stage=Stage.TEACH, step=answered, total_steps=len(prompts))
+    with partial.open("a", encoding="utf-8") as out:
+        for index in range(answered, len(prompts)):
+            if _cancelled(job):
+                return False
+            try:
+                reply = client.chat.completions.create(model=teacher, messages=prompts[index], temperature=0,
+                                                       max_tokens=job.hyperparameters["cutoff"])
+            except OpenAIError as exc:
+                raise JobFailed(f"The teacher deployment '{teacher}' did not answer prompt {index + 1}: {exc}")
+            answer = (reply.choices[0].message.content or "").strip()
+            line = {"messages": prompts[index] + [{"role": "assistant", "content": answer}]} if answer else {}
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+            out.flush()
+            EnhancementJob.objects.filter(pk=job.pk).update(step=index + 1)
+            report(0.2 * (index + 1) / len(prompts), "")
+    taught = [json.loads(line) for line in partial.read_text(encoding="utf-8").splitlines()]
+    taught = [line for line in taught if line]
+    if not taught:
+        raise JobFailed(f"The teacher deployment '{teacher}' gave no answer to any of the {len(prompts)} prompts.")
+    write_json_lines_atomic(target, taught + [{"messages": messages} for messages in validation])
+    partial.unlink()
+    EnhancementJob.objects.filter(pk=job.pk).update(step=0, total_steps=0)
+    return True
+
+
+def write_json_lines_atomic(path: Path, rows: list[dict]) -> None:
+    partial = path.with_name(f".{path.name}.writing")
+    partial.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    os.replace(partial, path)
 
 
 def log_tail(job: EnhancementJob, lines: int = 40) -> str:
@@ -143,6 +209,9 @@ def supervise(job: EnhancementJob, report) -> dict:
         return finish(job)
     if not is_running(job):
         directory.mkdir(parents=True, exist_ok=True)
+        if job.kind == JobKind.DISTILL and job.compression["mode"] == DistillMode.SEQUENCE and \
+                not teacher_answers(job, directory, report):
+            return {"cancelled": True}
         if not (directory / "spec.json").exists():
             write_json_atomic(directory / "spec.json", build_spec(job, directory))
         elif (directory / "lock").exists():
@@ -179,7 +248,8 @@ def supervise(job: EnhancementJob, report) -> dict:
 def _progress(job: EnhancementJob) -> float:
     if job.stage == Stage.TRAIN and job.total_steps:
         return 0.8 * job.step / job.total_steps
-    return {Stage.MERGE: 0.82, Stage.CONVERT: 0.85, Stage.QUANTIZE: 0.9, Stage.EVALUATE: 0.95}.get(job.stage, 0.0)
+    return {Stage.PRUNE: 0.1, Stage.MERGE: 0.82, Stage.CONVERT: 0.85, Stage.QUANTIZE: 0.9,
+            Stage.EVALUATE: 0.95}.get(job.stage, 0.0)
 
 
 def finish(job: EnhancementJob) -> dict:

@@ -1,5 +1,6 @@
 import hashlib
 import json
+import math
 import os
 import random
 from pathlib import Path
@@ -21,15 +22,18 @@ from enhancement.files import SAMPLE_DATASET, dataset_path
 from enhancement.formats import ColumnMapping, DatasetInvalid, parse_csv, parse_jsonl
 from enhancement.hyperparameters import checked
 from enhancement.jobs import RUN_KIND
-from enhancement.model_shapes import model_shape, trainable_problem
-from enhancement.models import Dataset, DatasetFormat, EnhancementJob, JobKind, Method
+from enhancement.model_shapes import model_shape, model_vocabulary, trainable_problem
+from enhancement.models import Dataset, DatasetFormat, DistillMode, EnhancementJob, JobKind, Method
 from enhancement.training.export import QUANTIZATIONS
+from enhancement.training.pruning import METHODS as PRUNE_METHODS
 from serving.engines import process
 from serving.models import Deployment, Model, ModelKind
 from serving.services import deploy_model
 
 SAMPLE_DATASET_NAME = "instructions-sample"
 MAX_DATASET_BYTES = 200 * 1024 * 1024
+# Beyond these a model is mostly gone: magnitude pruning keeps working far longer than removing whole channels.
+MAX_SPARSITY = {"magnitude": 0.9, "mlp_channels": 0.75}
 
 
 def _write_once(path: Path, content: bytes) -> None:
@@ -193,11 +197,7 @@ def _dispatch(*, actor: Actor, job: EnhancementJob) -> EnhancementJob:
     return job
 
 
-def create_finetune_job(*, actor: Actor, workspace: Workspace, name: str, base_model: Model, dataset: Dataset,
-                        node: Node, method: str = Method.LORA, hyperparameters: dict | None = None,
-                        quantizations: list[str] | None = None) -> EnhancementJob:
-    """Check the settings, plan the layout on the node's devices, and queue the job on the node's worker."""
-    require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+def _check_training(*, workspace: Workspace, base_model: Model, dataset: Dataset, method: str) -> None:
     if method not in Method.values:
         raise ValidationFailed(f"Unknown method '{method}'; use lora or full.", fields={"method": ["Unknown."]})
     if dataset.workspace_id != workspace.pk:
@@ -209,28 +209,136 @@ def create_finetune_job(*, actor: Actor, workspace: Workspace, name: str, base_m
         raise ValidationFailed(f"'{base_model.name}' has no chat template, so its training samples cannot be "
                                f"rendered as it will be served; set one on Models & Serving first.",
                                fields={"base_model": ["No chat template."]})
+
+
+def _planned_settings(*, base_model: Model, node: Node, method: str, hyperparameters: dict | None
+                      ) -> tuple[dict, dict]:
+    """The checked training settings, with the micro-batch and accumulation of the planner's first plan on the
+    node, and the plan as the job records it."""
     hyper = checked(hyperparameters or {})
-    quantizations = _check_quantizations(quantizations or ["q4_k_m"])
-    name = _unique_name(workspace, name)
     result = plan_training(model=base_model, method=method, sequence_length=hyper["cutoff"],
                            batch_size=hyper["batch_size"], devices=plan_devices(nodes=[node]),
                            lora_rank=hyper["lora_rank"], lora_targets=tuple(hyper["lora_targets"]))
     chosen = result.plans[0]
     if chosen.nodes > 1:
         raise ValidationFailed("The plan spans nodes; choose one node for the job.", fields={"node": ["One node."]})
-    hyper["micro_batch_size"] = hyper["micro_batch_size"] or chosen.micro_batch
-    hyper["gradient_accumulation"] = hyper["batch_size"] // hyper["micro_batch_size"]
+    per_worker = hyper["batch_size"] // hyper["workers"]
+    if hyper["micro_batch_size"] and per_worker % hyper["micro_batch_size"]:
+        raise ValidationFailed(f"Each of the {hyper['workers']} workers takes {per_worker} samples a step, which the "
+                               f"micro-batch size ({hyper['micro_batch_size']}) must divide.",
+                               fields={"micro_batch_size": ["Must divide each worker's share of the batch."]})
+    hyper["micro_batch_size"] = hyper["micro_batch_size"] or math.gcd(per_worker, chosen.micro_batch)
+    hyper["gradient_accumulation"] = per_worker // hyper["micro_batch_size"]
+    return hyper, {"chosen": chosen.as_dict(), "alternatives": [p.as_dict() for p in result.plans[1:6]],
+                   "discarded": result.discarded}
+
+
+def _create_job(*, actor: Actor, workspace: Workspace, kind: str, audit: dict, **fields) -> EnhancementJob:
     with transaction.atomic():
-        job = EnhancementJob.objects.create(
-            workspace=workspace, name=name, kind=JobKind.FINETUNE, base_model=base_model, dataset=dataset,
-            dataset_sha256=dataset.sha256, method=method, hyperparameters=hyper, quantizations=quantizations,
-            plan={"chosen": chosen.as_dict(), "alternatives": [p.as_dict() for p in result.plans[1:6]],
-                  "discarded": result.discarded},
-            node=node, created_by=actor.user)
-        record_audit(actor=actor, workspace=workspace, action="enhancement.finetune", target=job,
-                     detail={"base_model": base_model.name, "dataset": dataset.name, "method": method})
+        job = EnhancementJob.objects.create(workspace=workspace, kind=kind, created_by=actor.user, **fields)
+        record_audit(actor=actor, workspace=workspace, action=f"enhancement.{kind}", target=job, detail=audit)
         _dispatch(actor=actor, job=job)
     return job
+
+
+def create_finetune_job(*, actor: Actor, workspace: Workspace, name: str, base_model: Model, dataset: Dataset,
+                        node: Node, method: str = Method.LORA, hyperparameters: dict | None = None,
+                        quantizations: list[str] | None = None) -> EnhancementJob:
+    """Check the settings, plan the layout on the node's devices, and queue the job on the node's worker."""
+    require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    _check_training(workspace=workspace, base_model=base_model, dataset=dataset, method=method)
+    hyper, plan = _planned_settings(base_model=base_model, node=node, method=method, hyperparameters=hyperparameters)
+    quantizations = _check_quantizations(quantizations or ["q4_k_m"])
+    return _create_job(actor=actor, workspace=workspace, kind=JobKind.FINETUNE, name=_unique_name(workspace, name),
+                       base_model=base_model, dataset=dataset, dataset_sha256=dataset.sha256, method=method,
+                       hyperparameters=hyper, quantizations=quantizations, plan=plan, node=node,
+                       audit={"base_model": base_model.name, "dataset": dataset.name, "method": method})
+
+
+def create_prune_job(*, actor: Actor, workspace: Workspace, name: str, base_model: Model, node: Node,
+                     method: str, sparsity: float, recovery_steps: int = 0, dataset: Dataset | None = None,
+                     quantizations: list[str] | None = None, hyperparameters: dict | None = None) -> EnhancementJob:
+    """Prune a share of the model's weights (magnitude) or of its MLP channels (structured), optionally followed
+    by a short LoRA fine-tune on `dataset` to recover; every output is measured against the base."""
+    require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    problem = trainable_problem(base_model)
+    if problem:
+        raise ValidationFailed(problem.replace("trained", "compressed"), fields={"base_model": [problem]})
+    if method not in PRUNE_METHODS:
+        raise ValidationFailed(f"Unknown pruning method '{method}'; use {' or '.join(PRUNE_METHODS)}.",
+                               fields={"method": ["Unknown."]})
+    if not 0.05 <= sparsity <= MAX_SPARSITY[method]:
+        raise ValidationFailed(f"The sparsity for {method} pruning must be between 0.05 and {MAX_SPARSITY[method]} "
+                               f"(got {sparsity}).", fields={"sparsity": ["Out of range."]})
+    if dataset is not None and dataset.workspace_id != workspace.pk:
+        raise ValidationFailed("No such dataset in this workspace.", fields={"dataset": ["Unknown dataset."]})
+    hyper, plan = {}, {}
+    if recovery_steps:
+        if dataset is None:
+            raise ValidationFailed("A recovery fine-tune needs a dataset.", fields={"dataset": ["Required."]})
+        _check_training(workspace=workspace, base_model=base_model, dataset=dataset, method=Method.LORA)
+        hyper, plan = _planned_settings(base_model=base_model, node=node, method=Method.LORA,
+                                        hyperparameters={**(hyperparameters or {}), "max_steps": recovery_steps})
+    quantizations = _check_quantizations(quantizations or ["q8_0"])
+    return _create_job(actor=actor, workspace=workspace, kind=JobKind.PRUNE, name=_unique_name(workspace, name),
+                       base_model=base_model, dataset=dataset, dataset_sha256=dataset.sha256 if dataset else "",
+                       method=Method.LORA if recovery_steps else "", hyperparameters=hyper, plan=plan,
+                       quantizations=quantizations, node=node,
+                       compression={"method": method, "sparsity": sparsity, "recovery_steps": recovery_steps},
+                       audit={"base_model": base_model.name, "method": method, "sparsity": sparsity})
+
+
+def _same_tokenizer(student: Model, teacher: Model) -> bool:
+    try:
+        return model_vocabulary(student) == model_vocabulary(teacher)
+    except ValidationFailed:
+        return False
+
+
+def create_distill_job(*, actor: Actor, workspace: Workspace, name: str, student: Model, dataset: Dataset,
+                       node: Node, mode: str, teacher_deployment: Deployment | None = None,
+                       teacher_model: Model | None = None, method: str = Method.LORA,
+                       hyperparameters: dict | None = None, quantizations: list[str] | None = None,
+                       temperature: float = 2.0, alpha: float = 0.5, max_prompts: int = 200) -> EnhancementJob:
+    """Teach `student` what a teacher does. sequence: the teacher deployment answers the dataset's prompts
+    through the gateway, and the student is fine-tuned on those answers. logits: the student learns the teacher
+    model's next-token distributions on the dataset's answers, which needs the same tokenizer."""
+    require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    _check_training(workspace=workspace, base_model=student, dataset=dataset, method=method)
+    if mode == DistillMode.SEQUENCE:
+        if teacher_deployment is None:
+            raise ValidationFailed("Sequence-level distillation needs a teacher deployment to answer the prompts.",
+                                   fields={"teacher": ["Required."]})
+        if not 1 <= max_prompts <= 5000:
+            raise ValidationFailed("max_prompts must be between 1 and 5000.", fields={"max_prompts": ["Out of range."]})
+        teacher = {"deployment": teacher_deployment.name}
+    elif mode == DistillMode.LOGITS:
+        if teacher_model is None:
+            raise ValidationFailed("Logit distillation needs a teacher model with its files on this platform.",
+                                   fields={"teacher": ["Required."]})
+        problem = trainable_problem(teacher_model)
+        if problem:
+            raise ValidationFailed(problem.replace("trained", "used as a teacher"), fields={"teacher": [problem]})
+        if not _same_tokenizer(student, teacher_model):
+            raise ValidationFailed(f"'{teacher_model.name}' and '{student.name}' tokenize differently, so their "
+                                   f"next-token distributions cannot be compared; use sequence-level distillation.",
+                                   fields={"teacher": ["Different tokenizer."]})
+        if not (temperature > 0 and 0 <= alpha <= 1):
+            raise ValidationFailed("The temperature must be above 0 and alpha between 0 and 1.",
+                                   fields={"temperature": ["Out of range."]})
+        teacher = {"model": teacher_model.name, "path": teacher_model.path, "temperature": temperature,
+                   "alpha": alpha}
+    else:
+        raise ValidationFailed(f"Unknown distillation mode '{mode}'; use sequence or logits.",
+                               fields={"mode": ["Unknown."]})
+    hyper, plan = _planned_settings(base_model=student, node=node, method=method, hyperparameters=hyperparameters)
+    quantizations = _check_quantizations(quantizations or ["q4_k_m"])
+    return _create_job(actor=actor, workspace=workspace, kind=JobKind.DISTILL, name=_unique_name(workspace, name),
+                       base_model=student, dataset=dataset, dataset_sha256=dataset.sha256, method=method,
+                       hyperparameters=hyper, quantizations=quantizations, plan=plan, node=node,
+                       compression={"mode": mode, "max_prompts": max_prompts, **teacher},
+                       audit={"student": student.name, "mode": mode, "teacher": teacher.get("deployment")
+                              or teacher.get("model"), "dataset": dataset.name})
 
 
 def create_quantize_job(*, actor: Actor, workspace: Workspace, name: str, base_model: Model, node: Node,
@@ -247,16 +355,10 @@ def create_quantize_job(*, actor: Actor, workspace: Workspace, name: str, base_m
     if base_model.kind == ModelKind.GGUF and "f16" in quantizations:
         raise ValidationFailed("A GGUF model cannot be turned back into f16; choose q8_0 or q4_k_m.",
                                fields={"quantizations": ["f16 needs a Hugging Face model."]})
-    name = _unique_name(workspace, name)
-    with transaction.atomic():
-        job = EnhancementJob.objects.create(
-            workspace=workspace, name=name, kind=JobKind.QUANTIZE, base_model=base_model, dataset=dataset,
-            dataset_sha256=dataset.sha256 if dataset else "", quantizations=quantizations, node=node,
-            created_by=actor.user)
-        record_audit(actor=actor, workspace=workspace, action="enhancement.quantize", target=job,
-                     detail={"base_model": base_model.name, "quantizations": quantizations})
-        _dispatch(actor=actor, job=job)
-    return job
+    return _create_job(actor=actor, workspace=workspace, kind=JobKind.QUANTIZE, name=_unique_name(workspace, name),
+                       base_model=base_model, dataset=dataset, dataset_sha256=dataset.sha256 if dataset else "",
+                       quantizations=quantizations, node=node,
+                       audit={"base_model": base_model.name, "quantizations": quantizations})
 
 
 def cancel_job(*, actor: Actor, job: EnhancementJob) -> EnhancementJob:

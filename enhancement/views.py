@@ -10,10 +10,10 @@ from enhancement import runner, selectors, services
 from enhancement.formats import ColumnMapping
 from enhancement.hyperparameters import LORA_TARGETS, RANGES, SCHEDULERS, checked
 from enhancement.model_shapes import trainable_problem
-from enhancement.models import DatasetFormat, Method
+from enhancement.models import DatasetFormat, DistillMode, Method
 from enhancement.training.export import QUANTIZATIONS
 from serving.models import RoleHint
-from serving.selectors import models_visible_to
+from serving.selectors import deployments_visible_to, models_visible_to
 
 # The new-job form's numeric settings, in the order shown.
 HYPER_FIELDS = ["max_steps", "epochs", "learning_rate", "warmup_steps", "batch_size", "micro_batch_size", "cutoff",
@@ -80,12 +80,43 @@ def home(request):
                                                node=_node(request), quantizations=request.POST.getlist("quantizations"),
                                                dataset=dataset)
             return redirect("enhancement-job", job_id=job.pk)
+        if action == "prune":
+            dataset_id = request.POST.get("dataset")
+            job = services.create_prune_job(
+                actor=actor, workspace=request.workspace, name=request.POST.get("name", ""),
+                base_model=_model(request, request.POST.get("base_model", "")), node=_node(request),
+                method=request.POST.get("method", ""),
+                sparsity=_number(request.POST.get("sparsity") or 0, "Sparsity"),
+                recovery_steps=_number(request.POST.get("recovery_steps") or 0, "Recovery steps", int),
+                dataset=selectors.scoped(selectors.datasets(workspace=request.workspace), dataset_id, "Dataset")
+                if dataset_id else None, quantizations=request.POST.getlist("quantizations"))
+            return redirect("enhancement-job", job_id=job.pk)
+        if action == "distill":
+            mode = request.POST.get("mode", "")
+            teacher = request.POST.get("teacher", "")
+            deployment = deployments_visible_to(workspace=request.workspace).filter(name=teacher).first()
+            if mode == DistillMode.SEQUENCE and deployment is None:
+                raise ValidationFailed(f"Sequence-level distillation needs a teacher deployment; '{teacher}' is not "
+                                       f"one.")
+            job = services.create_distill_job(
+                actor=actor, workspace=request.workspace, name=request.POST.get("name", ""),
+                student=_model(request, request.POST.get("student", "")),
+                dataset=selectors.scoped(selectors.datasets(workspace=request.workspace),
+                                         request.POST.get("dataset"), "Dataset"),
+                node=_node(request), mode=mode, teacher_deployment=deployment,
+                teacher_model=_model(request, teacher) if mode == DistillMode.LOGITS else None,
+                hyperparameters={"max_steps": request.POST.get("max_steps") or 50},
+                max_prompts=_number(request.POST.get("max_prompts") or 200, "Prompts", int))
+            return redirect("enhancement-job", job_id=job.pk)
         return redirect("enhancement")
     return render(request, "enhancement/home.html", {
         "datasets": selectors.datasets(workspace=request.workspace),
         "jobs": selectors.jobs(workspace=request.workspace)[:50],
         "formats": DatasetFormat.choices, "models": _trainable_models(request.workspace),
         "nodes": Node.objects.all(), "quantizations": QUANTIZATIONS, "this_node": settings.NODE_NAME,
+        "prune_methods": [("mlp_channels", "MLP channels (structured)"), ("magnitude", "Magnitude (unstructured)")],
+        "distill_modes": DistillMode.choices,
+        "deployments": [d for d in deployments_visible_to(workspace=request.workspace) if d.state == "ready"],
     })
 
 

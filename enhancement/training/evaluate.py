@@ -42,28 +42,29 @@ def token_f1(prediction: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def eval_material(spec: dict) -> tuple[str, list[tuple[str, str]]]:
+def eval_material(spec: dict, max_prompts: int = MAX_PROMPTS) -> tuple[str, list[tuple[str, str]]]:
     """Held-out text (the validation conversations rendered with the served chat template) and prompt/answer pairs
     (each validation conversation's last question, rendered up to the answer, and its answer)."""
     tokenizer = data.load_tokenizer(spec["tokenizer_path"])
     conversations = data.read_conversations(Path(spec["eval_dataset_path"]))
     _, validation = data.split(conversations, spec.get("eval_validation_count", 0))
-    validation = validation or conversations[-MAX_PROMPTS:]
+    validation = validation or conversations[-max_prompts:]
     template = spec.get("chat_template", "")
     text = "".join(data.render(tokenizer, c, template) for c in validation)
     prompts = []
-    for messages in validation[:MAX_PROMPTS]:
+    for messages in validation[:max_prompts]:
         prompt = data.render(tokenizer, messages[:-1], template, add_generation_prompt=True)
         prompts.append((prompt, messages[-1]["content"]))
     return text, prompts
 
 
-def measure(path: str, text: str, prompts: list[tuple[str, str]]) -> dict:
+def measure(path: str, text: str, prompts: list[tuple[str, str]], *,
+            heldout_tokens: int = HELDOUT_TOKENS) -> dict:
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=path, n_ctx=max(WINDOW, 1024), n_batch=WINDOW, logits_all=True,
                           n_threads=os.cpu_count() or 1, verbose=False)
-    tokens = llm.tokenize(text.encode(), add_bos=False, special=True)[:HELDOUT_TOKENS]
+    tokens = llm.tokenize(text.encode(), add_bos=False, special=True)[:heldout_tokens]
     nll, count, prefill_tokens, prefill_s = 0.0, 0, 0, 0.0
     for start in range(0, len(tokens) - 1, WINDOW):
         window = tokens[start:start + WINDOW]

@@ -45,18 +45,26 @@ def write_json_atomic(path: Path, value) -> None:
 
 
 class Run:
-    def __init__(self, run_dir: Path):
+    """A job's run directory and spec. Only the writer (the process itself, or rank 0 of a distributed run) writes
+    status and metrics."""
+
+    def __init__(self, run_dir: Path, *, writer: bool = True):
         self.dir = run_dir
         self.spec = json.loads((run_dir / "spec.json").read_text())
         self.hyper = self.spec.get("hyperparameters", {})
-        self.metrics = (run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self.writer = writer
+        self.metrics = (run_dir / "metrics.jsonl").open("a", encoding="utf-8") if writer else None
 
     def status(self, stage: str, message: str = "", **fields) -> None:
+        if not self.writer:
+            return
         write_json_atomic(self.dir / "status.json", {"stage": stage, "message": message, "at": time.time(),
                                                      **fields})
         print(f"[{stage}] {message}", flush=True)
 
     def metric(self, record: dict) -> None:
+        if not self.writer:
+            return
         self.metrics.write(json.dumps(record) + "\n")
         self.metrics.flush()
 
@@ -182,14 +190,35 @@ def metrics_callback(run: Run, total_steps_hint: int):
     return Metrics()
 
 
+def final_dir(run: Run) -> Path:
+    return run.dir / ("adapter" if run.spec["method"] == "lora" else "trained")
+
+
 def train(run: Run) -> None:
+    """The training stage, from the newest complete checkpoint if there is one: in this process, or with
+    `workers` > 1 as data-parallel workers on Ray (enhancement/training/distributed.py)."""
+    if final_dir(run).exists():
+        return
+    checkpoints = run.dir / "checkpoints"
+    checkpoints.mkdir(exist_ok=True)
+    resume = latest_complete_checkpoint(checkpoints)
+    if resume is not None:
+        run.status("train", f"Resuming from {resume.name}")
+    if int(run.hyper.get("workers", 1)) > 1:
+        from enhancement.training import distributed
+
+        distributed.train_on_ray(run, resume)
+    else:
+        fit(run, resume)
+
+
+def fit(run: Run, resume: Path | None) -> None:
+    """Train with the HF Trainer; in a distributed run every worker runs this, and rank 0 writes the checkpoints,
+    the metrics and the result."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments
 
-    final = run.dir / ("adapter" if run.spec["method"] == "lora" else "trained")
-    if final.exists():
-        return
     hyper = run.hyper
     tokenizer = data.load_tokenizer(run.spec["base_path"])
     if tokenizer.pad_token is None:
@@ -205,12 +234,10 @@ def train(run: Run) -> None:
             target_modules=hyper["lora_targets"], task_type="CAUSAL_LM"))
     if hyper.get("recompute"):
         model.enable_input_require_grads()
-    checkpoints = run.dir / "checkpoints"
-    checkpoints.mkdir(exist_ok=True)
-    resume = latest_complete_checkpoint(checkpoints)
     cuda = torch.cuda.is_available()
+    workers = int(hyper.get("workers", 1))
     args = TrainingArguments(
-        output_dir=str(checkpoints), max_steps=hyper.get("max_steps") or -1,
+        output_dir=str(run.dir / "checkpoints"), max_steps=hyper.get("max_steps") or -1,
         num_train_epochs=hyper.get("epochs") or 1, learning_rate=hyper["learning_rate"],
         lr_scheduler_type=hyper["lr_scheduler"], warmup_steps=hyper.get("warmup_steps", 0),
         per_device_train_batch_size=hyper["micro_batch_size"], per_device_eval_batch_size=hyper["micro_batch_size"],
@@ -220,19 +247,42 @@ def train(run: Run) -> None:
         eval_strategy="steps" if validation_set else "no", eval_steps=hyper["eval_steps"],
         seed=hyper["seed"], data_seed=hyper["seed"], report_to=[], disable_tqdm=True, use_cpu=not cuda,
         bf16=cuda and torch.cuda.is_bf16_supported(), dataloader_num_workers=0, remove_unused_columns=False,
-        include_num_input_tokens_seen="non_padding", save_only_model=False)
+        include_num_input_tokens_seen="non_padding", save_only_model=False,
+        ddp_backend=("nccl" if cuda else "gloo") if workers > 1 else None)
     steps_hint = hyper.get("max_steps") or math.ceil(
-        len(train_set) / (hyper["micro_batch_size"] * hyper["gradient_accumulation"])) * (hyper.get("epochs") or 1)
-    trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=validation_set or None,
-                      data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=data.IGNORE_INDEX),
-                      callbacks=[metrics_callback(run, steps_hint)])
-    if resume is not None:
-        run.status("train", f"Resuming from {resume.name}")
+        len(train_set) / (hyper["micro_batch_size"] * hyper["gradient_accumulation"] * workers)) * (
+        hyper.get("epochs") or 1)
+    trainer_class = Trainer
+    if run.spec.get("teacher_path"):
+        from enhancement.training.distill import distilling_trainer
+
+        run.status("train", "Loading the teacher for logit distillation")
+        trainer_class = distilling_trainer(Trainer, load_base({"base_path": run.spec["teacher_path"]}),
+                                           temperature=run.spec["kd"]["temperature"], alpha=run.spec["kd"]["alpha"])
+    trainer = trainer_class(model=model, args=args, train_dataset=train_set, eval_dataset=validation_set or None,
+                            data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True,
+                                                                 label_pad_token_id=data.IGNORE_INDEX),
+                            callbacks=[metrics_callback(run, steps_hint)] if run.writer else [])
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    if not trainer.is_world_process_zero():
+        return
+    final = final_dir(run)
     partial = run.dir / f".{final.name}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     trainer.model.save_pretrained(str(partial))
     os.replace(partial, final)
+
+
+def save_plain(run: Run, model, target: Path) -> None:
+    """`model` as a plain Hugging Face directory with the tokenizer and the served chat template, written whole."""
+    tokenizer = data.load_tokenizer(run.spec["base_path"])
+    if run.spec.get("chat_template"):
+        tokenizer.chat_template = run.spec["chat_template"]
+    partial = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(str(partial))
+    tokenizer.save_pretrained(str(partial))
+    os.replace(partial, target)
 
 
 def merge(run: Run) -> None:
@@ -251,18 +301,46 @@ def merge(run: Run) -> None:
         plain = model.merge_and_unload()
     else:
         plain = AutoModelForCausalLM.from_pretrained(str(run.dir / "trained"), dtype=torch.float32)
-    tokenizer = data.load_tokenizer(run.spec["base_path"])
-    if run.spec.get("chat_template"):
-        tokenizer.chat_template = run.spec["chat_template"]
-    partial = run.dir / ".merged.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    plain.save_pretrained(str(partial))
-    tokenizer.save_pretrained(str(partial))
-    os.replace(partial, target)
+    save_plain(run, plain, target)
+
+
+def prune(run: Run) -> Path:
+    """The base with the requested share pruned (enhancement/training/pruning.py), as a plain Hugging Face model;
+    what was pruned goes to pruning.json for the report."""
+    import torch
+
+    from enhancement.training import pruning
+
+    target = run.dir / "pruned"
+    if target.exists():
+        return target
+    settings = run.spec["compression"]
+    run.status("prune", f"Pruning {settings['sparsity']:.0%} of the weights ({settings['method']})")
+    model = load_base(run.spec, torch.float32)
+    summary = pruning.prune_model(model, settings["method"], settings["sparsity"])
+    write_json_atomic(run.dir / "pruning.json", summary)
+    save_plain(run, model, target)
+    return target
+
+
+def trained_source(run: Run, stop_after: str) -> Path | None:
+    """The Hugging Face directory to export: fine-tuned (or distilled) and merged, or pruned and, with recovery
+    steps, fine-tuned from there. None when the run stops after training."""
+    kind = run.spec["kind"]
+    if kind == "prune":
+        pruned = prune(run)
+        if not run.hyper.get("max_steps"):
+            return pruned
+        run.spec["base_path"] = str(pruned)  # the recovery fine-tune starts from the pruned model
+    train(run)
+    if stop_after == "train":
+        return None
+    merge(run)
+    return run.dir / "merged"
 
 
 def main(argv: list[str]) -> int:
-    from enhancement.training import evaluate, export
+    from enhancement.training import distributed, evaluate, export, pruning
 
     run_dir = Path(argv[1])
     lock = (run_dir / "lock").open("w")
@@ -278,23 +356,30 @@ def main(argv: list[str]) -> int:
             import torch
 
             torch.set_num_threads(int(run.spec["threads"]))
-        if run.spec["kind"] == "finetune":
-            train(run)
-            if run.spec.get("train_only"):  # benchmarks measure the training alone
+        # Benchmarks stop after the stage they measure: "train", or "export" (they evaluate on their own terms).
+        stop_after = run.spec.get("stop_after", "")
+        if run.spec["kind"] == "quantize":
+            source = Path(run.spec["base_path"])
+        else:
+            source = trained_source(run, stop_after)
+            if source is None:
                 run.status("done", "Trained")
                 return 0
-            merge(run)
-            source = run.dir / "merged"
-        else:
-            source = Path(run.spec["base_path"])
         outputs = export.export(run, source)
+        if stop_after == "export":
+            write_json_atomic(run.dir / "exported.json", outputs)
+            run.status("done", "Exported")
+            return 0
         report = evaluate.evaluate(run, outputs)
+        if (run.dir / "pruning.json").exists():
+            report = {**report, "pruning": json.loads((run.dir / "pruning.json").read_text())}
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             return failed(run, f"The disk filled up: {exc}. Free space and run the job again; it resumes from "
                                f"its last complete checkpoint.")
         raise
-    except (export.ExportFailed, data.TemplateMismatch, NoTrainingData) as exc:
+    except (export.ExportFailed, data.TemplateMismatch, NoTrainingData, distributed.RayMissing,
+            pruning.PruneRefused) as exc:
         return failed(run, str(exc))
     write_json_atomic(run.dir / "result.json", {"outputs": outputs, "report": report})
     run.status("done", "Finished")

