@@ -6,3 +6,4 @@ class RagStudioConfig(AppConfig):
 
     def ready(self) -> None:
         from rag_studio import bootstrap, bundles  # noqa: F401  register the bootstrap step and the bundle importer
+        from rag_studio import serving_prompts  # noqa: F401  offer eval sets to model-group calibration

@@ -266,14 +266,20 @@ class GroupRequestSerializer(serializers.ModelSerializer):
 class CalibrationStartSerializer(serializers.Serializer):
     items = serializers.JSONField(required=False, help_text=f"[{{prompt, reference}}], at most {MAX_ITEMS}")
     file = serializers.FileField(required=False, help_text="JSONL: one {prompt, reference} per line")
+    prompt_source = serializers.CharField(required=False, help_text="A studio's prompt sets: rag-eval-set, "
+                                                                    "agent-scenarios")
+    prompt_set = serializers.IntegerField(required=False, help_text="The eval set's or agent's id")
     source = serializers.CharField(required=False, max_length=200, default="API")
     metric = serializers.ChoiceField(choices=METRICS, default="token_f1")
     max_tokens = serializers.IntegerField(default=128)
     temperature = serializers.FloatField(default=0.2)
 
     def validate(self, attrs):
-        if ("items" in attrs) == ("file" in attrs):
-            raise serializers.ValidationError({"items": ["Give either 'items' or a JSONL 'file'."]})
+        if sum(key in attrs for key in ("items", "file", "prompt_source")) != 1:
+            raise serializers.ValidationError({"items": ["Give one of 'items', a JSONL 'file', or a "
+                                                         "'prompt_source' with its 'prompt_set'."]})
+        if "prompt_source" in attrs and "prompt_set" not in attrs:
+            raise serializers.ValidationError({"prompt_set": ["Name the set of the prompt source (its id)."]})
         return attrs
 
 
@@ -374,6 +380,9 @@ class ModelGroupViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retr
         if "file" in spec:
             items = group_services.calibration_items_from_file(content=spec["file"].read())
             source = f"uploaded {spec['file'].name}"
+        elif "prompt_source" in spec:
+            items, source = group_services.calibration_items_from_source(
+                workspace=self.workspace, source=spec["prompt_source"], set_id=spec["prompt_set"])
         run = group_services.start_calibration(
             actor=self.actor, workspace=self.workspace, group=self.get_object(), items=items, source=source,
             metric=spec["metric"], max_tokens=spec["max_tokens"], temperature=spec["temperature"])

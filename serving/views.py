@@ -21,6 +21,7 @@ from serving.gateway import Caller, GatewayError, admit, django_response, serve
 from serving.groups import services as group_services
 from serving.groups.policies import route_settings
 from serving.groups.scoring import METRICS
+from serving.groups.sources import prompt_sources
 from serving.models import CalibrationState, Engine, GroupPolicy, RoleHint
 
 
@@ -277,16 +278,21 @@ def _save_group_settings(request, group) -> None:
 
 
 def _start_calibration(request, group) -> None:
-    upload = request.FILES.get("file")
-    if upload is None:
-        raise ValidationFailed("Choose a JSONL file of prompts with reference answers.")
+    upload, chosen = request.FILES.get("file"), request.POST.get("prompt_set", "")
     try:
         max_tokens = int(request.POST.get("max_tokens") or 128)
     except ValueError:
         raise ValidationFailed("Max tokens must be a whole number.")
-    items = group_services.calibration_items_from_file(content=upload.read())
+    if upload is not None:
+        items, source = group_services.calibration_items_from_file(content=upload.read()), f"uploaded {upload.name}"
+    elif chosen:
+        key, _colon, set_id = chosen.partition(":")
+        items, source = group_services.calibration_items_from_source(
+            workspace=request.workspace, source=key, set_id=int(set_id) if set_id.isdigit() else 0)
+    else:
+        raise ValidationFailed("Choose a JSONL file of prompts with reference answers, or a studio's prompt set.")
     group_services.start_calibration(actor=gui_actor(request), workspace=request.workspace, group=group,
-                                     items=items, source=f"uploaded {upload.name}",
+                                     items=items, source=source,
                                      metric=request.POST.get("metric") or "token_f1", max_tokens=max_tokens)
     messages.success(request, f"Calibrating on {len(items)} prompts: both members answer each one.")
 
@@ -295,7 +301,7 @@ def _pick_point(request, group) -> None:
     run = group.calibrations.filter(workspace=request.workspace, pk=request.POST.get("run") or 0).first()
     if run is None:
         raise Http404("No such calibration run.")
-    policy, _, threshold = request.POST.get("pick", "").partition(":")
+    policy, _colon, threshold = request.POST.get("pick", "").partition(":")
     group_services.pick_calibration_point(actor=gui_actor(request), run=run, policy=policy,
                                           threshold=_number(threshold, "The threshold"))
     messages.success(request, f"{group.name} now uses the {policy} policy at this point of the curve.")
@@ -325,6 +331,8 @@ def model_group_page(request, name: str):
         "confidence": (group.settings.get("cascade") or {}).get("confidence", "mean"),
         "requests": group.requests.filter(Q(workspace=request.workspace) | Q(workspace__isnull=True))[:20],
         "runs": runs, "shown": shown, "metrics": METRICS,
+        "prompt_sets": [(f"{source.key}:{set_id}", f"{source.label}: {name}") for source in prompt_sources()
+                        for set_id, name in source.sets(workspace=request.workspace)],
         "curve_tables": [(policy, points, (shown.summary.get("suggested") or {}).get(policy))
                          for policy, points in shown.curves.items()] if shown else [],
         "running": any(run.state in (CalibrationState.QUEUED, CalibrationState.RUNNING) for run in runs),

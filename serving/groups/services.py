@@ -13,7 +13,7 @@ from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role, require_role_or_platform
 from serving.engines.base import CHAT, EngineRefused, engine
-from serving.groups import calibration, policies, scoring
+from serving.groups import calibration, policies, scoring, sources
 from serving.models import (CalibrationRun, CalibrationState, Deployment, Engine, GroupPolicy, Model, ModelGroup,
                             ServingState)
 from serving.services import create_deployment, start_deployment
@@ -206,6 +206,19 @@ def start_calibration(*, actor: Actor, workspace: Workspace, group: ModelGroup, 
 
     transaction.on_commit(lambda: calibrate_group.apply_async((run.pk,), queue=CALIBRATION_QUEUE))
     return run
+
+
+def calibration_items_from_source(*, workspace: Workspace, source: str, set_id: int) -> tuple[list[dict], str]:
+    """A studio's prompt set (sources.py), and the words that name it on the run."""
+    found = sources.find(source)
+    if found is None:
+        known = ", ".join(s.key for s in sources.prompt_sources()) or "none"
+        raise _refuse("source", f"'{source}' is not a prompt source; the sources are: {known}.")
+    items = found.items(workspace=workspace, set_id=set_id)
+    if items is None:
+        raise NotFound(f"No {found.label} {set_id} in this workspace.")
+    name = dict(found.sets(workspace=workspace)).get(set_id, set_id)
+    return items, f"{found.label} '{name}'"
 
 
 def calibration_items_from_file(*, content: bytes) -> list[dict]:

@@ -200,3 +200,29 @@ def test_the_group_page_draws_the_curve_and_a_point_is_picked_there(stack):
     group.refresh_from_db()
     assert (group.policy, group.threshold) == ("cascade", 0.9)
     assert "assistant" in browser.get("/serving/").content.decode()
+
+
+def test_a_rag_eval_set_is_calibrated_on_through_serving_s_prompt_sources(stack):
+    from rag_studio import services as rag_services
+    from rag_studio.models import EvalItem, EvalSet
+
+    _group(stack["api"])
+    kb = rag_services.create_knowledge_base(actor=Actor(user=stack["ann"]), workspace=stack["workspace"],
+                                            name="Docs")
+    complete = EvalSet.objects.create(workspace=stack["workspace"], knowledge_base=kb, name="faq", source="uploaded")
+    EvalItem.objects.create(eval_set=complete, question="What is 2 + 2?", expected_answer="4")
+    partial = EvalSet.objects.create(workspace=stack["workspace"], knowledge_base=kb, name="half", source="uploaded")
+    EvalItem.objects.create(eval_set=partial, question="What is 2 + 2?", expected_answer="4")
+    EvalItem.objects.create(eval_set=partial, question="Why?", expected_answer="")
+
+    def calibrate(set_id):
+        return stack["api"].post("/api/serving/groups/assistant/calibrate/",
+                                 {"prompt_source": "rag-eval-set", "prompt_set": set_id}, format="json")
+
+    assert "Item 2 has no reference answer" in calibrate(partial.pk).json()["error"]["message"]
+    assert calibrate(987654).status_code == 404
+    # The set was read: what stops it now is only that the members are not running.
+    assert calibrate(complete.pk).status_code == 409
+    browser = Client()
+    browser.force_login(stack["ann"])
+    assert f'value="rag-eval-set:{complete.pk}"' in browser.get("/serving/groups/assistant/").content.decode()
