@@ -14,7 +14,6 @@ import time
 from contextlib import contextmanager
 from datetime import timedelta
 
-import openai
 from django.conf import settings
 from django.db import connection
 from django.db.models import F, Q
@@ -27,7 +26,7 @@ from accounts.services import Actor
 from agent_studio import events, graphs, memory
 from agent_studio.graphs import PlanUnreadable
 from agent_studio.models import AgentRun, AgentThread, RunStatus, StepKind
-from agent_studio.strategies import ToolReplyInvalid
+from agent_studio.strategies import GatewayError, ToolReplyInvalid
 from agent_studio.toolkit import BindingMissing, RunContext
 from agent_studio.tracing import Recorder, RunCancelled, RunLimitReached
 
@@ -194,7 +193,7 @@ def _run_graph(run: AgentRun, owner: str, recorder: Recorder, context: RunContex
     except GraphRecursionError:
         _fail(run, owner, recorder, "The agent went round in circles past its step limit.", elapsed(),
               context.citations)
-    except openai.APIError as exc:
+    except GatewayError as exc:
         _fail(run, owner, recorder, f"A model call failed: {exc}", elapsed(), context.citations)
     except Exception as exc:  # anything else still ends the run with its reason, never a run left running
         logger.exception("Agent run %s failed", run.public_id)

@@ -25,11 +25,13 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_openai import ChatOpenAI
+from openai import APIError as GatewayError
 
 from accounts.services import service_token
 from agent_studio.models import ToolStrategy
 
 GATEWAY_TAG = "aifactory:gateway"
+__all__ = ["GATEWAY_TAG", "GatewayError", "ToolReplyInvalid", "gateway_model", "model_for", "probe"]
 REACT_STOP = ["\nObservation:"]
 
 

@@ -45,8 +45,8 @@ class ToolSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Tool
-        fields = ["id", "name", "description", "binding", "parameters", "config", "timeout_s", "max_output_bytes",
-                  "spec_id", "mcp_server_id", "created_at", "updated_at"]
+        fields = ["id", "name", "description", "binding", "parameters", "output_schema", "config", "timeout_s",
+                  "max_output_bytes", "spec_id", "mcp_server_id", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
         # A tool is nothing without its argument schema and binding: a 400 naming them, not a 500 (fuzzing).
         extra_kwargs = {"parameters": {"required": True}, "config": {"required": True}}

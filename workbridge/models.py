@@ -89,6 +89,8 @@ class Tool(models.Model):
     description = models.TextField()
     binding = models.CharField(max_length=16, choices=Binding.choices, default=Binding.HTTP)
     parameters = models.JSONField(default=dict)
+    # What a call must answer, when set: a JSON Schema an answer is checked against (a mismatch fails the call).
+    output_schema = models.JSONField(null=True, blank=True)
     # The binding's own settings. http and openapi: the request (workbridge/http_tools.py); python: {"code": ...};
     # mcp: {"tool": the server's name for it}.
     config = models.JSONField(default=dict)

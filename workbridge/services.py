@@ -68,6 +68,19 @@ class ToolResult:
         return self.invocation.status == InvocationStatus.OK
 
 
+def _check_output_schema(schema) -> None:
+    if schema is None:
+        return
+    if not isinstance(schema, dict):
+        raise ValidationFailed("'output_schema' must be a JSON Schema object, or null.",
+                               fields={"output_schema": ["Not an object."]})
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise ValidationFailed(f"'output_schema' is not a valid JSON Schema: {exc.message}",
+                               fields={"output_schema": [exc.message]})
+
+
 def _check_tool(*, workspace: Workspace, name: str, description: str, parameters: dict, binding: str,
                 config: dict, timeout_s: float, max_output_bytes: int, spec: ApiSpec | None,
                 mcp_server: McpServer | None) -> dict:
@@ -121,7 +134,8 @@ def _require_sandbox() -> None:
 def _register(actor: Actor, tool: Tool) -> None:
     payload = {"name": tool.name, "description": tool.description, "binding": tool.binding,
                "parameters": tool.parameters, "config": tool.config, "timeout_s": tool.timeout_s,
-               "max_output_bytes": tool.max_output_bytes, "spec": tool.spec_id, "mcp_server": tool.mcp_server_id}
+               "max_output_bytes": tool.max_output_bytes, "spec": tool.spec_id, "mcp_server": tool.mcp_server_id,
+               "output_schema": tool.output_schema}
     register_asset(workspace=tool.workspace, kind=AssetKind.TOOL, ref_id=tool.pk, name=tool.name, payload=payload,
                    summary={"binding": tool.binding, "method": tool.config.get("method")}, actor=actor)
 
@@ -130,15 +144,16 @@ def _register(actor: Actor, tool: Tool) -> None:
 def save_tool(*, actor: Actor, workspace: Workspace, tool: Tool | None = None, name: str, description: str,
               parameters: dict, config: dict, binding: str = Binding.HTTP, timeout_s: float = 30.0,
               max_output_bytes: int = 1_048_576, spec: ApiSpec | None = None,
-              mcp_server: McpServer | None = None) -> Tool:
+              mcp_server: McpServer | None = None, output_schema: dict | None = None) -> Tool:
     """Create a tool, or change `tool`: each change that alters it is a new version in the asset registry."""
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
+    _check_output_schema(output_schema)
     config = _check_tool(workspace=workspace, name=name, description=description, parameters=parameters,
                          binding=binding, config=config, timeout_s=timeout_s, max_output_bytes=max_output_bytes,
                          spec=spec, mcp_server=mcp_server)
     fields = {"name": name, "description": description.strip(), "binding": binding, "parameters": parameters,
               "config": config, "timeout_s": timeout_s, "max_output_bytes": max_output_bytes, "spec": spec,
-              "mcp_server": mcp_server}
+              "mcp_server": mcp_server, "output_schema": output_schema}
     try:
         with transaction.atomic():
             if tool is None:
@@ -452,6 +467,11 @@ def invoke_tool(*, actor: Actor, tool: Tool, arguments: dict, caller: str) -> To
     started = time.perf_counter()
     outcome = _CALLS[tool.binding](tool, arguments)
     latency_ms = (time.perf_counter() - started) * 1000
+    if not outcome.error and tool.output_schema is not None:
+        mismatch = next(Draft202012Validator(tool.output_schema).iter_errors(outcome.output), None)
+        if mismatch is not None:
+            where = "/".join(str(part) for part in mismatch.absolute_path) or "the answer"
+            outcome.error = f"The answer does not fit the tool's output schema at {where}: {mismatch.message}"
     redact = outcome.redact
     invocation = Invocation.objects.create(
         tool=tool, caller=caller[:64], actor=actor.user, arguments=json.loads(redact(json.dumps(arguments))),

@@ -85,6 +85,7 @@ def _tool_fields(post, binding: str, tool=None) -> dict:
     """save_tool's arguments from the tool form; the binding's own part depends on the binding."""
     fields = {"name": post.get("name", "").strip(), "description": post.get("description", ""),
               "parameters": _json_field(post, "parameters", _("The arguments' schema"), {"type": "object"}),
+              "output_schema": _json_field(post, "output_schema", _("The output schema"), None),
               "binding": binding, "timeout_s": _number(post, "timeout_s", _("Timeout"), 30.0),
               "max_output_bytes": int(_number(post, "max_output_bytes", _("Output cap"), 1_048_576))}
     if binding == Binding.PYTHON:
@@ -158,7 +159,8 @@ def _tool_view(request, tool, *, result=None, tried=None):
         "try_fields": _try_fields(tool.parameters, tried or {}), "result": result,
         "invocations": calls[:50], "status_filter": status, "statuses": InvocationStatus.choices,
         "config_json": json.dumps(tool.config, indent=2, ensure_ascii=False),
-        "parameters_json": json.dumps(tool.parameters, indent=2, ensure_ascii=False)}
+        "parameters_json": json.dumps(tool.parameters, indent=2, ensure_ascii=False),
+        "output_schema_json": json.dumps(tool.output_schema, indent=2, ensure_ascii=False)}
     return render(request, "workbridge/tool.html", context)
 
 

@@ -216,3 +216,18 @@ def test_another_workspace_cannot_see_call_change_or_delete_the_tools_and_secret
     assert stranger.delete(f"{TOOLS}{tool['id']}/").status_code == 404
     assert stranger.delete(f"{SECRETS}{secret['id']}/").status_code == 404
     assert not Invocation.objects.exists() and dev.get(f"{TOOLS}{tool['id']}/").status_code == 200
+
+
+def test_an_answer_that_breaks_the_output_schema_is_a_failed_call_and_a_bad_output_schema_a_400(shop, dev):
+    checked = dev.post(TOOLS, _note_tool(shop) | {"output_schema": {
+        "type": "object", "required": ["note_id"], "properties": {"note_id": {"type": "integer"}}}}, format="json")
+    assert checked.status_code == 201, checked.json()
+    bad = dev.post(TOOLS, _note_tool(shop) | {"name": "other", "output_schema": {"type": "nope"}}, format="json")
+    assert bad.status_code == 400 and "'output_schema' is not a valid JSON Schema" in bad.json()["error"]["message"]
+
+    called = dev.post(f"{TOOLS}{checked.json()['id']}/invoke/", {"arguments": {"order_id": "1", "text": "x"}},
+                      format="json").json()
+
+    assert called["invocation"]["status"] == "failed"
+    assert "does not fit the tool's output schema at the answer: 'note_id' is a required property" in \
+        called["invocation"]["error"]
