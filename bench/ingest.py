@@ -3,6 +3,7 @@ index, `rag_studio.ingestion.ingest` in this process, one document after another
 sentence-transformers encode rate of the same chunk texts, with time and peak RSS per stage.
 
     .venv/bin/python -m bench.ingest [--docs 1000] [--words 400] [--keep]
+    .venv/bin/python -m bench.ingest --workers 2 --html [--docs 1200] [--keep]   (see bench/ingest_workers.py)
 
 Self-contained: Django runs on a fresh temporary data dir (SQLite database, uploads, indexes), removed at the end
 unless --keep. No Redis, Celery worker or web server is needed. bench.retrieve shares this private environment and
@@ -17,6 +18,7 @@ import platform
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -329,9 +331,21 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=1000, help="documents in the corpus")
     parser.add_argument("--words", type=int, default=400, help="words per document (about)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data dir")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="ingest on a real Celery worker of this many pool processes (bench/ingest_workers.py)")
+    parser.add_argument("--html", action="store_true", help="with --workers: large HTML pages")
+    parser.add_argument("--timeout-min", type=float, default=180, help="with --workers: give up after this long")
     args = parser.parse_args()
     try:
-        run(args.docs, args.words)
+        if args.workers:
+            # ingest_workers imports this module by name: make that this very module, not a second copy with a
+            # data dir of its own.
+            sys.modules.setdefault("bench.ingest", sys.modules[__name__])
+            from bench import ingest_workers
+
+            ingest_workers.run(args.docs, args.workers, args.html, args.words, args.timeout_min)
+        else:
+            run(args.docs, args.words)
     finally:
         clean_up(args.keep)
 
