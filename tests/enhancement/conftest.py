@@ -58,6 +58,6 @@ def start(client, node: str, *, base_model: str = "smollm2-135m-instruct", name:
     return EnhancementJob.objects.get(pk=answer.json()["id"])
 
 
-def finished(job: EnhancementJob) -> EnhancementJob | None:
-    job = EnhancementJob.objects.select_related("cluster_job").get(pk=job.pk)
+def finished(job: EnhancementJob | int) -> EnhancementJob | None:
+    job = EnhancementJob.objects.select_related("cluster_job").get(pk=getattr(job, "pk", job))
     return job if job.state in ("succeeded", "failed", "cancelled") else None
