@@ -167,7 +167,8 @@ def main() -> None:
     print("\nCalibration curve (calibration half; quality relative to big-only):")
     print(f"{'policy':<8} {'threshold':>9} {'big req':>8} {'big tok':>8} {'quality':>8} {'vs big':>7}")
     for policy, points in curves.items():
-        for p in points[:: max(1, len(points) // 12)] + ([points[-1]] if len(points) > 12 else []):
+        shown = points[:: max(1, len(points) // 12)]
+        for p in shown + ([points[-1]] if shown[-1] is not points[-1] else []):
             relative = "—" if p["relative_quality"] is None else f"{p['relative_quality']:.3f}"
             print(f"{policy:<8} {p['threshold']:>9.4f} {p['big_share_requests']:>8.2f} {p['big_share_tokens']:>8.2f} "
                   f"{p['quality']:>8.3f} {relative:>7}")

@@ -298,7 +298,7 @@ class CalibrationRunDetailSerializer(CalibrationRunSerializer):
 
 
 class PickPointSerializer(serializers.Serializer):
-    policy = serializers.ChoiceField(choices=[GroupPolicy.ROUTE, GroupPolicy.CASCADE])
+    policy = serializers.ChoiceField(choices=[GroupPolicy.ROUTE, GroupPolicy.CASCADE, "route-classifier"])
     threshold = serializers.FloatField()
 
 

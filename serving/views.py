@@ -15,7 +15,7 @@ from accounts.errors import ValidationFailed, error_body
 from accounts.gui import gui_actor, workspace_page
 from cluster.models import Node
 from serving import selectors, services
-from serving.engines.base import CHAT, engine
+from serving.engines.base import CHAT, EMBEDDING, engine
 from accounts.selectors import effective_role
 from serving.gateway import Caller, GatewayError, admit, django_response, serve
 from serving.groups import services as group_services
@@ -266,6 +266,7 @@ def create_model_group(request):
 def _save_group_settings(request, group) -> None:
     post = request.POST
     settings_ = {**group.settings, "route": {
+        "score": post.get("route_score") or "rules", "embedding_deployment": post.get("embedding_deployment", ""),
         "length_scale": _number(post.get("length_scale") or "2000", "The length scale"),
         "keywords": _lines(post.get("keywords", "")), "patterns": _lines(post.get("patterns", "")),
         "keyword_weight": _number(post.get("keyword_weight") or "0.5", "The keyword weight"),
@@ -327,6 +328,8 @@ def model_group_page(request, name: str):
     shown = next((run for run in runs if run.state == CalibrationState.DONE), None)
     return render(request, "serving/group.html", {
         "group": group, "policies": GroupPolicy.choices,
+        "embedding_deployments": [d.name for d in selectors.deployments_visible_to(workspace=request.workspace)
+                                  if EMBEDDING in engine(d.engine).capabilities(d.model)],
         "route": route_settings(group.settings.get("route") or {}),
         "confidence": (group.settings.get("cascade") or {}).get("confidence", "mean"),
         "requests": group.requests.filter(Q(workspace=request.workspace) | Q(workspace__isnull=True))[:20],

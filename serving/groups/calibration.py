@@ -7,6 +7,9 @@ of the answers the group returns, also relative to big-only. Route sends a reque
 cascade keeps the small answer when its confidence >= t (and it is not empty), so a cascade's escalated request
 costs both members. The decisions are the gateway's own (serving/groups/policies.py).
 
+Where the route names an embedding deployment, every prompt is embedded too, and a classifier is trained on the
+outcomes (serving/groups/classifier.py): its cross-validated scores draw a third curve, `route-classifier`.
+
 The members are called through the gateway with the workspace's service token, so every calibration request is
 measured and recorded like any other.
 """
@@ -18,7 +21,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from accounts.services import service_token
-from serving.groups import policies, scoring
+from serving.groups import classifier, policies, scoring
 from serving.models import CalibrationRun, CalibrationState
 
 MAX_ITEMS = 500
@@ -116,12 +119,20 @@ def cascade_would_escalate(outcome: dict, threshold: float) -> bool:
     return not outcome["small"]["answer"].strip() or confidence is None or confidence < threshold
 
 
+def classifier_would_send_big(outcome: dict, threshold: float) -> bool:
+    return outcome["classifier_score"] >= threshold
+
+
 def curves(outcomes: list[dict]) -> dict:
-    return {
+    drawn = {
         "route": _sweep(outcomes, route_would_send_big, _thresholds([o["route_score"] for o in outcomes])),
         "cascade": _sweep(outcomes, cascade_would_escalate,
                           _thresholds([o["small"]["confidence"] for o in outcomes])),
     }
+    if all("classifier_score" in o for o in outcomes):
+        drawn["route-classifier"] = _sweep(outcomes, classifier_would_send_big,
+                                           _thresholds([o["classifier_score"] for o in outcomes]))
+    return drawn
 
 
 def suggested(points: list[dict], target: float = SUGGESTED_QUALITY) -> dict | None:
@@ -153,6 +164,29 @@ def _ask(client: httpx.Client, deployment: str, prompt: str, run: CalibrationRun
     return response.json()
 
 
+def _embed(client: httpx.Client, deployment: str, text: str, run: CalibrationRun) -> list[float]:
+    token = service_token(workspace_id=run.workspace_id or run.group.workspace_id)
+    response = client.post("/embeddings", json={"model": deployment, "input": text},
+                           headers={"Authorization": f"Bearer {token}"})
+    if response.status_code != 200:
+        raise RuntimeError(f"'{deployment}' answered {response.status_code}: {response.text[:300]}")
+    return response.json()["data"][0]["embedding"]
+
+
+def _classify(outcomes: list[dict], embedding_deployment: str) -> dict:
+    """Train the route's classifier where the prompts were embedded: its weights for the summary, and each
+    outcome's cross-validated score for the curve; or why it could not be trained."""
+    if not embedding_deployment:
+        return {}
+    try:
+        trained, scores = classifier.train(outcomes, embedding_deployment)
+    except classifier.ClassifierUnavailable as exc:
+        return {"classifier_note": str(exc)}
+    for outcome, score in zip(outcomes, scores):
+        outcome["classifier_score"] = score
+    return {"classifier": trained}
+
+
 def _answer(payload: dict, reference: str, metric: str, signal: str) -> dict:
     choice = (payload.get("choices") or [{}])[0]
     usage = payload.get("usage") or {}
@@ -172,21 +206,27 @@ def calibrate(run_id: int) -> None:
     group = run.group
     signal = policies.cascade_settings(group.settings.get("cascade") or {})["confidence"]
     route_rules = group.settings.get("route") or {}
+    embedding_deployment = policies.route_settings(route_rules)["embedding_deployment"]
     outcomes = list(run.outcomes)
     try:
         with httpx.Client(base_url=settings.GATEWAY_URL, timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
             for item in run.items[len(outcomes):]:
                 small = _ask(client, group.small.name, item["prompt"], run, logprobs=True)
                 big = _ask(client, group.big.name, item["prompt"], run, logprobs=False)
-                outcomes.append({
+                outcome = {
                     "prompt": item["prompt"], "reference": item["reference"],
                     "route_score": policies.route_score(item["prompt"], route_rules).score,
                     "small": _answer(small, item["reference"], run.metric, signal),
-                    "big": _answer(big, item["reference"], run.metric, signal)})
+                    "big": _answer(big, item["reference"], run.metric, signal)}
+                if embedding_deployment:
+                    outcome["embedding"] = _embed(client, embedding_deployment, item["prompt"], run)
+                outcomes.append(outcome)
                 CalibrationRun.objects.filter(pk=run.pk).update(outcomes=outcomes)
+        trained = _classify(outcomes, embedding_deployment)
         drawn = curves(outcomes)
         CalibrationRun.objects.filter(pk=run.pk).update(
-            state=CalibrationState.DONE, curves=drawn, summary=summary(outcomes, drawn), finished_at=timezone.now())
+            state=CalibrationState.DONE, curves=drawn, summary=summary(outcomes, drawn) | trained, outcomes=outcomes,
+            finished_at=timezone.now())
     except (httpx.HTTPError, RuntimeError, ValueError, policies.PolicySettingsInvalid) as exc:
         CalibrationRun.objects.filter(pk=run.pk).update(
             state=CalibrationState.FAILED, error=f"{exc.__class__.__name__}: {exc}"[:2000],

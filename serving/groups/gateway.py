@@ -15,14 +15,15 @@ back.
 """
 
 import json
+import time
 import uuid
 
 from serving import metrics, toolcalls
-from serving.engines.base import CHAT
+from serving.engines.base import CHAT, EMBEDDING
 from serving.gateway import (ENDPOINTS, Caller, Exchange, GatewayError, GroupNote, Reply, check_usable,
                              constrained_tools, in_background, json_reply, open_upstream, read_whole, record_request,
                              record_whole, serve_target)
-from serving.groups import policies
+from serving.groups import classifier, policies
 from serving.models import GroupMember, GroupPolicy, ToolStrategy
 from serving.router import GroupTarget, Target, router
 
@@ -71,20 +72,58 @@ async def serve_group(group: GroupTarget, *, endpoint: str, body: dict, caller: 
                       timing: metrics.RequestTiming, request_id: str) -> Reply:
     kwargs = {"endpoint": endpoint, "body": body, "caller": caller, "timing": timing, "request_id": request_id}
     if group.policy == GroupPolicy.ROUTE:
-        try:
-            verdict = policies.route_score(policies.request_text(body), group.settings.get("route") or {})
-        except policies.PolicySettingsInvalid as exc:
-            raise GatewayError(409, f"The model group '{group.name}' has unusable route settings: {exc}",
-                               code="group_misconfigured", param="model")
-        member = GroupMember.BIG if verdict.score >= group.threshold else GroupMember.SMALL
+        score, why = await _route_score(group, body, caller=caller)
+        member = GroupMember.BIG if score >= group.threshold else GroupMember.SMALL
         comparison = ">=" if member == GroupMember.BIG else "<"
-        note = _note(group, member, f"route score {verdict.score:.3f} {comparison} threshold {group.threshold:.3f} "
-                                    f"({verdict.why})", score=verdict.score)
+        note = _note(group, member, f"route score {score:.3f} {comparison} threshold {group.threshold:.3f} ({why})",
+                     score=score)
         return await _serve_member(group, member, note, **kwargs)
     if group.policy == GroupPolicy.CASCADE:
         return await _cascade(group, **kwargs)
     note = _note(group, GroupMember.BIG, "speculative: the big model decodes with its draft")
     return await _serve_member(group, GroupMember.BIG, note, **kwargs)
+
+
+async def _route_score(group: GroupTarget, body: dict, *, caller: Caller) -> tuple[float, str]:
+    """The request's difficulty and what made it: the classifier's, on the request's embedding, where the group
+    has one; the rules' otherwise, or when the embedding cannot be had (and the reason says so)."""
+    text = policies.request_text(body)
+    try:
+        rules = policies.route_settings(group.settings.get("route") or {})
+        verdict = policies.route_score(text, rules)
+    except policies.PolicySettingsInvalid as exc:
+        raise GatewayError(409, f"The model group '{group.name}' has unusable route settings: {exc}",
+                           code="group_misconfigured", param="model")
+    trained = group.settings.get("classifier")
+    if rules["score"] != "classifier" or not trained:
+        return verdict.score, verdict.why
+    try:
+        embedding = await _embedding(trained["embedding_deployment"], text, caller=caller, group=group)
+        score = round(classifier.score(trained, embedding), 4)
+    except (GatewayError, classifier.ClassifierUnavailable) as exc:
+        reason = exc.message if isinstance(exc, GatewayError) else str(exc)
+        return verdict.score, f"classifier unavailable ({reason}); rules: {verdict.why}"
+    return score, f"classifier: P(big answers better) on {trained['embedding_deployment']}'s embedding"
+
+
+async def _embedding(deployment: str, text: str, *, caller: Caller, group: GroupTarget) -> list[float]:
+    """The request's embedding from the classifier's embedding deployment, recorded as the group's request."""
+    target = await router.resolve(deployment)
+    if not isinstance(target, Target):
+        raise GatewayError(409, f"no embedding deployment '{deployment}'", code="model_not_ready")
+    check_usable(target, EMBEDDING)
+    route, upstream, attempts = await open_upstream(
+        target, "embeddings", json.dumps({"model": deployment, "input": text}).encode(), False)
+    exchange = Exchange(request_id=uuid.uuid4().hex, caller=caller, target=target, route=route,
+                        endpoint="embeddings", attempts=attempts, timing=metrics.RequestTiming(time.perf_counter()),
+                        body={}, group_id=group.group_id)
+    content, payload = await read_whole(exchange, upstream)
+    record_whole(exchange, upstream, content, payload, stream=False)
+    try:
+        return [float(x) for x in payload["data"][0]["embedding"]]
+    except (TypeError, KeyError, IndexError, ValueError):
+        raise GatewayError(502, f"'{deployment}' answered {upstream.status_code} without an embedding",
+                           code="member_failed")
 
 
 async def _cascade(group: GroupTarget, *, endpoint: str, body: dict, caller: Caller,

@@ -16,6 +16,10 @@ import re
 from dataclasses import dataclass
 
 ROUTE_DEFAULTS = {
+    # "rules" (below), or "classifier": logistic regression on the request's embedding from
+    # `embedding_deployment`, trained by calibration (serving/groups/classifier.py).
+    "score": "rules",
+    "embedding_deployment": "",
     # Characters of request text at which the length alone makes the score 1.
     "length_scale": 2000,
     # Added to the score when any keyword (case-insensitive) or any pattern (a regular expression) matches.
@@ -24,6 +28,7 @@ ROUTE_DEFAULTS = {
     "patterns": [],
     "pattern_weight": 0.5,
 }
+ROUTE_SCORES = ("rules", "classifier")
 CASCADE_DEFAULTS = {"confidence": "mean"}
 CONFIDENCE_SIGNALS = ("mean", "min")
 MAX_RULES = 200
@@ -59,6 +64,10 @@ def route_settings(raw: dict) -> dict:
     if not isinstance(raw or {}, dict):
         raise PolicySettingsInvalid("'route' must be an object of rules.")
     value = {**ROUTE_DEFAULTS, **{k: v for k, v in (raw or {}).items() if k in ROUTE_DEFAULTS}}
+    if value["score"] not in ROUTE_SCORES:
+        raise PolicySettingsInvalid(f"'score' must be one of {', '.join(ROUTE_SCORES)}.")
+    if not isinstance(value["embedding_deployment"], str):
+        raise PolicySettingsInvalid("'embedding_deployment' must be the name of an embedding deployment.")
     scale = value["length_scale"]
     if not isinstance(scale, (int, float)) or isinstance(scale, bool) or scale <= 0:
         raise PolicySettingsInvalid("'length_scale' must be a positive number of characters.")

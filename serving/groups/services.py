@@ -13,12 +13,13 @@ from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role, require_role_or_platform
 from serving.engines.base import CHAT, EngineRefused, engine
-from serving.groups import calibration, policies, scoring, sources
+from serving.groups import calibration, classifier, policies, scoring, sources
 from serving.models import (CalibrationRun, CalibrationState, Deployment, Engine, GroupPolicy, Model, ModelGroup,
                             ServingState)
 from serving.services import create_deployment, start_deployment
 
-SETTINGS_KEYS = {"route", "cascade", "costs"}
+SETTINGS_KEYS = {"route", "cascade", "costs", "classifier"}
+ROUTE_CLASSIFIER = "route-classifier"
 MAX_CALIBRATION_TOKENS = 1024
 
 
@@ -45,6 +46,14 @@ def _checked_settings(raw) -> dict:
                  "cascade": policies.cascade_settings(raw.get("cascade") or {})}
     except policies.PolicySettingsInvalid as exc:
         raise _refuse("settings", str(exc))
+    if raw.get("classifier") is not None:
+        try:
+            value["classifier"] = classifier.check(raw["classifier"])
+        except ValueError as exc:
+            raise _refuse("settings", str(exc))
+    if value["route"]["score"] == "classifier" and "classifier" not in value:
+        raise _refuse("settings", "A route scored by a classifier needs one trained by calibration: calibrate with "
+                                  "an embedding deployment and pick a point of the route-classifier curve.")
     costs = raw.get("costs") or {}
     if not isinstance(costs, dict) or set(costs) - {"big", "small"} or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in costs.values()):
@@ -242,7 +251,15 @@ def pick_calibration_point(*, actor: Actor, run: CalibrationRun, policy: str, th
     point = next((p for p in points if math.isclose(p["threshold"], threshold, abs_tol=1e-4)), None)
     if point is None:
         raise _refuse("threshold", f"{threshold} is not a point of the {policy} curve.")
-    group = update_group(actor=actor, group=group, policy=policy, threshold=point["threshold"])
+    settings_ = None
+    if policy in (GroupPolicy.ROUTE, ROUTE_CLASSIFIER):
+        route = {**(group.settings.get("route") or {}), "score": "rules" if policy == GroupPolicy.ROUTE else
+                 "classifier"}
+        settings_ = {**group.settings, "route": route}
+        if policy == ROUTE_CLASSIFIER:
+            settings_["classifier"] = run.summary["classifier"]
+    group = update_group(actor=actor, group=group, policy=GroupPolicy.CASCADE if policy == GroupPolicy.CASCADE
+                         else GroupPolicy.ROUTE, threshold=point["threshold"], settings=settings_)
     run.chosen = {"policy": policy, **point}
     run.save(update_fields=["chosen"])
     return group

@@ -226,3 +226,60 @@ def test_a_rag_eval_set_is_calibrated_on_through_serving_s_prompt_sources(stack)
     browser = Client()
     browser.force_login(stack["ann"])
     assert f'value="rag-eval-set:{complete.pk}"' in browser.get("/serving/groups/assistant/").content.decode()
+
+
+def _outcomes_with_embeddings() -> list[dict]:
+    """Prompts whose embeddings say which member answers better: the first coordinate is high where big wins."""
+    outcomes = []
+    for index in range(12):
+        big_wins = index % 2 == 0
+        outcomes.append({"prompt": f"p{index}", "reference": "r", "route_score": 0.1,
+                         "embedding": [1.0 + index / 100 if big_wins else -1.0 - index / 100, 0.5],
+                         "small": {"answer": "a", "quality": 0.0 if big_wins else 1.0, "tokens": 10,
+                                   "confidence": 0.5},
+                         "big": {"answer": "b", "quality": 1.0, "tokens": 20, "confidence": None}})
+    return outcomes
+
+
+def test_the_route_classifier_learns_from_calibration_outcomes_and_its_curve_is_cross_validated():
+    from sklearn.linear_model import LogisticRegression
+
+    from serving.groups import classifier
+
+    outcomes = _outcomes_with_embeddings()
+    trained, scores = classifier.train(outcomes, "all-minilm-l6-v2")
+
+    assert trained["cv_accuracy"] == 1.0 and trained["needs_big"] == 6
+    assert all((score >= 0.5) == (index % 2 == 0) for index, score in enumerate(scores))
+    fitted = LogisticRegression(class_weight="balanced", max_iter=1000).fit(
+        [o["embedding"] for o in outcomes], classifier.labels(outcomes))
+    assert classifier.score(trained, [0.3, 0.5]) == pytest.approx(fitted.predict_proba([[0.3, 0.5]])[0, 1])
+    with pytest.raises(classifier.ClassifierUnavailable, match="at least two of each kind"):
+        classifier.train(outcomes[:3], "all-minilm-l6-v2")
+
+
+def test_picking_a_classifier_point_routes_by_the_classifier(stack):
+    from serving.groups import classifier
+
+    refused = _group(stack["api"], settings={"route": {"score": "classifier"}})
+    assert refused.status_code == 400 and "needs one trained by calibration" in refused.json()["error"]["message"]
+    _group(stack["api"])
+    group = ModelGroup.objects.get()
+    outcomes = _outcomes_with_embeddings()
+    trained, scores = classifier.train(outcomes, MINILM)
+    for outcome, score in zip(outcomes, scores):
+        outcome["classifier_score"] = score
+    drawn = calibration.curves(outcomes)
+    run = CalibrationRun.objects.create(group=group, workspace=stack["workspace"], source="test", metric="token_f1",
+                                        outcomes=outcomes, curves=drawn, state=CalibrationState.DONE,
+                                        summary=calibration.summary(outcomes, drawn) | {"classifier": trained})
+    point = calibration.suggested(drawn["route-classifier"])
+
+    picked = stack["api"].post(f"/api/serving/calibrations/{run.pk}/pick/",
+                               {"policy": "route-classifier", "threshold": point["threshold"]}, format="json")
+
+    assert picked.status_code == 200, picked.content
+    assert point["big_share_requests"] == 0.5 and point["relative_quality"] == 1.0
+    group.refresh_from_db()
+    assert group.policy == "route" and group.settings["route"]["score"] == "classifier"
+    assert group.settings["classifier"]["coef"] == trained["coef"]

@@ -15,7 +15,7 @@ from serving.engines.base import auth_headers
 from serving.groups import services as group_services
 from serving.models import (CalibrationRun, CalibrationState, Deployment, GroupRequest, ModelGroup, RequestRecord,
                             ServingState)
-from serving.presets import GEMMA3, SMOLLM2
+from serving.presets import GEMMA3, MINILM, SMOLLM2
 from tests.conftest import deploy_presets, stop_engines_and_flush, wait_for
 
 pytestmark = pytest.mark.worker
@@ -25,7 +25,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def stack(celery_worker_process, web_server, django_db_blocker):
     with django_db_blocker.unblock():
-        deploy_presets({SMOLLM2: 1, GEMMA3: 1}, cooldown_s=5)
+        deploy_presets({SMOLLM2: 1, GEMMA3: 1, MINILM: 1}, cooldown_s=5)
         owner = get_user_model().objects.create_user(username="group-owner", password="x" * 12)
         workspace = create_workspace(actor=Actor(user=owner), name="Groups")
         key = create_api_key(actor=Actor(user=owner), workspace=workspace, name="groups").secret
@@ -92,8 +92,21 @@ def test_a_route_group_sends_long_or_flagged_requests_to_big(stack, client, live
     assert flagged.member == "big" and "keyword 'prove'" in flagged.reason
 
 
+def test_a_route_by_classifier_scores_the_request_s_embedding(stack, client, live_db):
+    # A classifier that says "big" whatever the embedding (all weights 0, intercept 5: P = 0.993).
+    trained = {"embedding_deployment": MINILM, "coef": [0.0] * 384, "intercept": 5.0}
+    _set(stack["group"], policy="route", threshold=0.5,
+         settings={"route": {"score": "classifier", "embedding_deployment": MINILM}, "classifier": trained})
+    reply = client.chat.completions.with_raw_response.create(model="assistant", messages=QUESTION, max_tokens=8)
+
+    record = _record_of(reply.headers["x-request-id"])
+    assert record.member == "big" and record.score == pytest.approx(0.9933, abs=1e-4)
+    assert f"classifier: P(big answers better) on {MINILM}'s embedding" in record.reason
+    assert RequestRecord.objects.filter(group=stack["group"], deployment__name=MINILM, status=200).exists()
+
+
 def test_calibration_draws_the_curve_and_a_picked_point_sets_the_threshold(stack, live_db):
-    _set(stack["group"], policy="cascade", threshold=0.5, settings={})
+    _set(stack["group"], policy="cascade", threshold=0.5, settings={"route": {"embedding_deployment": MINILM}})
     api = httpx.Client(base_url=f"{stack['url']}/api", headers={"Authorization": f"Bearer {stack['key']}"})
     items = [{"prompt": "What is the capital of France?", "reference": "Paris"},
              {"prompt": "What is 2 + 2?", "reference": "4"},
@@ -105,6 +118,9 @@ def test_calibration_draws_the_curve_and_a_picked_point_sets_the_threshold(stack
         CalibrationState.DONE, CalibrationState.FAILED]).first(), timeout=240, what="the calibration")
     assert run.state == CalibrationState.DONE, run.error
     assert len(run.outcomes) == 3 and {"route", "cascade"} == set(run.curves)
+    # Every prompt was embedded for the route's classifier; three prompts are too few to train one, and it says so.
+    assert all(len(o["embedding"]) == 384 for o in run.outcomes)
+    assert "at least two of each kind" in run.summary["classifier_note"]
     shares = [p["big_share_requests"] for p in run.curves["cascade"]]
     assert [p["threshold"] for p in run.curves["cascade"]][::len(shares) - 1] == [0.0, 1.0]
     assert shares == sorted(shares)  # a higher threshold never escalates fewer requests
