@@ -108,7 +108,7 @@ def choose_language(*, user: User, language: str) -> Profile:
     if language not in dict(settings.LANGUAGES):
         raise ValidationFailed(_("Unknown language '%(language)s'.") % {"language": language},
                                fields={"language": [_("Unknown language.")]})
-    profile, _ = Profile.objects.update_or_create(user=user, defaults={"language": language})
+    profile, _created = Profile.objects.update_or_create(user=user, defaults={"language": language})
     return profile
 
 

@@ -1,5 +1,6 @@
-"""Machine words as words in the page's language: states and stages (ready, indexed, embed…), and the values of
-settings that forms list as they are stored (recursive, hybrid, rrf, pii, redact…). The value itself stays in the
+"""Machine words as words in the page's language: states and stages (ready, indexed, embed…), the values of
+settings that forms list as they are stored (recursive, hybrid, rrf, pii, redact…) and what screening finds (email,
+cn_id, ignore_instructions…). The value itself stays in the
 option's value, the badge's class, data attributes and the API: only what a person reads changes."""
 
 from django import template
@@ -28,6 +29,18 @@ LABELS = {
     # screening categories and actions
     "pii": _("personal data"), "secret": _("secrets"), "injection": _("injected instructions"),
     "allow": _("allow"), "flag": _("flag"), "redact": _("redact"), "reject": _("reject"),
+    # what screening finds (rag_studio/screening.py's detectors)
+    "email": _("email address"), "phone": _("phone number"), "cn_mobile": _("mobile number (China)"),
+    "cn_landline": _("landline number (China)"), "cn_service_number": _("400 service number"),
+    "cn_id": _("resident ID number (China)"), "card": _("bank card number"), "iban": _("IBAN"),
+    "ssn": _("social security number (US)"), "password": _("password"), "config_secret": _("secret in a config"),
+    "connection_string": _("connection string with a password"), "private_key": _("private key"),
+    "jwt": _("JWT"), "aws_access_key": _("AWS access key"), "aws_secret_key": _("AWS secret key"),
+    "github_token": _("GitHub token"), "stripe_key": _("Stripe key"), "slack_token": _("Slack token"),
+    "google_api_key": _("Google API key"), "openai_key": _("OpenAI key"),
+    "ignore_instructions": _("asks to ignore instructions"), "role_override": _("tries to change the model's role"),
+    "role_markup": _("fake role markup"), "prompt_leak": _("asks for the system prompt"),
+    "hide_from_user": _("asks to hide something from the user"),
     # learning-rate schedules
     "linear": _("linear"), "cosine": _("cosine"), "constant": _("constant"),
     "constant_with_warmup": _("constant with warm-up"),

@@ -1,0 +1,71 @@
+"""A Chinese knowledge base answers Chinese questions, and awkward input gets an answer, never an error (issue 20):
+one-character queries, full-width digits, traditional characters, mixed Chinese and English, Big5 and GB18030 files."""
+
+import pytest
+
+from accounts.errors import ValidationFailed
+from rag_studio import services
+from rag_studio.ingestion import ingest
+from rag_studio.models import Document
+from rag_studio.parsing import parse_document
+from rag_studio.retrieval import retrieve
+from tests.rag_studio.conftest import SAMPLES, upload
+
+pytestmark = pytest.mark.django_db
+CHINESE_SAMPLES = ["huadong-plant-handbook.md", "huadong-maintenance-rules.docx", "huadong-shift-handover.txt"]
+
+
+@pytest.fixture
+def plant_kb(acme, ann):
+    kb = services.create_knowledge_base(actor=ann, workspace=acme, name="一号装置",
+                                        chunking={"mode": "heading", "chunk_size": 240, "chunk_overlap": 40})
+    outcomes = services.upload_documents(actor=ann, kb=kb, uploads=[
+        upload(name, (SAMPLES / name).read_bytes()) for name in CHINESE_SAMPLES])
+    for outcome in outcomes:
+        assert ingest(outcome.document.pk, "pytest") == "indexed", Document.objects.get(pk=outcome.document.pk).error
+    return kb
+
+
+def top_texts(kb, query: str, **settings) -> list[str]:
+    return [hit.text for hit in retrieve(kb, query, {"top_k": 3, **settings}).hits]
+
+
+def test_paraphrased_chinese_questions_find_their_passage(plant_kb):
+    assert any("立即停止进料" in text for text in top_texts(plant_kb, "反应釜压力到多少必须马上停止进料？"))
+    assert any("整定压力为零点五五兆帕" in text for text in top_texts(plant_kb, "安全阀设定在什么压力起跳"))
+    assert any("提前三十分钟到岗" in text for text in top_texts(plant_kb, "接班的人要提前多久到？"))
+
+
+def test_the_gb18030_text_file_is_read_and_its_chinese_headings_become_the_chunks_headings(plant_kb):
+    document = plant_kb.documents.get(filename="huadong-shift-handover.txt")
+    headings = set(document.chunks.values_list("heading", flat=True))
+
+    assert {"第一章 总则", "第二章 交接班要求", "第三章 记录与考核"} <= headings
+
+
+def test_awkward_queries_are_answered_without_an_error(plant_kb):
+    for query in ["釜", "？", "８００１", "反應釜壓力", "R-101 reactor 的压力", "P-402B", "的"]:
+        for mode in ["dense", "keyword", "hybrid"]:
+            assert isinstance(retrieve(plant_kb, query, {"mode": mode, "top_k": 5}).hits, list), (query, mode)
+    # Nothing but an ideographic space is no query at all: refused with the reason, as an empty one is.
+    with pytest.raises(ValidationFailed, match="The query is empty."):
+        retrieve(plant_kb, "\u3000", {"mode": "hybrid"})
+    # Traditional characters match no keyword token of simplified text; hybrid search still answers (its dense half).
+    assert retrieve(plant_kb, "反應釜壓力", {"mode": "hybrid", "top_k": 5}).hits
+
+
+def test_full_width_digits_and_one_character_queries_find_what_they_name(plant_kb):
+    assert any("8001" in text for text in top_texts(plant_kb, "８００１", mode="keyword"))
+    assert any("釜" in text for text in top_texts(plant_kb, "釜", mode="keyword"))
+    assert any("P-402B" in text for text in top_texts(plant_kb, "Ｐ－４０２Ｂ", mode="keyword"))
+
+
+def test_big5_and_gb18030_files_of_traditional_and_simplified_text_are_decoded(tmp_path):
+    traditional = "第一章 總則\n設備檢修前必須執行上鎖掛牌，切斷電源後在配電櫃上鎖，並掛「有人作業，禁止合閘」標識牌。" * 3
+    simplified = "第一章 总则\n设备检修前必须执行上锁挂牌，切断电源后在配电柜上锁，并挂“有人作业，禁止合闸”标识牌。" * 3
+    big5, gb18030 = tmp_path / "big5.txt", tmp_path / "gb.txt"
+    big5.write_bytes(traditional.encode("big5"))
+    gb18030.write_bytes(simplified.encode("gb18030"))
+
+    assert parse_document(big5, "rules.txt")[0].text.replace("\r", "") == traditional
+    assert parse_document(gb18030, "rules.txt")[0].text.replace("\r", "") == simplified
