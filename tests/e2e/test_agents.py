@@ -46,7 +46,7 @@ def test_the_agent_studio_tour(platform, open_page):
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Agent Studio").click()
     page.get_by_label("Name", exact=True).fill("planner")
     page.get_by_label("Template").select_option("plan_execute")
-    page.get_by_label("Model").select_option(SMOLLM2)
+    page.get_by_label("Model", exact=True).select_option(SMOLLM2)
     page.get_by_role("button", name="Create").click()
     expect(page.locator(".msg.success")).to_contain_text("Created planner from the Plan and execute template.")
 
