@@ -170,10 +170,11 @@ def sweep_overdue() -> dict[str, list[int]]:
     message was sent RAG_QUEUED_REDISPATCH_S ago and never taken. A claim past the attempts fails it."""
     now = timezone.now()
     overdue = now - timedelta(seconds=settings.RAG_QUEUED_REDISPATCH_S)
+    # Queued (or running with no lease at all: left by a version without leases) and sent long ago, or never.
+    never_held = Q(status__in=[JobStatus.QUEUED, JobStatus.RUNNING], lease_until__isnull=True)
     stalled = (Q(status=JobStatus.RUNNING, lease_until__lt=now)
-               | Q(status=JobStatus.QUEUED, lease_until__isnull=True, dispatched_at__lt=overdue)
-               | Q(status=JobStatus.QUEUED, lease_until__isnull=True, dispatched_at__isnull=True,
-                   created_at__lt=overdue))
+               | never_held & Q(dispatched_at__lt=overdue)
+               | never_held & Q(dispatched_at__isnull=True, created_at__lt=overdue))
     swept = {}
     for model, task in ((EvalSet, GENERATE_TASK), (EvalRun, RUN_TASK)):
         swept[task] = list(model.objects.filter(stalled).order_by("pk").values_list("pk", flat=True))

@@ -128,12 +128,13 @@ def ingest(document_id: int, worker: str) -> str:
 
 
 def _run_group(group: list[Document], worker: str) -> None:
-    prepared = [member for member in group if _guarded([member], worker, _prepare)]
+    pending = [member for member in group if _guarded([member], worker, _prepare)]
     # A document whose saved vectors turn out to be missing at the index stage goes back to embed, once.
     for _ in range(2):
-        _guarded([d for d in prepared if d.stage == Stage.EMBED], worker, GROUP_STAGES[Stage.EMBED])
-        _guarded([d for d in prepared if d.stage == Stage.INDEX], worker, GROUP_STAGES[Stage.INDEX])
-        if not any(d.stage == Stage.EMBED for d in prepared):
+        _guarded([d for d in pending if d.stage == Stage.EMBED], worker, GROUP_STAGES[Stage.EMBED])
+        _guarded([d for d in pending if d.stage == Stage.INDEX], worker, GROUP_STAGES[Stage.INDEX])
+        pending = [d for d in _held(pending, worker) if d.stage == Stage.EMBED]
+        if not pending:
             break
 
 
