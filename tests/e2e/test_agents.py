@@ -47,7 +47,7 @@ def test_the_agent_studio_tour(platform, open_page):
     page.get_by_label("Name", exact=True).fill("planner")
     page.get_by_label("Template").select_option("plan_execute")
     page.get_by_label("Model", exact=True).select_option(SMOLLM2)
-    page.get_by_role("button", name="Create").click()
+    page.get_by_role("button", name="Create", exact=True).click()
     expect(page.locator(".msg.success")).to_contain_text("Created planner from the Plan and execute template.")
 
     page.get_by_label("word_count").check()
