@@ -273,6 +273,8 @@ class CalibrationStartSerializer(serializers.Serializer):
     metric = serializers.ChoiceField(choices=METRICS, default="token_f1")
     max_tokens = serializers.IntegerField(default=128)
     temperature = serializers.FloatField(default=0.2)
+    judge = serializers.CharField(required=False, allow_blank=True, default="",
+                                  help_text="A chat deployment or group that grades each answer (metric: judge)")
 
     def validate(self, attrs):
         if sum(key in attrs for key in ("items", "file", "prompt_source")) != 1:
@@ -288,7 +290,7 @@ class CalibrationRunSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = CalibrationRun
-        fields = ["id", "group", "state", "source", "metric", "max_tokens", "temperature", "curves", "summary",
+        fields = ["id", "group", "state", "source", "metric", "judge", "max_tokens", "temperature", "curves", "summary",
                   "chosen", "error", "created_at", "finished_at"]
 
 
@@ -385,7 +387,8 @@ class ModelGroupViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retr
                 workspace=self.workspace, source=spec["prompt_source"], set_id=spec["prompt_set"])
         run = group_services.start_calibration(
             actor=self.actor, workspace=self.workspace, group=self.get_object(), items=items, source=source,
-            metric=spec["metric"], max_tokens=spec["max_tokens"], temperature=spec["temperature"])
+            metric=spec["metric"], max_tokens=spec["max_tokens"], temperature=spec["temperature"],
+            judge=spec["judge"])
         return Response(CalibrationRunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses=CalibrationRunSerializer(many=True))

@@ -252,6 +252,8 @@ class CalibrationRun(models.Model):
     state = models.CharField(max_length=16, choices=CalibrationState.choices, default=CalibrationState.QUEUED)
     source = models.CharField(max_length=200)
     metric = models.CharField(max_length=16)
+    # metric "judge": the chat deployment (or group) that grades each answer against the reference.
+    judge = models.CharField(max_length=96, blank=True)
     # The requests calibration sends each member, as the group will see them.
     max_tokens = models.PositiveIntegerField(default=128)
     temperature = models.FloatField(default=0.2)

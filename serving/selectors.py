@@ -25,12 +25,16 @@ def _chats(deployment: Deployment | None) -> bool:
     return deployment is not None and CHAT in engine(deployment.engine).capabilities(deployment.model)
 
 
+def chat_models(*, workspace) -> list[Deployment | ModelGroup]:
+    """Everything a studio may answer with: the chat deployments and the model groups (whose members chat) this
+    workspace can use, by name, as the gateway takes them in `model`."""
+    found = [d for d in deployments_visible_to(workspace=workspace) if _chats(d)]
+    found += [g for g in groups_visible_to(workspace=workspace) if _group_chats(g)]
+    return sorted(found, key=lambda item: item.name)
+
+
 def chat_model_names(*, workspace) -> list[str]:
-    """Every name a studio may answer with: the chat deployments and the model groups (whose members chat) this
-    workspace can use, as the gateway takes them in `model`."""
-    names = [d.name for d in deployments_visible_to(workspace=workspace) if _chats(d)]
-    names += [g.name for g in groups_visible_to(workspace=workspace) if _group_chats(g)]
-    return sorted(names)
+    return [item.name for item in chat_models(workspace=workspace)]
 
 
 def _group_chats(group: ModelGroup) -> bool:

@@ -294,7 +294,8 @@ def _start_calibration(request, group) -> None:
         raise ValidationFailed("Choose a JSONL file of prompts with reference answers, or a studio's prompt set.")
     group_services.start_calibration(actor=gui_actor(request), workspace=request.workspace, group=group,
                                      items=items, source=source,
-                                     metric=request.POST.get("metric") or "token_f1", max_tokens=max_tokens)
+                                     metric=request.POST.get("metric") or "token_f1", max_tokens=max_tokens,
+                                     judge=request.POST.get("judge", ""))
     messages.success(request, f"Calibrating on {len(items)} prompts: both members answer each one.")
 
 
@@ -334,6 +335,7 @@ def model_group_page(request, name: str):
         "confidence": (group.settings.get("cascade") or {}).get("confidence", "mean"),
         "requests": group.requests.filter(Q(workspace=request.workspace) | Q(workspace__isnull=True))[:20],
         "runs": runs, "shown": shown, "metrics": METRICS,
+        "judges": selectors.chat_model_names(workspace=request.workspace),
         "prompt_sets": [(f"{source.key}:{set_id}", f"{source.label}: {name}") for source in prompt_sources()
                         for set_id, name in source.sets(workspace=request.workspace)],
         "curve_tables": [(policy, points, (shown.summary.get("suggested") or {}).get(policy))

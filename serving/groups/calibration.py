@@ -145,6 +145,7 @@ def summary(outcomes: list[dict], drawn: dict) -> dict:
     count = len(outcomes)
     return {
         "items": count,
+        "ungraded_answers": sum(o[m].get("ungraded", False) for o in outcomes for m in ("small", "big")),
         "big_only_quality": round(sum(o["big"]["quality"] for o in outcomes) / count, 4),
         "small_only_quality": round(sum(o["small"]["quality"] for o in outcomes) / count, 4),
         "suggested": {policy: suggested(points) for policy, points in drawn.items()},
@@ -187,11 +188,28 @@ def _classify(outcomes: list[dict], embedding_deployment: str) -> dict:
     return {"classifier": trained}
 
 
-def _answer(payload: dict, reference: str, metric: str, signal: str) -> dict:
+def _judged(client: httpx.Client, run: CalibrationRun, item: dict, answer: str) -> float:
+    """The judge deployment's grade of `answer`; an answer it gives no number for scores 0, noted as ungraded."""
+    token = service_token(workspace_id=run.workspace_id or run.group.workspace_id)
+    prompt = scoring.JUDGE_PROMPT.format(question=item["prompt"], reference=item["reference"], answer=answer)
+    response = client.post("/chat/completions", headers={"Authorization": f"Bearer {token}"}, json={
+        "model": run.judge, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8, "temperature": 0})
+    if response.status_code != 200:
+        raise RuntimeError(f"The judge '{run.judge}' answered {response.status_code}: {response.text[:300]}")
+    grade = scoring.judge_grade(policies.answer_text((response.json().get("choices") or [{}])[0]))
+    return -1.0 if grade is None else grade
+
+
+def _answer(payload: dict, item: dict, run: CalibrationRun, signal: str, client: httpx.Client) -> dict:
     choice = (payload.get("choices") or [{}])[0]
     usage = payload.get("usage") or {}
     answer = policies.answer_text(choice)
-    return {"answer": answer, "quality": round(scoring.score(metric, answer, reference), 4),
+    if run.metric == scoring.JUDGE:
+        quality = _judged(client, run, item, answer)
+        ungraded, quality = quality < 0, max(quality, 0.0)
+    else:
+        quality, ungraded = scoring.score(run.metric, answer, item["reference"]), False
+    return {"answer": answer, "quality": round(quality, 4), "ungraded": ungraded,
             "tokens": (usage.get("prompt_tokens") or 0) + (usage.get("completion_tokens") or 0),
             "confidence": policies.confidence(policies.token_logprobs(choice), signal)}
 
@@ -216,8 +234,8 @@ def calibrate(run_id: int) -> None:
                 outcome = {
                     "prompt": item["prompt"], "reference": item["reference"],
                     "route_score": policies.route_score(item["prompt"], route_rules).score,
-                    "small": _answer(small, item["reference"], run.metric, signal),
-                    "big": _answer(big, item["reference"], run.metric, signal)}
+                    "small": _answer(small, item, run, signal, client),
+                    "big": _answer(big, item, run, signal, client)}
                 if embedding_deployment:
                     outcome["embedding"] = _embed(client, embedding_deployment, item["prompt"], run)
                 outcomes.append(outcome)

@@ -6,10 +6,21 @@ and cannot import them, so calibration keeps its own copy of these few lines."""
 
 import re
 
+JUDGE = "judge"
+# What the judge deployment is asked; its first number, from 0 to 10, is the grade.
+JUDGE_PROMPT = """Grade an answer against the reference answer.
+
+Question: {question}
+Reference answer: {reference}
+Answer to grade: {answer}
+
+Reply with one number from 0 (wrong or unrelated) to 10 (says what the reference says)."""
+GRADE = re.compile(r"\d+(?:\.\d+)?")
+
 CJK_CHARACTER = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
 OVERLAP_TOKEN = re.compile(rf"[{CJK_CHARACTER}]|(?:(?![{CJK_CHARACTER}])[^\W_])+")
 ARTICLES = {"a", "an", "the"}
-METRICS = ("token_f1", "exact_match")
+METRICS = ("token_f1", "exact_match", JUDGE)
 
 
 def _tokens(text: str) -> list[str]:
@@ -29,6 +40,12 @@ def token_f1(prediction: str, reference: str) -> float:
         return 0.0
     precision, recall = common / len(predicted), common / len(expected)
     return 2 * precision * recall / (precision + recall)
+
+
+def judge_grade(reply: str) -> float | None:
+    """The judge's grade in [0, 1] from its reply's first number, or None when it gave none."""
+    found = GRADE.search(reply or "")
+    return min(10.0, float(found.group())) / 10 if found else None
 
 
 def score(metric: str, prediction: str, reference: str) -> float:

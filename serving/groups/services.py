@@ -16,6 +16,7 @@ from serving.engines.base import CHAT, EngineRefused, engine
 from serving.groups import calibration, classifier, policies, scoring, sources
 from serving.models import (CalibrationRun, CalibrationState, Deployment, Engine, GroupPolicy, Model, ModelGroup,
                             ServingState)
+from serving.selectors import chat_model_problem
 from serving.services import create_deployment, start_deployment
 
 SETTINGS_KEYS = {"route", "cascade", "costs", "classifier"}
@@ -184,16 +185,24 @@ def delete_group(*, actor: Actor, group: ModelGroup) -> None:
 
 
 def start_calibration(*, actor: Actor, workspace: Workspace, group: ModelGroup, items, source: str,
-                      metric: str = "token_f1", max_tokens: int = 128, temperature: float = 0.2) -> CalibrationRun:
-    """Queue a calibration of `group` on prompt/reference pairs (uploaded, or handed over by a studio)."""
+                      metric: str = "token_f1", max_tokens: int = 128, temperature: float = 0.2,
+                      judge: str = "") -> CalibrationRun:
+    """Queue a calibration of `group` on prompt/reference pairs (uploaded, or handed over by a studio). With a
+    judge (a chat deployment or group), each answer is graded by it rather than by token overlap."""
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
     if group.workspace_id is not None and group.workspace_id != workspace.pk:
         raise NotFound(f"No model group called '{group.name}'.")
     if group.policy == GroupPolicy.SPECULATIVE or group.small is None:
         raise _refuse("group", "A speculative group has no threshold to calibrate: every request is the big model's, "
                                "drafted.")
+    if judge:
+        metric = scoring.JUDGE
+        if problem := chat_model_problem(workspace=workspace, name=judge):
+            raise _refuse("judge", problem)
     if metric not in scoring.METRICS:
         raise _refuse("metric", f"'metric' must be one of {', '.join(scoring.METRICS)}.")
+    if metric == scoring.JUDGE and not judge:
+        raise _refuse("judge", "The judge metric needs a 'judge': the chat deployment that grades the answers.")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= \
             MAX_CALIBRATION_TOKENS:
         raise _refuse("max_tokens", f"'max_tokens' must be a whole number from 1 to {MAX_CALIBRATION_TOKENS}.")
@@ -208,7 +217,7 @@ def start_calibration(*, actor: Actor, workspace: Workspace, group: ModelGroup, 
         raise Conflict(f"Calibration runs both members; start {', '.join(not_ready)} first.")
     run = CalibrationRun.objects.create(group=group, workspace=workspace, created_by=actor.user, items=items,
                                         source=source[:200], metric=metric, max_tokens=max_tokens,
-                                        temperature=float(temperature))
+                                        temperature=float(temperature), judge=judge)
     record_audit(actor=actor, workspace=workspace, action="model_group.calibrate", target=group,
                  detail={"run": run.pk, "items": len(items), "source": run.source})
     from serving.tasks import CALIBRATION_QUEUE, calibrate_group

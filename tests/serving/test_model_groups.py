@@ -283,3 +283,15 @@ def test_picking_a_classifier_point_routes_by_the_classifier(stack):
     group.refresh_from_db()
     assert group.policy == "route" and group.settings["route"]["score"] == "classifier"
     assert group.settings["classifier"]["coef"] == trained["coef"]
+
+
+def test_a_judge_s_reply_is_read_as_a_grade_and_an_unknown_judge_is_refused(stack):
+    from serving.groups.scoring import judge_grade
+
+    assert (judge_grade("7/10"), judge_grade("Score: 12."), judge_grade(" 8.5"), judge_grade("good")) == (
+        0.7, 1.0, 0.85, None)
+    _group(stack["api"])
+    refused = stack["api"].post("/api/serving/groups/assistant/calibrate/", {
+        "items": [{"prompt": "What is 2 + 2?", "reference": "4"}], "judge": "nope"}, format="json")
+    assert refused.status_code == 400 and "No deployment named 'nope'" in refused.json()["error"]["message"]
+    assert "judge" in refused.json()["error"]["fields"]

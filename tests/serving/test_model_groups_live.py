@@ -131,6 +131,21 @@ def test_calibration_draws_the_curve_and_a_picked_point_sets_the_threshold(stack
     assert ModelGroup.objects.get(pk=stack["group"].pk).threshold == point["threshold"]
 
 
+def test_a_judge_deployment_grades_the_calibration_answers(stack, live_db):
+    _set(stack["group"], policy="cascade", threshold=0.5, settings={})
+    api = httpx.Client(base_url=f"{stack['url']}/api", headers={"Authorization": f"Bearer {stack['key']}"})
+    started = api.post("/serving/groups/assistant/calibrate/", json={
+        "items": [{"prompt": "What is the capital of France?", "reference": "Paris"}], "max_tokens": 8,
+        "judge": GEMMA3})
+
+    assert started.status_code == 202, started.text
+    run = wait_for(lambda: CalibrationRun.objects.filter(pk=started.json()["id"], state__in=[
+        CalibrationState.DONE, CalibrationState.FAILED]).first(), timeout=240, what="the judged calibration")
+    assert (run.state, run.metric, run.judge) == (CalibrationState.DONE, "judge", GEMMA3), run.error
+    assert all(0 <= run.outcomes[0][m]["quality"] <= 1 for m in ("small", "big"))
+    assert "ungraded_answers" in run.summary
+
+
 def test_a_stopped_member_is_replaced_and_the_fallback_recorded(stack, client, live_db):
     _set(stack["group"], policy="cascade", threshold=0.0)
     small = Deployment.objects.get(name=SMOLLM2)
@@ -163,3 +178,4 @@ def test_a_speculative_group_decodes_with_a_draft_of_the_same_vocabulary(stack, 
     drafted = next(line for line in metrics.text.splitlines()
                    if line.startswith("llamacpp:spec_decode_num_draft_tokens_total"))
     assert float(drafted.split()[-1]) > 0
+
