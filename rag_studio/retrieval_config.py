@@ -4,6 +4,10 @@ import copy
 
 RETRIEVAL_MODES = ("dense", "keyword", "hybrid")
 FUSION_METHODS = ("weighted", "rrf")
+# For a knowledge base of mostly Chinese text embedded by an English-only model (the all-MiniLM-L6-v2 preset): its
+# vectors barely tell Chinese passages apart, jieba's keywords do. On the Chinese samples (bench.rag_quality) dense
+# alone found 36% of the answers in the top 5, keyword 96%, this 100% with the best MRR.
+KEYWORD_FIRST = {"mode": "hybrid", "fusion": "weighted", "dense_weight": 0.3, "keyword_weight": 0.7}
 RERANK_KINDS = ("none", "cross_encoder", "llm")
 DEFAULT_RETRIEVAL = {
     "mode": "hybrid",

@@ -1,3 +1,5 @@
+import re
+
 from django.db.models import Count, Q
 
 from accounts.errors import NotFound
@@ -21,6 +23,22 @@ def document_progress(*, kb: KnowledgeBase) -> list[dict]:
     return list(kb.documents.annotate(finding_count=Count("findings")).values(
         "id", "filename", "kind", "size_bytes", "status", "stage", "progress", "error", "error_code",
         "chunk_count", "page_count", "finding_count"))
+
+
+# Chinese characters, against Latin letters, in a knowledge base's text.
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_LATIN = re.compile(r"[A-Za-z]")
+MOSTLY_CHINESE_SHARE = 0.5
+
+
+def mostly_chinese(*, kb: KnowledgeBase, sample: int = 200) -> bool:
+    """Whether most of the knowledge base's text (its first `sample` searchable chunks) is Chinese."""
+    texts = kb.chunks.filter(searchable=True).order_by("pk").values_list("text", flat=True)[:sample]
+    cjk = latin = 0
+    for text in texts:
+        cjk += len(_CJK.findall(text))
+        latin += len(_LATIN.findall(text)) / 4  # about four letters carry what one character does
+    return cjk > 0 and cjk / (cjk + latin) >= MOSTLY_CHINESE_SHARE
 
 
 def rag_configs(*, workspace: Workspace):

@@ -5,6 +5,7 @@ from django.contrib import messages
 from django.http import JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import translation
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
@@ -19,7 +20,7 @@ from rag_studio.evaluation import METRIC_NAMES
 from rag_studio.models import JobStatus, RagTemplate
 from rag_studio.rag import DEFAULT_PROMPTS
 from rag_studio.retrieval import retrieve
-from rag_studio.retrieval_config import FUSION_METHODS, RERANK_KINDS, RETRIEVAL_MODES
+from rag_studio.retrieval_config import FUSION_METHODS, KEYWORD_FIRST, RERANK_KINDS, RETRIEVAL_MODES
 from rag_studio.screening import ACTIONS, CATEGORIES
 from serving.models import RoleHint
 from serving.selectors import chat_models, models_visible_to
@@ -106,7 +107,10 @@ def rag_home(request):
             actor=gui_actor(request), workspace=request.workspace, name=request.POST.get("name", ""),
             description=request.POST.get("description", ""),
             embedding_model=request.POST.get("embedding_model", ""),
-            chunking=_chunking_from(request.POST))
+            chunking=_chunking_from(request.POST),
+            # Made in the Chinese GUI: most likely Chinese documents, which the English embedding preset does not
+            # tell apart, so keyword-first search (the settings are on the knowledge base's page to change).
+            retrieval=dict(KEYWORD_FIRST) if translation.get_language() == "zh-hans" else None)
         messages.success(request, _("Created knowledge base '%(name)s'. Upload documents to it below.")
                          % {"name": kb.name})
         return redirect("rag-kb", kb_id=kb.pk)
@@ -123,8 +127,18 @@ def kb_page(request, kb_id):
     return render(request, "rag/kb.html", {
         "kb": kb, "documents": selectors.document_progress(kb=kb), "needs_reindex": services.needs_reindex(kb),
         "policy": [(category, kb.screening.get(category)) for category in CATEGORIES],
+        "suggest_keyword_first": _suggest_keyword_first(kb),
         **_form_choices(request.workspace),
     })
+
+
+def _suggest_keyword_first(kb) -> bool:
+    """Mostly Chinese text, searched with dense weight first by an English-only embedding model."""
+    settings_now = kb.retrieval
+    return (kb.embedding_model.name == services.DEFAULT_EMBEDDING_MODEL
+            and settings_now.get("mode", "hybrid") != "keyword"
+            and {key: settings_now.get(key) for key in KEYWORD_FIRST} != KEYWORD_FIRST
+            and selectors.mostly_chinese(kb=kb))
 
 
 @workspace_page
@@ -158,6 +172,11 @@ def kb_settings(request, kb_id):
         key = services.start_reindex(actor=gui_actor(request), kb=kb)
         messages.success(request, _("Re-indexing into %(index)s; searches use the current index until it is done.")
                          % {"index": key})
+        return redirect("rag-kb", kb_id=kb.pk)
+    if post.get("action") == "keyword_first":
+        services.update_knowledge_base(actor=gui_actor(request), kb=kb, retrieval={**kb.retrieval, **KEYWORD_FIRST})
+        messages.success(request, _("Searches of this knowledge base now weigh keywords first (keyword 0.7, "
+                                    "dense 0.3)."))
         return redirect("rag-kb", kb_id=kb.pk)
     if post.get("action") == "delete":
         services.delete_knowledge_base(actor=gui_actor(request), kb=kb)

@@ -6,9 +6,10 @@ import pytest
 from accounts.errors import ValidationFailed
 from rag_studio import services
 from rag_studio.ingestion import ingest
-from rag_studio.models import Document
+from rag_studio.models import Document, KnowledgeBase
 from rag_studio.parsing import parse_document
 from rag_studio.retrieval import retrieve
+from rag_studio.retrieval_config import KEYWORD_FIRST
 from tests.rag_studio.conftest import SAMPLES, upload
 
 pytestmark = pytest.mark.django_db
@@ -69,3 +70,32 @@ def test_big5_and_gb18030_files_of_traditional_and_simplified_text_are_decoded(t
 
     assert parse_document(big5, "rules.txt")[0].text.replace("\r", "") == traditional
     assert parse_document(gb18030, "rules.txt")[0].text.replace("\r", "") == simplified
+
+
+def test_a_mostly_chinese_knowledge_base_is_offered_keyword_first_search(plant_kb, indexed_kb, ann):
+    from django.test import Client
+
+    client = Client(HTTP_ACCEPT_LANGUAGE="zh-CN")
+    client.force_login(ann.user)
+    assert "以关键词为主检索" in client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
+    assert "以关键词为主检索" not in client.get(f"/rag/kb/{indexed_kb.pk}/").content.decode()  # English samples
+
+    client.post(f"/rag/kb/{plant_kb.pk}/settings/", {"action": "keyword_first"})
+
+    plant_kb.refresh_from_db()
+    assert plant_kb.retrieval | KEYWORD_FIRST == plant_kb.retrieval
+    assert "以关键词为主检索" not in client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
+
+
+def test_a_knowledge_base_made_in_the_chinese_gui_searches_keywords_first(acme, ann):
+    from django.test import Client
+
+    chinese, english = Client(HTTP_ACCEPT_LANGUAGE="zh-CN"), Client(HTTP_ACCEPT_LANGUAGE="en")
+    for client in (chinese, english):
+        client.force_login(ann.user)
+    chinese.post("/rag/", {"name": "巡检记录", "chunk_mode": "recursive"})
+    english.post("/rag/", {"name": "Shift logs", "chunk_mode": "recursive"})
+
+    assert KnowledgeBase.objects.get(name="巡检记录").retrieval | KEYWORD_FIRST == \
+        KnowledgeBase.objects.get(name="巡检记录").retrieval
+    assert KnowledgeBase.objects.get(name="Shift logs").retrieval.get("keyword_weight") != 0.7
