@@ -122,13 +122,13 @@ def _middleware(context: RunContext, summarizer, extra_prompt: str) -> list:
 
 
 def tool_calling(context: RunContext, *, checkpointer, extra_tools: list | None = None,
-                 extra_prompt: str = "") -> Built:
+                 extra_prompt: str = "", middleware: tuple = ()) -> Built:
     model, inner = _models(context)
     tools = [*toolkit.work_bridge_tools(context), *toolkit.knowledge_tools(context), *toolkit.memory_tools(context),
              *context.extra_tools, *(extra_tools or [])]
     if context.settings["limits"]["max_tool_calls"] == 0:
         tools = []
-    graph = create_agent(model, tools, middleware=_middleware(context, inner, extra_prompt),
+    graph = create_agent(model, tools, middleware=[*middleware, *_middleware(context, inner, extra_prompt)],
                          checkpointer=checkpointer, store=None)
     return Built(graph=graph, answer=last_answer)
 
@@ -168,6 +168,15 @@ def step_result(state: dict, answer: str) -> str:
     return "\n".join([*found, answer] if answer else found) or "(no result)"
 
 
+@wrap_model_call
+def tools_the_step_names(request, handler):
+    """A plan step that names some of the agent's tools is offered only those: a small model otherwise reaches for
+    whichever tool it used last."""
+    step = next((str(m.content) for m in reversed(request.messages) if isinstance(m, HumanMessage)), "").lower()
+    named = [tool for tool in request.tools if getattr(tool, "name", None) and tool.name.lower() in step]
+    return handler(request.override(tools=named) if named else request)
+
+
 class PlanState(TypedDict):
     messages: Annotated[list[AnyMessage], add_messages]
     plan: list[str]
@@ -194,7 +203,7 @@ def _json_schema_call(model, name: str, schema: dict, messages: list[BaseMessage
 def plan_execute(context: RunContext, *, checkpointer) -> Built:
     _, inner = _models(context)
     planning = context.settings["planning"]
-    executor = tool_calling(context, checkpointer=False,
+    executor = tool_calling(context, checkpointer=False, middleware=(tools_the_step_names,),
                             extra_prompt="You are carrying out one step of a plan. Do only that step and report "
                                          "its result briefly.")
     recorder = context.recorder

@@ -88,8 +88,8 @@ def knowledge_tools(context: RunContext) -> list[StructuredTool]:
             func=search, name=function_name(f"search_{kb.name}"),
             description=(f"Search the knowledge base '{kb.name}'" + (f" ({kb.description})" if kb.description else "")
                          + ". Returns numbered passages with their sources; cite them as [n]."),
-            args_schema={"type": "object", "required": ["query"],
-                         "properties": {"query": {"type": "string", "description": "What to look for"}}}))
+            # No description on the argument: a small model copies it as the query.
+            args_schema={"type": "object", "required": ["query"], "properties": {"query": {"type": "string"}}}))
     return made
 
 

@@ -275,3 +275,20 @@ def test_a_run_without_tool_calls_budget_gets_no_tools(dev, word_count, script):
     script.append(AIMessage(content="I answer without tools."))
     run = run_inline(_start(dev, agent, "Count.")["run_id"])
     assert run.status == RunStatus.DONE and run.tool_calls == 0
+
+
+def test_a_plan_step_that_names_a_tool_is_offered_only_that_tool(dev, word_count, script):
+    echo = dev.post("/api/workbridge/tools/", {
+        "name": "echo_text", "description": "Repeat a text.", "binding": "python",
+        "parameters": {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
+        "config": {"code": "def run(args):\n    return args['text']\n"}}, format="json").json()
+    agent = _agent(dev, name="steps", template="plan_execute", tools=[word_count["id"], echo["id"]],
+                   tool_strategy="json", planning={"approval": "auto"})
+    script.extend(['{"steps": ["Count the words of \'a b\' with the word_count tool"]}',
+                   '{"tool": "word_count", "arguments": {"text": "a b"}}', '{"final": "2"}', "Two words."])
+
+    run = run_inline(_start(dev, agent, "Count 'a b'.")["run_id"])
+
+    assert run.status == RunStatus.DONE
+    step_prompt = script.prompts[1][0].content
+    assert "- word_count:" in step_prompt and "echo_text" not in step_prompt
