@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
+from django.utils.translation import gettext
 
 from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role
@@ -109,7 +110,7 @@ def publish_app(*, actor: Actor, config: RagConfig | None = None, agent: Agent |
             app = App.objects.create(workspace=source.workspace, slug=slug, name=name, rag_config=config, agent=agent,
                                      default_rate_limit=_rate_limit(rate_limit),
                                      widget_token=f"{WIDGET_TOKEN_TAG}{secrets.token_urlsafe(24)}")
-            release = _release(actor=actor, app=app, note="First release")
+            release = _release(actor=actor, app=app, note=gettext("First release"))
             record_audit(actor=actor, workspace=source.workspace, action="app.publish", target=app,
                          detail={"slug": slug, "serves": "agent" if agent else "rag_config",
                                  "version": release.version.number})

@@ -21,6 +21,8 @@ LABELS = {
     # ingestion stages
     "parse": _("parse"), "clean": _("clean"), "screen": _("screen"), "chunk": _("chunk"), "embed": _("embed"),
     "index": _("index"),
+    # retrieval's timings (hit testing)
+    "hydrate": _("reading chunks"), "fuse": _("fusion"), "rerank": _("rerank"), "total": _("total"),
     # chunking modes, retrieval modes, fusion and rerank kinds
     "recursive": _("recursive"), "heading": _("by heading"), "parent_child": _("parent-child"),
     "delimiter": _("delimiter"), "dense": _("dense"), "keyword": _("keyword"), "hybrid": _("hybrid"),

@@ -25,8 +25,11 @@ PLACEHOLDER = "§"
 
 
 def is_code(word: str) -> bool:
-    return bool(re.search(r"[0-9_./:@]", word)) or bool(re.search(r"[a-z][A-Z]", word)) or (
-        "-" in word.strip("-"))
+    # "Requests/min" is prose with a slash; "/v1", "a/b.txt" and "tokens/s" (a unit) are not.
+    slashed_prose = "/" in word and not word.startswith("/") and all(
+        len(part) > 1 for part in word.split("/"))
+    return bool(re.search(r"[0-9_.:@]", word)) or bool(re.search(r"[a-z][A-Z]", word)) or (
+        "-" in word.strip("-")) or ("/" in word and not slashed_prose)
 
 
 def is_acronym(word: str) -> bool:
