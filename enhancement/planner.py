@@ -16,6 +16,8 @@ present and run trials), so the cost model is written here, from the published f
 - Communication: Megatron TP does four all-reduces of s·b·h activations per layer per micro-batch; DP all-reduces
   the trainable gradients once per step (ZeRO-3 moves 1.5× as much); a ring all-reduce of B bytes over n takes
   2·(n−1)/n·B / bandwidth. PP sends s·b·h activations each way per micro-batch per stage boundary.
+- A fixed cost per block per micro-batch pass (kernel launches, framework dispatch, the adapter's wrappers), which
+  no FLOP count shows: it is why, at equal FLOPs, fewer and larger micro-batches run faster.
 - The pipeline bubble: (p−1)/(m+p−1) of the step is idle. Heterogeneous devices get pipeline stages in proportion
   to their compute, so that the slowest stage sets the pace: step = (m+p−1) · max over stages of a micro-batch's
   stage time.
@@ -30,6 +32,11 @@ GPU_EFFICIENCY = 0.4
 CPU_EFFICIENCY = 0.3
 # A CPU core's peak fp32 TFLOPS (AVX2: 2 FMA units × 8 lanes × 2 FLOPs at ~2.5 GHz), for nodes without GPUs.
 CPU_CORE_TFLOPS = 0.08
+# The fixed cost of one decoder block's forward and backward pass for one micro-batch. CPU: fitted with
+# bench.planner on this 2-core machine (SmolLM2-135M LoRA: each extra micro-batch of its 30 blocks added 0.8 s,
+# measured under a shared load); GPU: ~30 kernels of ~10 µs each.
+CPU_BLOCK_PASS_S = 0.027
+GPU_BLOCK_PASS_S = 0.0003
 # Memory a device keeps for the framework, kernels and fragmentation, beyond what the model accounts for.
 GPU_RESERVED_BYTES = 2 * GIB
 CPU_RESERVED_SHARE = 0.25
@@ -92,6 +99,7 @@ class Plan:
     memory_per_device_bytes: int
     memory_limit_bytes: int
     compute_s: float
+    overhead_s: float
     tp_comm_s: float
     dp_comm_s: float
     pp_comm_s: float
@@ -281,12 +289,13 @@ def plan(*, shape: ModelShape, work: Workload, devices: list[Device], links: Lin
             pp_gbps = links.inter_node_gbps if nodes_spanned > 1 and pp > 1 else links.intra_node_gbps
             pp_comm = 2 * (pp - 1) * m * act_bytes / (pp_gbps * 1e9) if pp > 1 else 0.0
             bubble = bubble_share(pp, m)
-            step = (m + pp - 1) * slowest + tp_comm + dp_comm + pp_comm
+            overhead = (m + pp - 1) * max(layers) * (GPU_BLOCK_PASS_S if gpu else CPU_BLOCK_PASS_S)
+            step = (m + pp - 1) * slowest + overhead + tp_comm + dp_comm + pp_comm
             plans.append(Plan(
                 tensor_parallel=tp, pipeline_parallel=pp, data_parallel=dp, micro_batch=micro_batch,
                 micro_batches=m, zero_stage=zero, recompute=recompute, stage_layers=layers,
                 memory_per_device_bytes=worst_memory, memory_limit_bytes=worst_limit, compute_s=compute,
-                tp_comm_s=tp_comm, dp_comm_s=dp_comm, pp_comm_s=pp_comm, bubble_share=bubble, step_time_s=step,
+                overhead_s=overhead, tp_comm_s=tp_comm, dp_comm_s=dp_comm, pp_comm_s=pp_comm, bubble_share=bubble, step_time_s=step,
                 tokens_per_s=work.global_batch * work.sequence_length / step, nodes=nodes_spanned))
     if not plans:
         reasons = ", ".join(f"{n} {reason}" for reason, n in discarded.items()) or "no layout"
@@ -301,7 +310,7 @@ def plan(*, shape: ModelShape, work: Workload, devices: list[Device], links: Lin
 
 
 def _why(entry: Plan, best: Plan) -> str:
-    parts = {"compute": entry.compute_s, "TP communication": entry.tp_comm_s,
+    parts = {"compute": entry.compute_s, "per-pass overhead": entry.overhead_s, "TP communication": entry.tp_comm_s,
              "gradient all-reduce": entry.dp_comm_s, "pipeline transfers": entry.pp_comm_s}
     bubble_s = entry.step_time_s - sum(parts.values())
     if bubble_s > 1e-9:
@@ -312,10 +321,10 @@ def _why(entry: Plan, best: Plan) -> str:
         return f"fastest estimate; {dominant} dominates ({parts[dominant]:.3g} s of {entry.step_time_s:.3g} s); " \
                f"{memory}"
     slower = entry.step_time_s / best.step_time_s - 1
-    extra = {name: value - {"compute": best.compute_s, "TP communication": best.tp_comm_s,
-                            "gradient all-reduce": best.dp_comm_s, "pipeline transfers": best.pp_comm_s}.get(
-        name, best.step_time_s - best.compute_s - best.tp_comm_s - best.dp_comm_s - best.pp_comm_s)
-        for name, value in parts.items()}
+    best_parts = {"compute": best.compute_s, "per-pass overhead": best.overhead_s, "TP communication": best.tp_comm_s,
+                  "gradient all-reduce": best.dp_comm_s, "pipeline transfers": best.pp_comm_s}
+    extra = {name: value - best_parts.get(name, best.step_time_s - sum(best_parts.values()))
+             for name, value in parts.items()}
     cause = max(extra, key=extra.get)
     if extra[cause] <= 1e-12:
         return f"as fast as #1 but uses more memory ({memory})"

@@ -77,3 +77,17 @@ def test_a_plan_that_cannot_fit_says_why():
     tiny = [Device(node="n", name="cpu", memory_bytes=64 * 1024 ** 2, tflops=0.1, kind="cpu")]
     with pytest.raises(PlanError, match="No layout fits: .*does not fit in memory"):
         plan(shape=SMOLLM2, work=Workload(method="full", sequence_length=512, global_batch=4), devices=tiny)
+
+
+def test_on_a_cpu_fewer_larger_micro_batches_rank_first_and_the_overhead_is_counted_per_pass():
+    from enhancement.planner import CPU_BLOCK_PASS_S, CPU_CORE_TFLOPS
+
+    cpu = [Device(node="n", name="2 cores", memory_bytes=24 * GIB, tflops=2 * CPU_CORE_TFLOPS, kind="cpu")]
+    result = plan(shape=SMOLLM2, work=Workload(method="lora", sequence_length=256, global_batch=4), devices=cpu)
+    by_micro_batch = {p.micro_batch: p for p in result.plans if not p.recompute}
+    assert result.plans[0].micro_batch == 4 and not result.plans[0].recompute
+    # The same FLOPs in 1, 2 or 4 passes: each pass through the 30 blocks costs 30 × CPU_BLOCK_PASS_S more.
+    assert by_micro_batch[1].compute_s == pytest.approx(by_micro_batch[4].compute_s)
+    assert by_micro_batch[1].overhead_s == pytest.approx(4 * 30 * CPU_BLOCK_PASS_S)
+    assert by_micro_batch[1].step_time_s - by_micro_batch[4].step_time_s == pytest.approx(3 * 30 * CPU_BLOCK_PASS_S)
+    assert "per-pass overhead" in by_micro_batch[1].why
