@@ -44,18 +44,25 @@ async function drawDeploymentCharts(container) {
     `TPOT p50 ${o.tpot_p50_ms === null ? "—" : o.tpot_p50_ms.toFixed(1)} ms`;
 }
 
+// A deployment's and its replicas' states as words in the page's language; the badge's class keeps the value.
+const SERVING_STATE_LABELS = {
+  pending: gettext("pending"), starting: gettext("starting"), ready: gettext("ready"), draining: gettext("draining"),
+  stopped: gettext("stopped"), failed: gettext("failed"),
+};
+const servingStateLabel = (value) => SERVING_STATE_LABELS[value] || value;
+
 function pollState(url) {
   const refresh = async () => {
     const response = await fetch(url, { credentials: "same-origin" });
     if (!response.ok) return;
     const live = await response.json();
     const badge = document.getElementById("deployment-state");
-    badge.textContent = live.state; badge.className = `badge ${live.state}`;
+    badge.textContent = servingStateLabel(live.state); badge.className = `badge ${live.state}`;
     for (const replica of live.replicas) {
       const row = document.querySelector(`tr[data-replica="${replica.id}"]`);
       if (!row) continue;
       const state = row.querySelector('[data-field="state"]');
-      state.textContent = replica.state; state.className = `badge ${replica.state}`;
+      state.textContent = servingStateLabel(replica.state); state.className = `badge ${replica.state}`;
       row.querySelector('[data-field="pid"]').textContent = replica.pid ?? "—";
       row.querySelector('[data-field="restarts"]').textContent = replica.restarts;
       row.querySelector('[data-field="last_error"]').textContent = replica.last_error.slice(0, 160);
