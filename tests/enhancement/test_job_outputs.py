@@ -11,6 +11,8 @@ from django.contrib.auth import get_user_model
 
 from accounts.errors import ValidationFailed
 from accounts.services import Actor
+from cluster.deadlines import sweep_overdue_jobs
+from cluster.models import Node, NodeStatus
 from cluster.services import run_job
 from enhancement.models import EnhancementJob
 from enhancement.runner import run_dir
@@ -88,3 +90,15 @@ def test_only_registered_producers_and_their_own_directories_are_accepted(client
     with pytest.raises(ValidationFailed, match="outside enhancement's output directory"):
         register_produced_model(producer="enhancement", workspace=client.workspace, name="x", path=smollm2.path,
                                 requested_by=None)
+
+
+def test_a_job_that_beat_gives_up_on_shows_the_reason(client, settings):
+    job = queued_job(client)
+    Node.objects.filter(pk=job.node_id).update(status=NodeStatus.UNHEALTHY)
+    settings.CLUSTER_JOB_QUEUED_DEADLINE_S = 0
+
+    sweep_overdue_jobs()
+
+    detail = client.get(f"/api/enhancement/jobs/{job.pk}/").json()
+    assert detail["state"] == "failed"
+    assert f"Node '{job.node.name}' is unhealthy" in detail["error"]
