@@ -58,7 +58,7 @@ class VisibleText(HTMLParser):
             self._code_depth += 1
         attributes = dict(attrs)
         for name, value in attrs:
-            if value and (name in VISIBLE_ATTRIBUTES
+            if value and (name in VISIBLE_ATTRIBUTES or (name == "label" and tag in ("optgroup", "option"))
                           or (name == "value" and tag == "input" and attributes.get("type") in ("submit", "button"))):
                 self.texts.append(value)
 
