@@ -43,6 +43,7 @@ GENERATE_PROMPT = (
 # reply parses. The lengths keep a whole reply within GENERATE_MAX_TOKENS: a reply cut short would not parse.
 MAX_QUESTION_CHARS = MAX_ANSWER_CHARS = 200
 GENERATE_MAX_TOKENS = 512
+GENERATE_TIMEOUT_S = 600
 QA_SCHEMA = {
     "type": "object",
     "properties": {"question": {"type": "string", "minLength": 5, "maxLength": MAX_QUESTION_CHARS},
@@ -231,7 +232,8 @@ def generate_items(eval_set_id: int, owner: str) -> str:
 
 
 def _generate(eval_set: EvalSet, owner: str) -> dict:
-    client = openai_client(eval_set.workspace_id)
+    # A busy replica can take minutes over a reply of GENERATE_MAX_TOKENS; the task's own time limit bounds the set.
+    client = openai_client(eval_set.workspace_id, timeout=GENERATE_TIMEOUT_S)
     done = set(eval_set.items.values_list("source_chunk_id", flat=True))
     chunks = _sample_chunks(eval_set)
     unparseable = 0

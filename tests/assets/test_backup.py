@@ -83,8 +83,10 @@ def test_a_restored_instance_retrieves_the_same_hits_and_builds_the_same_prompts
     manifest = json.loads(tarfile.open(archive).extractfile(backup.MANIFEST).read())
     assert manifest["database"] == {"engine": "sqlite", "member": backup.SQLITE_MEMBER}
     assert manifest["rows"]["rag_studio.Document"] == 3 and manifest["migrations"]["rag_studio"]
-    uploads = [member for member in manifest["files"] if "/uploads/" in member]
-    assert len(uploads) == 3 and all(len(manifest["files"][m]["sha256"]) == 64 for m in manifest["files"])
+    kb = instance["kb"]
+    uploads = {f"data/rag/kb-{kb.pk}/uploads/{document.sha256}": document.sha256 for document in kb.documents.all()}
+    assert all(manifest["files"][member]["sha256"] == sha256 for member, sha256 in uploads.items())
+    assert len(uploads) == 3
 
     restored_dir = tmp_path / "restored"
     restored = _in_data_dir(restored_dir, "manage.py", "restore", str(archive))
