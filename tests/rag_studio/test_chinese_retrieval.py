@@ -1,7 +1,10 @@
 """A Chinese knowledge base answers Chinese questions, and awkward input gets an answer, never an error (issue 20):
 one-character queries, full-width digits, traditional characters, mixed Chinese and English, Big5 and GB18030 files."""
 
+import json
+
 import pytest
+from django.test import Client
 
 from accounts.errors import ValidationFailed
 from rag_studio import services
@@ -10,6 +13,8 @@ from rag_studio.models import Document, KnowledgeBase
 from rag_studio.parsing import parse_document
 from rag_studio.retrieval import retrieve
 from rag_studio.retrieval_config import KEYWORD_FIRST
+from serving import presets
+from serving.models import Model
 from tests.rag_studio.conftest import SAMPLES, upload
 
 pytestmark = pytest.mark.django_db
@@ -28,7 +33,7 @@ def plant_kb(acme, ann):
 
 
 def top_texts(kb, query: str, **settings) -> list[str]:
-    return [hit.text for hit in retrieve(kb, query, {"top_k": 3, **settings}).hits]
+    return [hit.text for hit in retrieve(kb, query, {"top_k": 3} | settings).hits]
 
 
 def test_paraphrased_chinese_questions_find_their_passage(plant_kb):
@@ -72,13 +77,28 @@ def test_big5_and_gb18030_files_of_traditional_and_simplified_text_are_decoded(t
     assert parse_document(gb18030, "rules.txt")[0].text.replace("\r", "") == simplified
 
 
-def test_a_mostly_chinese_knowledge_base_is_offered_keyword_first_search(plant_kb, indexed_kb, ann):
-    from django.test import Client
-
+def chinese_client(ann):
     client = Client(HTTP_ACCEPT_LANGUAGE="zh-CN")
     client.force_login(ann.user)
+    return client
+
+
+def test_a_mostly_chinese_knowledge_base_is_offered_the_multilingual_embedding_model(plant_kb, indexed_kb, ann):
+    client = chinese_client(ann)
+    assert "用 multilingual-e5-small 重建索引" in client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
+    assert "multilingual-e5-small 重建索引" not in client.get(f"/rag/kb/{indexed_kb.pk}/").content.decode()
+
+    client.post(f"/rag/kb/{plant_kb.pk}/settings/", {"action": "multilingual_embedding"})
+
+    plant_kb.refresh_from_db()
+    assert plant_kb.embedding_model.name == presets.MULTILINGUAL_E5 and plant_kb.building_key
+    assert 'id="multilingual-embedding"' not in client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
+
+
+def test_without_the_multilingual_model_a_chinese_knowledge_base_is_offered_keyword_first_search(plant_kb, ann):
+    Model.objects.filter(name=presets.MULTILINGUAL_E5).delete()
+    client = chinese_client(ann)
     assert "以关键词为主检索" in client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
-    assert "以关键词为主检索" not in client.get(f"/rag/kb/{indexed_kb.pk}/").content.decode()  # English samples
 
     client.post(f"/rag/kb/{plant_kb.pk}/settings/", {"action": "keyword_first"})
 
@@ -87,15 +107,35 @@ def test_a_mostly_chinese_knowledge_base_is_offered_keyword_first_search(plant_k
     assert "以关键词为主检索" not in client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
 
 
-def test_a_knowledge_base_made_in_the_chinese_gui_searches_keywords_first(acme, ann):
-    from django.test import Client
+def test_the_chinese_gui_offers_the_multilingual_model_and_searches_keywords_first_on_the_english_one(acme, ann):
+    chinese, english = chinese_client(ann), Client(HTTP_ACCEPT_LANGUAGE="en")
+    english.force_login(ann.user)
+    assert f'<option value="{presets.MULTILINGUAL_E5}" selected>' in chinese.get("/rag/").content.decode()
+    assert f'<option value="{presets.MULTILINGUAL_E5}" selected>' not in english.get("/rag/").content.decode()
 
-    chinese, english = Client(HTTP_ACCEPT_LANGUAGE="zh-CN"), Client(HTTP_ACCEPT_LANGUAGE="en")
-    for client in (chinese, english):
-        client.force_login(ann.user)
-    chinese.post("/rag/", {"name": "巡检记录", "chunk_mode": "recursive"})
-    english.post("/rag/", {"name": "Shift logs", "chunk_mode": "recursive"})
+    chinese.post("/rag/", {"name": "巡检记录", "chunk_mode": "recursive", "embedding_model": presets.MINILM})
+    chinese.post("/rag/", {"name": "交接班", "chunk_mode": "recursive", "embedding_model": presets.MULTILINGUAL_E5})
+    english.post("/rag/", {"name": "Shift logs", "chunk_mode": "recursive", "embedding_model": presets.MINILM})
 
-    assert KnowledgeBase.objects.get(name="巡检记录").retrieval | KEYWORD_FIRST == \
-        KnowledgeBase.objects.get(name="巡检记录").retrieval
-    assert KnowledgeBase.objects.get(name="Shift logs").retrieval.get("keyword_weight") != 0.7
+    keyword_first = KnowledgeBase.objects.get(name="巡检记录").retrieval
+    assert keyword_first | KEYWORD_FIRST == keyword_first
+    assert KnowledgeBase.objects.get(name="交接班").retrieval["keyword_weight"] == 0.3
+    assert KnowledgeBase.objects.get(name="Shift logs").retrieval["keyword_weight"] == 0.3
+
+
+def test_the_multilingual_embedding_preset_finds_chinese_passages_by_meaning(acme, ann):
+    kb = services.create_knowledge_base(actor=ann, workspace=acme, name="一号装置（多语言向量）",
+                                        embedding_model=presets.MULTILINGUAL_E5,
+                                        chunking={"mode": "recursive", "chunk_size": 240, "chunk_overlap": 40})
+    outcomes = services.upload_documents(actor=ann, kb=kb, uploads=[
+        upload(name, (SAMPLES / name).read_bytes()) for name in CHINESE_SAMPLES])
+    for outcome in outcomes:
+        assert ingest(outcome.document.pk, "pytest") == "indexed", Document.objects.get(pk=outcome.document.pk).error
+    questions = [json.loads(line) for line in (SAMPLES / "huadong-eval.jsonl").read_text().splitlines()]
+
+    found = [question for question in questions
+             if any(question["evidence"] in text
+                    for text in top_texts(kb, question["question"], mode="dense", top_k=5))]
+
+    assert kb.embedding_dimensions == 384
+    assert len(found) >= 0.9 * len(questions)
