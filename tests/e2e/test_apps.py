@@ -50,7 +50,7 @@ def test_publish_then_chat_through_the_widget_embedded_on_another_site(platform,
     page.set_default_timeout(30_000)
     sign_in(page)
     page.get_by_role("link", name="Apps").click()
-    page.get_by_label("RAG config").select_option(label="Handbook (v1)")
+    page.get_by_label("What the app serves").select_option(label="Handbook (v1)")
     page.get_by_label("Slug (in the URL)").fill("handbook")
     page.get_by_role("button", name="Publish").click()
     expect(page.locator(".msg.success")).to_contain_text("Published 'Handbook'")
