@@ -1,5 +1,5 @@
 """f16 against Q8_0 against Q4_K_M of the instruction-tuned Gemma-3-270M: file size, decode tokens/s and perplexity
-on the same held-out text, each measured by llama.cpp (the engine that serves them). Targets: perplexity of Q8_0
+of the same held-out answers, each measured by llama.cpp (the engine that serves them). Targets: perplexity of Q8_0
 ≤ 1.01 × f16's, Q4_K_M's ≤ 1.05 ×.
 
     .venv/bin/python -m bench.quantize [--run-dir DIR] [--steps 10] [--heldout-tokens 2048] [--prompts 8]
@@ -7,9 +7,9 @@ on the same held-out text, each measured by llama.cpp (the engine that serves th
 
 Without --run-dir it first tunes the Gemma preset (LoRA, --steps steps on the shipped dataset, its validation split
 held out) with the job's own process and exports the three GGUFs, as a fine-tune job does; with --run-dir it
-measures the GGUFs of that job run (model-f16.gguf, and Q8_0/Q4_K_M made from it when missing). Held-out text is the
-dataset's validation split rendered with Gemma's chat template; decode speed is greedy answers to its questions.
-The models are measured in turn, --rounds times, so each sees the same load on a shared machine.
+measures the GGUFs of that job run (model-f16.gguf, and Q8_0/Q4_K_M made from it when missing). Perplexity is of the
+validation split's answers given their prompts, rendered with Gemma's chat template; decode speed is greedy answers
+to its questions. The models are measured in turn, --rounds times, so each sees the same load on a shared machine.
 """
 
 import argparse
@@ -62,15 +62,15 @@ def main() -> None:
         for kind in KINDS[1:]:
             if not paths[kind].exists():
                 export.quantize(paths["f16"], paths[kind], kind)
-        text, prompts = evaluate.eval_material(spec, max_prompts=args.prompts)
+        heldout, prompts = evaluate.eval_material(spec, max_prompts=args.prompts)
         rows = {kind: [] for kind in KINDS}
         for _ in range(args.rounds):
             for kind in KINDS:
-                rows[kind].append(evaluate.measure(str(paths[kind]), text, prompts,
+                rows[kind].append(evaluate.measure(str(paths[kind]), heldout, prompts,
                                                    heldout_tokens=args.heldout_tokens))
     f16_perplexity = rows["f16"][0]["perplexity"]
-    print(f"{rows['f16'][0]['heldout_tokens']} held-out tokens, {len(prompts)} prompts, {args.rounds} round(s), "
-          f"{os.cpu_count()} cores")
+    print(f"{rows['f16'][0]['heldout_tokens']} held-out answer tokens, {len(prompts)} prompts, {args.rounds} "
+          f"round(s), {os.cpu_count()} cores")
     print(f"{'type':>7} {'size MiB':>9} {'decode tok/s':>12} {'prefill tok/s':>13} {'perplexity':>10} "
           f"{'vs f16':>7} {'target':>7} {'token-F1':>8}")
     for kind, measured in rows.items():

@@ -1,6 +1,12 @@
-"""The before/after report: the base model and every output GGUF measured on this node with the same held-out text
-and the same prompts, through llama.cpp (the engine that serves them): file size, prefill and decode tokens/s,
-perplexity, and token-F1 of greedy answers against the expected ones."""
+"""The before/after report: the base model and every output GGUF measured on this node with the same held-out
+conversations and the same prompts, through llama.cpp (the engine that serves them): file size, prefill and decode
+tokens/s, perplexity of the held-out answers given their prompts, and token-F1 of greedy answers against the expected
+ones.
+
+Perplexity counts the answer tokens only, as the training's validation loss does: over whole rendered
+conversations, an instruction-tuned model scored worse than its base (the prompts' tokens, on which it was never
+trained, dominated) while its answers went from echoing the question to correct, so that figure said the opposite
+of what changed."""
 
 import json
 import math
@@ -42,45 +48,49 @@ def token_f1(prediction: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def eval_material(spec: dict, max_prompts: int = MAX_PROMPTS) -> tuple[str, list[tuple[str, str]]]:
-    """Held-out text (the validation conversations rendered with the served chat template) and prompt/answer pairs
-    (each validation conversation's last question, rendered up to the answer, and its answer)."""
+def eval_material(spec: dict, max_prompts: int = MAX_PROMPTS) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The held-out conversations (each rendered with the served chat template up to its last answer, and whole)
+    and prompt/answer pairs (the first `max_prompts` of them: the prompt rendered, the expected answer)."""
     tokenizer = data.load_tokenizer(spec["tokenizer_path"])
     conversations = data.read_conversations(Path(spec["eval_dataset_path"]))
     _, validation = data.split(conversations, spec.get("eval_validation_count", 0))
     validation = validation or conversations[-max_prompts:]
     template = spec.get("chat_template", "")
-    text = "".join(data.render(tokenizer, c, template) for c in validation)
-    prompts = []
-    for messages in validation[:max_prompts]:
+    heldout, prompts = [], []
+    for messages in validation:
         prompt = data.render(tokenizer, messages[:-1], template, add_generation_prompt=True)
-        prompts.append((prompt, messages[-1]["content"]))
-    return text, prompts
+        heldout.append((prompt, data.render(tokenizer, messages, template)))
+        if len(prompts) < max_prompts:
+            prompts.append((prompt, messages[-1]["content"]))
+    return heldout, prompts
 
 
-def measure(path: str, text: str, prompts: list[tuple[str, str]], *,
+def measure(path: str, heldout: list[tuple[str, str]], prompts: list[tuple[str, str]], *,
             heldout_tokens: int = HELDOUT_TOKENS) -> dict:
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=path, n_ctx=max(WINDOW, 1024), n_batch=WINDOW, logits_all=True,
                           n_threads=os.cpu_count() or 1, verbose=False)
-    tokens = llm.tokenize(text.encode(), add_bos=False, special=True)[:heldout_tokens]
     nll, count, prefill_tokens, prefill_s = 0.0, 0, 0, 0.0
-    for start in range(0, len(tokens) - 1, WINDOW):
-        window = tokens[start:start + WINDOW]
-        if len(window) < 2:
+    for prompt, whole in heldout:
+        if count >= heldout_tokens:
             break
+        tokens = llm.tokenize(whole.encode(), add_bos=False, special=True)[:WINDOW]
+        start = len(llm.tokenize(prompt.encode(), add_bos=False, special=True))
+        if not 0 < start < len(tokens):
+            continue
         llm.reset()
         began = time.perf_counter()
-        llm.eval(window)
+        llm.eval(tokens)
         prefill_s += time.perf_counter() - began
-        prefill_tokens += len(window)
-        logits = np.asarray(llm.scores[:len(window) - 1], dtype=np.float64)
+        prefill_tokens += len(tokens)
+        # The logits at position i predict token i + 1: the answer's tokens are predicted from start - 1 on.
+        logits = np.asarray(llm.scores[start - 1:len(tokens) - 1], dtype=np.float64)
         top = logits.max(axis=1, keepdims=True)
         log_z = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
-        picked = logits[np.arange(len(window) - 1), window[1:]]
+        picked = logits[np.arange(len(logits)), tokens[start:]]
         nll += float((log_z - picked).sum())
-        count += len(window) - 1
+        count += len(tokens) - start
     vocab = llm._model.vocab
     f1s, decode_tokens, decode_s, answers = [], 0, 0.0, []
     for prompt, expected in prompts:
@@ -115,21 +125,21 @@ def evaluate(run, outputs: list[dict]) -> dict:
     target = run.dir / "report.json"
     if target.exists():
         return json.loads(target.read_text())
-    run.status("evaluate", "Measuring the base and the outputs on the held-out text and prompts")
-    text, prompts = eval_material(run.spec)
+    run.status("evaluate", "Measuring the base and the outputs on the held-out answers and prompts")
+    heldout, prompts = eval_material(run.spec)
     rows = []
     base_gguf = run.spec.get("base_gguf")
     if base_gguf:
         rows.append({"model": "base", "quantization": run.spec.get("base_quantization", ""),
-                     **measure(base_gguf, text, prompts)})
+                     **measure(base_gguf, heldout, prompts)})
     for output in outputs:
         rows.append({"model": "output", "quantization": output["quantization"],
-                     **measure(output["path"], text, prompts)})
+                     **measure(output["path"], heldout, prompts)})
     base = rows[0] if rows and rows[0]["model"] == "base" else None
     for row in rows:
         if base and row is not base and base["perplexity"] and row["perplexity"]:
             row["perplexity_ratio"] = row["perplexity"] / base["perplexity"]
     report = {"rows": rows, "prompts": len(prompts),
-              "heldout": f"{rows[0]['heldout_tokens'] if rows else 0} tokens of the validation split"}
+              "heldout": f"{rows[0]['heldout_tokens'] if rows else 0} answer tokens of the validation split"}
     write_json_atomic(target, report)
     return report

@@ -1,7 +1,11 @@
 """A job's process: `python -m enhancement.training.run <run_dir>` reads `<run_dir>/spec.json` and runs the job's
 stages, each writing its output whole (to a temporary name, then renamed) before the next starts:
 
-    train     checkpoints/checkpoint-N every `save_steps`, then adapter/ (LoRA) or trained/ (full)
+    prune     (prune jobs) pruned/: the base with a share of its weights or MLP channels removed, and
+              pruning.json; with recovery steps, the stages below train from it
+    train     checkpoints/checkpoint-N every `save_steps`, then adapter/ (LoRA) or trained/ (full); with
+              `workers` > 1 on Ray (distributed.py); a distill job trains on its teacher's answers (sequence) or
+              against its teacher's logits (distill.py)
     merge     merged/: the base with the adapter folded in, rebuilt from its config as a plain model, with the
               tokenizer and the served chat template
     convert   model-f16.gguf: llama.cpp's converter, with the base GGUF's own vocabulary and the chat template
