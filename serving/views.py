@@ -15,14 +15,14 @@ from accounts.errors import ValidationFailed, error_body
 from accounts.gui import gui_actor, workspace_page
 from cluster.models import Node
 from serving import selectors, services
-from serving.engines.base import CHAT, EMBEDDING, engine
+from serving.engines.base import EMBEDDING, engine
 from accounts.selectors import effective_role
 from serving.gateway import Caller, GatewayError, admit, django_response, serve
 from serving.groups import services as group_services
 from serving.groups.policies import route_settings
 from serving.groups.scoring import METRICS
 from serving.groups.sources import prompt_sources
-from serving.models import CalibrationState, Engine, GroupPolicy, RoleHint
+from serving.models import CalibrationState, Deployment, Engine, GroupPolicy, RoleHint, ServingState
 
 
 def _may_scrape(request) -> bool:
@@ -197,10 +197,15 @@ def deployment_state(request, name: str):
         for r in deployment.replicas.all()]})
 
 
+def _answers_now(item) -> bool:
+    """A chat deployment that is ready, or a model group with a member that is."""
+    members = [item] if isinstance(item, Deployment) else [item.big, item.small, item.speculative_deployment]
+    return any(member is not None and member.state == ServingState.READY for member in members)
+
+
 @workspace_page
 def playground(request):
-    chat_ready = [d for d in selectors.deployments_visible_to(workspace=request.workspace)
-                  if d.state == "ready" and CHAT in engine(d.engine).capabilities(d.model)]
+    chat_ready = [item for item in selectors.chat_models(workspace=request.workspace) if _answers_now(item)]
     # `compare`: a second deployment answering the same chat beside the first (a tuned model and its base).
     return render(request, "serving/playground.html", {"deployments": chat_ready,
                                                        "selected": request.GET.get("deployment", ""),

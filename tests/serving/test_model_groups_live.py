@@ -7,6 +7,7 @@ import time
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
+from django.test import Client
 from openai import OpenAI
 
 from accounts.services import SYSTEM, Actor, create_api_key, create_workspace
@@ -67,6 +68,9 @@ def test_the_openai_client_streams_a_chat_from_a_group_and_the_record_says_who_a
     assert measured.group_id == stack["group"].pk and measured.deployment.name == SMOLLM2
     assert measured.stream and 0 < measured.ttft_ms <= measured.e2e_ms
     assert "assistant" in [m.id for m in client.models.list().data]
+    browser = Client()
+    browser.force_login(stack["owner"])
+    assert 'value="assistant"' in browser.get("/serving/playground/").content.decode()
 
 
 def test_a_cascade_escalates_below_its_threshold_and_counts_both_members(stack, client, live_db):
