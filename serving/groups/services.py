@@ -17,7 +17,7 @@ from serving.groups import calibration, classifier, policies, scoring, sources
 from serving.models import (CalibrationRun, CalibrationState, Deployment, Engine, GroupPolicy, Model, ModelGroup,
                             ServingState)
 from serving.selectors import chat_model_problem
-from serving.services import create_deployment, start_deployment
+from serving.services import create_deployment, start_deployment, stop_deployment
 
 SETTINGS_KEYS = {"route", "cascade", "costs", "classifier"}
 ROUTE_CLASSIFIER = "route-classifier"
@@ -181,6 +181,8 @@ def delete_group(*, actor: Actor, group: ModelGroup) -> None:
     _require_change(actor, group.workspace)
     record_audit(actor=actor, workspace=group.workspace, action="model_group.delete", target=group,
                  detail={"name": group.name})
+    if group.speculative_deployment is not None:
+        stop_deployment(actor=actor, deployment=group.speculative_deployment)
     group.delete()
 
 

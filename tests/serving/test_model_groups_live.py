@@ -182,4 +182,7 @@ def test_a_speculative_group_decodes_with_a_draft_of_the_same_vocabulary(stack, 
     drafted = next(line for line in metrics.text.splitlines()
                    if line.startswith("llamacpp:spec_decode_num_draft_tokens_total"))
     assert float(drafted.split()[-1]) > 0
+    group_services.delete_group(actor=Actor(user=stack["owner"]), group=group)
+    wait_for(lambda: Deployment.objects.get(pk=speculative.pk).state == ServingState.STOPPED, timeout=60,
+             what="the speculative deployment to stop with its group")
 
