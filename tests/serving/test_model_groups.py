@@ -295,3 +295,16 @@ def test_a_judge_s_reply_is_read_as_a_grade_and_an_unknown_judge_is_refused(stac
         "items": [{"prompt": "What is 2 + 2?", "reference": "4"}], "judge": "nope"}, format="json")
     assert refused.status_code == 400 and "No deployment named 'nope'" in refused.json()["error"]["message"]
     assert "judge" in refused.json()["error"]["fields"]
+
+
+def test_setup_groups_the_presets_once(stack):
+    from serving.presets import PRESET_GROUP, make_preset_group
+
+    said = []
+    make_preset_group(said.append)
+    make_preset_group(said.append)
+
+    group = ModelGroup.objects.get(name=PRESET_GROUP)
+    assert (group.workspace, group.policy, group.big.name, group.small.name) == (None, "cascade", GEMMA3, SMOLLM2)
+    assert len(said) == 1 and PRESET_GROUP in said[0]
+    assert PRESET_GROUP in [g["name"] for g in stack["api"].get("/api/serving/groups/").json()["results"]]
