@@ -40,9 +40,10 @@ GENERATE_PROMPT = (
     "Read the passage and write one question that it answers, and the answer, taken from the passage. "
     "Reply in JSON: {{\"question\": \"...\", \"answer\": \"...\"}}\n\nPassage:\n{passage}\n")
 # The engine is held to this schema (a grammar in llama-server, guided decoding in vLLM), so even a tiny model's
-# reply parses. The lengths keep a whole reply within GENERATE_MAX_TOKENS: a reply cut short would not parse.
-MAX_QUESTION_CHARS = MAX_ANSWER_CHARS = 200
-GENERATE_MAX_TOKENS = 512
+# reply parses. The lengths keep a whole reply well within GENERATE_MAX_TOKENS (a reply cut short would not parse),
+# and a short answer is what token F1 compares best.
+MAX_QUESTION_CHARS, MAX_ANSWER_CHARS = 160, 120
+GENERATE_MAX_TOKENS = 384
 GENERATE_TIMEOUT_S = 600
 QA_SCHEMA = {
     "type": "object",

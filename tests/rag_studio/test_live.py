@@ -150,12 +150,12 @@ def test_the_run_api_answers_over_http_while_the_same_process_serves_the_gateway
     assert body["citations"][0]["document"] == "northwind-product-guide.docx"
 
 
-@pytest.mark.timeout(600)  # three jobs of SmolLM2 calls on a shared 2-core machine
+@pytest.mark.timeout(900)  # three jobs of SmolLM2 calls on a shared 2-core machine
 def test_an_eval_set_is_generated_from_the_corpus_and_two_configs_are_compared(platform, northwind, live_db):
     actor, kb = platform["actor"], northwind["kb"]
     generated = evaluation.start_generation(actor=actor, kb=kb, name="From the corpus", generator=SMOLLM2, count=4)
     wait_for(lambda: EvalSet.objects.get(pk=generated.pk).status in (JobStatus.DONE, JobStatus.FAILED),
-             timeout=180, what="the eval set to be generated")
+             timeout=300, what="the eval set to be generated")
     generated.refresh_from_db()
     assert generated.status == JobStatus.DONE, generated.error
     items = list(generated.items.all())
