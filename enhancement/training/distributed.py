@@ -12,6 +12,8 @@ node without it fails with that reason.
 """
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,13 +51,16 @@ def train_on_ray(run, resume: Path | None) -> None:
     cuda = torch.cuda.is_available()
     threads = max(1, (os.cpu_count() or 1) // workers)
     env = {"PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
+    # A local cluster's sockets and logs go to a directory of this process's own (short: Unix socket paths are
+    # limited), removed when it is done.
+    local_dir = None
     if os.environ.get("RAY_ADDRESS"):
         ray.init(runtime_env={"env_vars": env}, log_to_driver=True)
         where = f"the Ray cluster at {os.environ['RAY_ADDRESS']}"
     else:
+        local_dir = Path(tempfile.gettempdir()) / f"ray-job-{os.getpid()}"
         ray.init(num_cpus=workers, num_gpus=torch.cuda.device_count() if cuda else 0, include_dashboard=False,
-                 runtime_env={"env_vars": env}, log_to_driver=True,
-                 _temp_dir=str(Path("/tmp") / f"ray-job-{os.getpid()}"))
+                 runtime_env={"env_vars": env}, log_to_driver=True, _temp_dir=str(local_dir))
         where = "a local Ray cluster"
     run.status("train", f"Training on {workers} data-parallel workers ({'nccl' if cuda else 'gloo'}) on {where}")
     try:
@@ -70,3 +75,5 @@ def train_on_ray(run, resume: Path | None) -> None:
         trainer.fit()
     finally:
         ray.shutdown()
+        if local_dir is not None:
+            shutil.rmtree(local_dir, ignore_errors=True)
