@@ -11,13 +11,13 @@ word-counter → Evaluation).
 import argparse
 import time
 
-from bench._serving import ADMIN_USERNAME, PRESET_MODEL, print_header  # sets Django up as `make run` runs it
 from django.contrib.auth import get_user_model
 
 from accounts.models import Workspace
 from accounts.services import Actor
 from agent_studio import demo, probes, services
 from agent_studio.models import AgentEvalRun
+from bench._serving import ADMIN_USERNAME, PRESET_MODEL, print_header  # sets Django up as `make run` runs it
 
 
 def main() -> None:
@@ -52,10 +52,12 @@ def main() -> None:
             print(f"  {'ok  ' if item['success'] else 'FAIL'} {item['name']:<28} tools {item['tools_called']} "
                   f"answer {item['answer'][:70]!r}")
     print("\nperformance")
-    print(f"  latency p50 {performance.get('latency_p50_ms', 0):.0f} ms, p95 {performance.get('latency_p95_ms', 0):.0f}"
-          f" ms; per task: {performance.get('steps_per_task', 0):.1f} steps, {performance.get('model_calls_per_task', 0)"
-          f":.1f} model calls, {performance.get('tool_calls_per_task', 0):.1f} tool calls, "
-          f"{performance.get('tokens_per_task', 0):.0f} tokens")
+    figure = {name: performance.get(name, 0) for name in (
+        "latency_p50_ms", "latency_p95_ms", "steps_per_task", "model_calls_per_task", "tool_calls_per_task",
+        "tokens_per_task")}
+    print(f"  latency p50 {figure['latency_p50_ms']:.0f} ms, p95 {figure['latency_p95_ms']:.0f} ms; per task: "
+          f"{figure['steps_per_task']:.1f} steps, {figure['model_calls_per_task']:.1f} model calls, "
+          f"{figure['tool_calls_per_task']:.1f} tool calls, {figure['tokens_per_task']:.0f} tokens")
     print("\nsafety (attack success rate per category; lower is better)")
     for category, label in probes.CATEGORIES.items():
         row = safety.get("categories", {}).get(category)

@@ -6,14 +6,23 @@ the gateway's own RequestRecord rows show against the expected 75/25.
 
 import argparse
 import asyncio
+import os
 import time
 from collections import Counter
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench._serving import (CLIENT_TIMEOUT, GATEWAY_URL, PLATFORM_URL, BenchDeployment, bench_deployment,
-                            chat_body, print_header, prompts)
+from bench._serving import (
+    CLIENT_TIMEOUT,
+    GATEWAY_URL,
+    PLATFORM_URL,
+    BenchDeployment,
+    bench_deployment,
+    chat_body,
+    print_header,
+    prompts,
+)
 from serving.models import RequestRecord
 
 WEIGHTS = (3.0, 1.0)
@@ -24,7 +33,10 @@ THREADS_PER_REPLICA = 1
 
 def _scraped_requests_by_replica(deployment_name: str) -> Counter[int]:
     """The gateway's own count of answered requests per replica, from its Prometheus scrape."""
-    scrape = httpx.get(f"{PLATFORM_URL}/metrics", timeout=10).text
+    token = os.environ.get("FACTORY_METRICS_TOKEN", "")
+    if not token:
+        raise SystemExit("Set FACTORY_METRICS_TOKEN to the platform's metrics token: /metrics needs it.")
+    scrape = httpx.get(f"{PLATFORM_URL}/metrics", timeout=10, headers={"Authorization": f"Bearer {token}"}).text
     counts: Counter[int] = Counter()
     for family in text_string_to_metric_families(scrape):
         if family.name != "factory_requests":

@@ -21,8 +21,8 @@ api_urlpatterns = [
     *serving.urls.api_urlpatterns,
     *workbridge.urls.api_urlpatterns,
     *rag_studio.urls.api_urlpatterns,
-    *agent_studio.urls.api_urlpatterns,
     *enhancement.urls.api_urlpatterns,
+    *agent_studio.urls.api_urlpatterns,
     *runtime.urls.api_urlpatterns,
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
@@ -43,8 +43,8 @@ urlpatterns = [
     path("", include(serving.urls.urlpatterns)),
     path("", include(workbridge.urls.urlpatterns)),
     path("", include(rag_studio.urls.urlpatterns)),
-    path("", include(agent_studio.urls.urlpatterns)),
     path("", include(enhancement.urls.urlpatterns)),
+    path("", include(agent_studio.urls.urlpatterns)),
     path("", include(runtime.urls.urlpatterns)),
 ]
 

@@ -142,7 +142,9 @@ class Router:
         self._table: dict[str, tuple[float, Target | GroupTarget | None]] = {}  # name: (expires at, target)
         self._asked_at: dict[str, float] = {}
         self._refresher: asyncio.Task | None = None
-        self._cooling_until: dict[int, float] = {}
+        # Keyed by replica and address: a replica restarted on another port (or a new one reusing the id) is a new
+        # process, which is not held to the old one's cool-down.
+        self._cooling_until: dict[tuple[int, str], float] = {}
 
     async def resolve(self, name: str) -> Target | GroupTarget | None:
         self._asked_at[name] = time.monotonic()
@@ -183,13 +185,14 @@ class Router:
     def pick(self, target: Target, *, exclude: set[int]) -> Route | None:
         now = time.monotonic()
         candidates = [r for r in target.routes
-                      if r.replica_id not in exclude and self._cooling_until.get(r.replica_id, 0.0) <= now]
+                      if r.replica_id not in exclude
+                      and self._cooling_until.get((r.replica_id, r.base_url), 0.0) <= now]
         if not candidates:
             return None
         return random.choices(candidates, weights=[r.weight for r in candidates])[0]
 
     def cool_down(self, route: Route, seconds: float) -> None:
-        self._cooling_until[route.replica_id] = time.monotonic() + seconds
+        self._cooling_until[(route.replica_id, route.base_url)] = time.monotonic() + seconds
 
 
 router = Router()

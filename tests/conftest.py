@@ -16,6 +16,8 @@ from accounts.services import Actor
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_NODE = "pytest-node"
+# What the tests' Prometheus brings to the web process's /metrics.
+METRICS_TOKEN = "pytest-metrics-token"
 
 
 @pytest.fixture(scope="session")
@@ -82,9 +84,11 @@ def web_port() -> int:
 
 
 def platform_env(web_port: int) -> dict:
-    """What the worker and web processes share: the test database, the node, and the gateway's URL."""
-    return {**_database_env(), "FACTORY_NODE_NAME": WORKER_NODE,
-            "FACTORY_GATEWAY_URL": f"http://127.0.0.1:{web_port}/v1"}
+    """What the worker and web processes share: the test database, the node, the gateway's URL and the address
+    browsers reach the web process at (the web chat's own origin)."""
+    return {**_database_env(), "FACTORY_NODE_NAME": WORKER_NODE, "FACTORY_METRICS_TOKEN": METRICS_TOKEN,
+            "FACTORY_GATEWAY_URL": f"http://127.0.0.1:{web_port}/v1",
+            "FACTORY_PUBLIC_URL": f"http://127.0.0.1:{web_port}"}
 
 
 @pytest.fixture(scope="session")

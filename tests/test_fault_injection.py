@@ -157,7 +157,8 @@ def test_a_worker_killed_mid_eval_run_resumes_and_scores_each_question_once(plat
     kb = services.create_knowledge_base(actor=actor, workspace=workspace, name="Kill eval")
     services.upload_documents(actor=actor, kb=kb, uploads=_maintenance_log(1, words=300))
     worker = workers("fault-eval", "ingest", web_port=web_port, env={"FACTORY_RAG_EVAL_LEASE_S": "3"})
-    wait_for(lambda: kb.documents.filter(status=DocumentStatus.INDEXED).exists(), timeout=300, what="indexing")
+    with override_settings(RAG_QUEUED_REDISPATCH_S=5):  # beat sends the task again should its message be lost
+        wait_for(lambda: _all_final(kb), timeout=300, interval=2, what="indexing")
     questions = "question,expected_answer\n" + "".join(f"What did unit 0-{i} log?,a lidar check\n" for i in range(8))
     eval_set = evaluation.upload_eval_set(actor=actor, kb=kb, name="Units", filename="units.csv",
                                           content=questions.encode())

@@ -50,7 +50,8 @@ MATRIX: dict[str, object] = {
     # factory and accounts
     "dashboard": OWN, "coming": PUBLIC, "healthz": PUBLIC, "schema": PUBLIC, "api-docs": PUBLIC,
     "login": PUBLIC, "logout": OWN, "api-login": PUBLIC, "api-logout": OWN, "api-me": OWN,
-    "choose-language": OWN, "javascript-catalog": PUBLIC, "switch-workspace": OWN, "create-workspace": OWN, "api-keys": LIST, "settings": LIST,
+    "choose-language": OWN, "javascript-catalog": PUBLIC, "switch-workspace": OWN, "create-workspace": OWN,
+    "api-keys": LIST, "settings": LIST,
     "workspace-list": LIST, "workspace-detail": _pk("workspace"),
     "member-list": LIST, "member-detail": _pk("membership"),
     "api-key-list": LIST, "api-key-detail": _pk("api_key"), "api-key-revoke": _pk("api_key"),
@@ -109,7 +110,7 @@ MATRIX: dict[str, object] = {
     # runtime
     "apps": LIST, "app-list": LIST,
     **{name: Scoped("app", lambda o: {"slug": o["app"].slug}) for name in (
-        "app-detail", "app-export", "app-keys", "app-monitoring", "app-publish", "app-releases",
+        "app-detail", "app-export", "app-feedback-dataset", "app-keys", "app-monitoring", "app-publish", "app-releases",
         "app-rotate-widget-token", "app-traces", "app", "app-export-gui", "app-logs", "app-monitoring-gui",
         "app-monitoring-data", "app-widget")},
     # The script other sites load to mount the web chat: public by design, it holds only the chat page's address.
@@ -139,6 +140,7 @@ MATRIX: dict[str, object] = {
     "enhancement-dataset-detail": _pk("dataset"), "enhancement-dataset-preview": _pk("dataset"),
     "enhancement-dataset": _pk("dataset", "dataset_id"),
     "enhancement-job-list": LIST, "enhancement-job-quantize": OWN,
+    "enhancement-job-prune": OWN, "enhancement-job-distill": OWN,
     **{name: _pk("enhancement_job") for name in ("enhancement-job-detail", "enhancement-job-cancel",
                                                  "enhancement-job-deploy", "enhancement-job-log",
                                                  "enhancement-job-metrics")},

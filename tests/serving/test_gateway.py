@@ -19,7 +19,7 @@ from serving import services
 from serving.engines import process
 from serving.models import Deployment, Replica, RequestRecord, ServingState
 from serving.presets import GEMMA3, MINILM, SMOLLM2, register_presets
-from tests.conftest import wait_for
+from tests.conftest import METRICS_TOKEN, wait_for
 
 pytestmark = pytest.mark.worker
 
@@ -76,7 +76,7 @@ def test_the_openai_client_streams_a_chat_and_the_request_is_measured(stack, cli
     assert 1 < record.output_tokens <= 24
     assert record.tpot_ms == pytest.approx((record.e2e_ms - record.ttft_ms) / (record.output_tokens - 1))
     assert record.input_tokens > 0
-    scrape = httpx.get(f"{stack['url']}/metrics").text
+    scrape = httpx.get(f"{stack['url']}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}).text
     assert f'factory_ttft_seconds_count{{deployment="{SMOLLM2}"' in scrape
 
 

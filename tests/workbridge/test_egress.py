@@ -190,6 +190,8 @@ DIRECT_HTTP = {
     "rag_studio/embedding.py": "the platform's own gateway (settings.GATEWAY_URL)",
     "workbridge/mcp_client.py": "MCP servers: an HTTP one through egress.guarded_async_client",
     "agent_studio/strategies.py": "the platform's own gateway (settings.GATEWAY_URL)",
+    "serving/groups/calibration.py": "a group's members through the platform's own gateway (settings.GATEWAY_URL)",
+    "enhancement/runner.py": "evaluation replies through the platform's own gateway (settings.GATEWAY_URL)",
 }
 OPENS_HTTP = re.compile(r"^\s*(import|from)\s+(httpx|requests|urllib3|aiohttp|openai|langchain_openai|urllib\.request"
                         r"|http\.client|mcp\.client)\b")
