@@ -98,7 +98,8 @@ def api_exception_handler(exc, context):
     elif isinstance(exc, DjangoPermissionDenied):
         exc = drf_exceptions.PermissionDenied(str(exc) or _("You do not have permission to do this."))
     if isinstance(exc, drf_exceptions.APIException):
-        fields = exc.detail if isinstance(exc, drf_exceptions.ValidationError) and isinstance(exc.detail, dict) else None
+        fields = (exc.detail if isinstance(exc, drf_exceptions.ValidationError) and isinstance(exc.detail, dict)
+                  else None)
         headers = {}
         if getattr(exc, "auth_header", None):
             headers["WWW-Authenticate"] = exc.auth_header

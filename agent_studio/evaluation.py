@@ -19,8 +19,17 @@ from django.db.models import F
 from django.utils import timezone
 
 from agent_studio import probes, runner
-from agent_studio.models import (AgentEvalRun, AgentRun, AgentThread, EvalStatus, RunStatus, RunStep, Scenario,
-                                 StepKind, ThreadSource)
+from agent_studio.models import (
+    AgentEvalRun,
+    AgentRun,
+    AgentThread,
+    EvalStatus,
+    RunStatus,
+    RunStep,
+    Scenario,
+    StepKind,
+    ThreadSource,
+)
 from agent_studio.strategies import gateway_model
 
 logger = logging.getLogger(__name__)

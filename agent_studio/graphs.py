@@ -16,8 +16,12 @@ from dataclasses import dataclass, replace
 from typing import Annotated, TypedDict
 
 from langchain.agents import create_agent
-from langchain.agents.middleware import (SummarizationMiddleware, ToolCallLimitMiddleware, dynamic_prompt,
-                                         wrap_model_call)
+from langchain.agents.middleware import (
+    SummarizationMiddleware,
+    ToolCallLimitMiddleware,
+    dynamic_prompt,
+    wrap_model_call,
+)
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import StructuredTool
 from langgraph.graph import END, START, StateGraph

@@ -13,8 +13,16 @@ from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from agent_studio import config, events, memory
-from agent_studio.models import (Agent, AgentEvalRun, AgentRun, AgentThread, AgentVersion, RunStatus, Scenario,
-                                 ThreadSource)
+from agent_studio.models import (
+    Agent,
+    AgentEvalRun,
+    AgentRun,
+    AgentThread,
+    AgentVersion,
+    RunStatus,
+    Scenario,
+    ThreadSource,
+)
 from assets.models import AssetKind
 from assets.services import forget_asset, payload_checksum, register_asset
 
@@ -213,7 +221,8 @@ def _check_scenario(*, name, input, checks, expected_tools, forbidden_tools, exp
         if check["kind"] in ("contains", "not_contains", "regex", "judge") and not isinstance(check.get("value"), str):
             raise ValidationFailed(f"A '{check['kind']}' check needs a text 'value'.", fields={"checks": ["Invalid."]})
         if check["kind"] == "json_field" and not isinstance(check.get("path"), str):
-            raise ValidationFailed("A 'json_field' check needs a 'path' and a 'value'.", fields={"checks": ["Invalid."]})
+            raise ValidationFailed("A 'json_field' check needs a 'path' and a 'value'.",
+                                   fields={"checks": ["Invalid."]})
         if check["kind"] == "regex":
             try:
                 re.compile(check["value"])
@@ -226,12 +235,14 @@ def _check_scenario(*, name, input, checks, expected_tools, forbidden_tools, exp
         raise ValidationFailed("'expected_tools' must be a list of {name, arguments?}.",
                                fields={"expected_tools": ["Invalid."]})
     if not isinstance(forbidden_tools, list) or not all(isinstance(t, str) for t in forbidden_tools):
-        raise ValidationFailed("'forbidden_tools' must be a list of tool names.", fields={"forbidden_tools": ["Invalid."]})
+        raise ValidationFailed("'forbidden_tools' must be a list of tool names.",
+                               fields={"forbidden_tools": ["Invalid."]})
     if not isinstance(expected_memory, list) or not all(isinstance(m, dict) and "name" in m for m in expected_memory):
         raise ValidationFailed("'expected_memory' must be a list of {name, value}.",
                                fields={"expected_memory": ["Invalid."]})
     if not isinstance(history, list) or not all(
-            isinstance(turn, dict) and turn.get("role") in ("user", "assistant") and isinstance(turn.get("content"), str)
+            isinstance(turn, dict) and turn.get("role") in ("user", "assistant")
+            and isinstance(turn.get("content"), str)
             for turn in history):
         raise ValidationFailed("'history' must be a list of {role: user|assistant, content}.",
                                fields={"history": ["Invalid."]})

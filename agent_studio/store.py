@@ -12,8 +12,17 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 from django.db import transaction
-from langgraph.store.base import (BaseStore, GetOp, Item, ListNamespacesOp, PutOp, Result, SearchItem, SearchOp,
-                                  get_text_at_path)
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    Item,
+    ListNamespacesOp,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    get_text_at_path,
+)
 
 from agent_studio.models import MemoryItem
 

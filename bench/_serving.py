@@ -49,8 +49,8 @@ from cluster.models import Node  # noqa: E402
 from serving import services  # noqa: E402
 from serving.engines.base import engine  # noqa: E402
 from serving.metrics import RequestTiming  # noqa: E402
-from serving.sse import SSEParser  # noqa: E402
 from serving.models import Deployment, Model, Replica, RequestRecord, ServingState  # noqa: E402
+from serving.sse import SSEParser  # noqa: E402
 
 # FACTORY_URL is where the platform answers; the gateway is under /v1 and the Prometheus scrape at /metrics.
 PLATFORM_URL = os.environ.get("FACTORY_URL", "http://127.0.0.1:8000").rstrip("/").removesuffix("/v1")
@@ -153,7 +153,8 @@ class BenchDeployment:
                              for r in self.replicas())
         settings_ = self.deployment.settings
         return (f"Deployment {self.name} ({PRESET_MODEL}, llama-server, threads={settings_['threads']} and "
-                f"{engine('llamacpp').slots(model=self.deployment.model, settings=settings_)} slots per replica, cooldown {self.deployment.cooldown_s:g}s): {replicas}")
+                f"{engine('llamacpp').slots(model=self.deployment.model, settings=settings_)} slots per replica, "
+                f"cooldown {self.deployment.cooldown_s:g}s): {replicas}")
 
     def record_count(self) -> int:
         return RequestRecord.objects.filter(deployment=self.deployment).count()

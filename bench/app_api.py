@@ -31,14 +31,24 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
-
-# First: it reads the instance's settings and sets Django up, which the project's models need.
-from bench._serving import (ADMIN_USERNAME, CLIENT_TIMEOUT, PLATFORM_URL, PRESET_MODEL, REPO_ROOT, count_tokens,
-                            percentile, print_header, wait_for)
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
+
 from accounts.models import Workspace  # noqa: E402
 from accounts.services import Actor  # noqa: E402
+
+# First: it reads the instance's settings and sets Django up, which the project's models need.
+from bench._serving import (
+    ADMIN_USERNAME,
+    CLIENT_TIMEOUT,
+    PLATFORM_URL,
+    PRESET_MODEL,
+    REPO_ROOT,
+    count_tokens,
+    percentile,
+    print_header,
+    wait_for,
+)
 from rag_studio import services as rag_services  # noqa: E402
 from rag_studio.embedding import Embedder  # noqa: E402
 from rag_studio.models import Chunk, DocumentStatus, KnowledgeBase, RagConfig, RagTemplate  # noqa: E402

@@ -19,8 +19,17 @@ from pathlib import Path
 
 import httpx
 
-from bench._serving import (CLIENT_TIMEOUT, StreamResult, chat_body, count_tokens, percentile, print_header, prompts,
-                            stream_chat, wait_for)
+from bench._serving import (
+    CLIENT_TIMEOUT,
+    StreamResult,
+    chat_body,
+    count_tokens,
+    percentile,
+    print_header,
+    prompts,
+    stream_chat,
+    wait_for,
+)
 from serving.engines import process
 from serving.engines.base import LaunchSpec, Listen, auth_headers, engine
 from serving.models import Model

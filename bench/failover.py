@@ -16,8 +16,18 @@ from datetime import datetime
 import httpx
 from django.utils import timezone
 
-from bench._serving import (CLIENT_TIMEOUT, GATEWAY_URL, BenchDeployment, StreamResult, bench_deployment, chat_body,
-                            print_header, prompts, stream_chat, wait_for)
+from bench._serving import (
+    CLIENT_TIMEOUT,
+    GATEWAY_URL,
+    BenchDeployment,
+    StreamResult,
+    bench_deployment,
+    chat_body,
+    print_header,
+    prompts,
+    stream_chat,
+    wait_for,
+)
 from serving.models import Replica, RequestRecord, ServingEvent, ServingState
 
 WEIGHTS = [1.0, 1.0]

@@ -104,10 +104,10 @@ def main() -> None:
 
     django.setup()
     logging.getLogger("django.request").setLevel(logging.ERROR)  # every 4xx would be a line
+    from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
     from accounts.services import Actor, create_api_key, create_workspace
-    from django.contrib.auth import get_user_model
 
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("fuzzer", password="fuzz-fuzz-fuzz")

@@ -26,7 +26,7 @@ from django.db.models import Count
 
 from bench.ingest import DATA_DIR, Prose, bench_workspace, print_header
 from rag_studio import services
-from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus
+from rag_studio.models import Chunk, DocumentEvent, DocumentStatus
 from rag_studio.services import UploadedFile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,9 +52,11 @@ def html_corpus(count: int) -> list[tuple[str, bytes]]:
                            f"</tr>" for _ in range(rng.randint(0, 12)))
             paragraphs = "".join(f"<p>{prose.passage(rng.randint(80, 300))}</p>" for _ in range(rng.randint(3, 8)))
             sections.append(f"<h2>{n}.{section} {prose.title()}</h2>{paragraphs}"
-                            + (f"<table><tr><th>Name</th><th>Code</th><th>Note</th></tr>{rows}</table>" if rows else ""))
+                            + (f"<table><tr><th>Name</th><th>Code</th><th>Note</th></tr>{rows}</table>"
+                               if rows else ""))
         page = (f"<html><head><title>{prose.title()}</title></head><body><nav>Manual index</nav>"
-                f"<h1>Chapter {n}: {prose.title()}</h1>{''.join(sections)}<footer>Manual page {n}</footer></body></html>")
+                f"<h1>Chapter {n}: {prose.title()}</h1>{''.join(sections)}"
+                f"<footer>Manual page {n}</footer></body></html>")
         documents.append((f"manual-{n:05d}.html", page.encode()))
     return documents
 

@@ -10,8 +10,18 @@ from statistics import median
 
 import httpx
 
-from bench._serving import (CLIENT_TIMEOUT, GATEWAY_URL, BenchDeployment, StreamResult, bench_deployment, chat_body,
-                            percentile, print_header, prompts, stream_chat)
+from bench._serving import (
+    CLIENT_TIMEOUT,
+    GATEWAY_URL,
+    BenchDeployment,
+    StreamResult,
+    bench_deployment,
+    chat_body,
+    percentile,
+    print_header,
+    prompts,
+    stream_chat,
+)
 from serving.models import RequestRecord
 
 MAX_TOKENS = 32

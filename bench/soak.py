@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 import httpx
 import psutil
-
-# First: it reads the instance's settings and sets Django up, which the project's models need.
-from bench._serving import ADMIN_USERNAME, PLATFORM_URL, PRESET_MODEL, REPO_ROOT, percentile, print_header
 from django.contrib.auth import get_user_model  # noqa: E402
 
 from accounts.models import Workspace  # noqa: E402
 from accounts.services import Actor, create_api_key, revoke_api_key  # noqa: E402
+
+# First: it reads the instance's settings and sets Django up, which the project's models need.
+from bench._serving import ADMIN_USERNAME, PLATFORM_URL, PRESET_MODEL, REPO_ROOT, percentile, print_header
 from rag_studio import services as rag_services  # noqa: E402
 from rag_studio.models import DocumentStatus, RagTemplate  # noqa: E402
 from runtime import services as runtime_services  # noqa: E402

@@ -21,7 +21,8 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["id", "name", "hostname", "address", "queue", "status", "cpu_cores", "memory_bytes", "last_heartbeat_at",
+        fields = ["id", "name", "hostname", "address", "queue", "status",
+                  "cpu_cores", "memory_bytes", "last_heartbeat_at",
                   "registered_at", "info", "devices"]
 
 

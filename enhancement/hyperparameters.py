@@ -58,13 +58,15 @@ def checked(values: dict) -> dict:
         targets = [t.strip() for t in targets.split(",") if t.strip()]
     bad = [t for t in targets if t not in LORA_TARGETS]
     if bad or not targets:
-        raise ValidationFailed(f"LoRA targets must be among {', '.join(LORA_TARGETS)} (got {', '.join(bad) or 'none'}).",
+        raise ValidationFailed(f"LoRA targets must be among {', '.join(LORA_TARGETS)} "
+                               f"(got {', '.join(bad) or 'none'}).",
                                fields={"lora_targets": ["Unknown module."]})
     out["lora_targets"] = list(dict.fromkeys(targets))
     out["recompute"] = bool(values.get("recompute", False))
     if out["micro_batch_size"] and out["batch_size"] % out["micro_batch_size"]:
         raise ValidationFailed(f"The batch size ({out['batch_size']}) must be a multiple of the micro-batch size "
-                               f"({out['micro_batch_size']}).", fields={"micro_batch_size": ["Must divide batch_size."]})
+                               f"({out['micro_batch_size']}).",
+                               fields={"micro_batch_size": ["Must divide batch_size."]})
     if out["batch_size"] % out["workers"]:
         raise ValidationFailed(f"The batch size ({out['batch_size']}) must be a multiple of the workers "
                                f"({out['workers']}): each worker takes an equal share of every step.",

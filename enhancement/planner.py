@@ -295,7 +295,8 @@ def plan(*, shape: ModelShape, work: Workload, devices: list[Device], links: Lin
                 tensor_parallel=tp, pipeline_parallel=pp, data_parallel=dp, micro_batch=micro_batch,
                 micro_batches=m, zero_stage=zero, recompute=recompute, stage_layers=layers,
                 memory_per_device_bytes=worst_memory, memory_limit_bytes=worst_limit, compute_s=compute,
-                overhead_s=overhead, tp_comm_s=tp_comm, dp_comm_s=dp_comm, pp_comm_s=pp_comm, bubble_share=bubble, step_time_s=step,
+                overhead_s=overhead, tp_comm_s=tp_comm, dp_comm_s=dp_comm, pp_comm_s=pp_comm,
+                bubble_share=bubble, step_time_s=step,
                 tokens_per_s=work.global_batch * work.sequence_length / step, nodes=nodes_spanned))
     if not plans:
         reasons = ", ".join(f"{n} {reason}" for reason, n in discarded.items()) or "no layout"

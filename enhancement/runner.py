@@ -17,8 +17,7 @@ import logging
 import os
 import sys
 import time
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import datetime, timezone as dt_timezone
 from pathlib import Path
 
 from django.conf import settings

@@ -15,8 +15,7 @@ from accounts.services import Actor, record_audit, require_role
 from assets.models import AssetKind
 from assets.services import register_asset
 from cluster.models import FINISHED_JOB_STATES, Node
-from cluster.services import cancel_job as cancel_cluster_job
-from cluster.services import dispatch_job
+from cluster.services import cancel_job as cancel_cluster_job, dispatch_job
 from enhancement import planner, runner
 from enhancement.files import SAMPLE_DATASET, dataset_path
 from enhancement.formats import ColumnMapping, DatasetInvalid, parse_csv, parse_jsonl

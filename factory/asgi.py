@@ -14,16 +14,25 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "factory.settings")
 django_application = ASGIStaticFilesHandler(get_asgi_application())
 
 # The lean apps use the ORM, so they are imported once get_asgi_application() has set Django up.
-from django.conf import settings  # noqa: E402
-from starlette.middleware.trustedhost import TrustedHostMiddleware  # noqa: E402
-from starlette.responses import JSONResponse  # noqa: E402
-from starlette.routing import Mount, Route, Router  # noqa: E402
-from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
+from django.conf import settings
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.responses import JSONResponse
+from starlette.routing import Mount, Route, Router
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from accounts.errors import error_body  # noqa: E402
-from runtime.app_api_asgi import PREFIX as APP_API_PREFIX, app as app_api_application  # noqa: E402
-from serving.gateway_asgi import PREFIX as GATEWAY_PREFIX, app as gateway_application  # noqa: E402
-from workbridge.mcp_server import PATH as MCP_PATH, app as mcp_application  # noqa: E402
+from accounts.errors import error_body
+from runtime.app_api_asgi import (
+    PREFIX as APP_API_PREFIX,
+    app as app_api_application,
+)
+from serving.gateway_asgi import (
+    PREFIX as GATEWAY_PREFIX,
+    app as gateway_application,
+)
+from workbridge.mcp_server import (
+    PATH as MCP_PATH,
+    app as mcp_application,
+)
 
 
 def _import_the_embedding_stack() -> None:

@@ -72,7 +72,8 @@ WEB_HOST = os.environ.get("FACTORY_HOST", "127.0.0.1")
 WEB_PORT = os.environ.get("FACTORY_PORT", "8000")
 # Where people and browsers reach the platform; the web chat's own origin is computed from it, never from a
 # request's Host header.
-PUBLIC_URL = os.environ.get("FACTORY_PUBLIC_URL") or f"http://{WEB_HOST if WEB_HOST != '0.0.0.0' else '127.0.0.1'}:{WEB_PORT}"
+PUBLIC_URL = (os.environ.get("FACTORY_PUBLIC_URL")
+              or f"http://{WEB_HOST if WEB_HOST != '0.0.0.0' else '127.0.0.1'}:{WEB_PORT}")
 GATEWAY_URL = os.environ.get("FACTORY_GATEWAY_URL") or f"http://127.0.0.1:{WEB_PORT}/v1"
 if PRODUCTION and not os.environ.get("FACTORY_ALLOWED_HOSTS", "").strip(" ,*"):
     raise ImproperlyConfigured("FACTORY_ALLOWED_HOSTS must name the hosts this server answers to (comma-separated) "

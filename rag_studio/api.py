@@ -9,8 +9,20 @@ from accounts.permissions import WorkspaceScopedMixin
 from assets.views import bundle_download
 from rag_studio import evaluation, selectors, services
 from rag_studio.bundles import export_config_bundle
-from rag_studio.models import (Chunk, Document, DocumentEvent, EvalItem, EvalResult, EvalRun, EvalSet, Finding,
-                               KnowledgeBase, RagConfig, RagConfigVersion, RagTemplate)
+from rag_studio.models import (
+    Chunk,
+    Document,
+    DocumentEvent,
+    EvalItem,
+    EvalResult,
+    EvalRun,
+    EvalSet,
+    Finding,
+    KnowledgeBase,
+    RagConfig,
+    RagConfigVersion,
+    RagTemplate,
+)
 from rag_studio.retrieval import retrieve
 
 

@@ -5,5 +5,8 @@ class RagStudioConfig(AppConfig):
     name = "rag_studio"
 
     def ready(self) -> None:
-        from rag_studio import bootstrap, bundles  # noqa: F401  register the bootstrap step and the bundle importer
-        from rag_studio import serving_prompts  # noqa: F401  offer eval sets to model-group calibration
+        from rag_studio import (  # noqa: F401  register the bootstrap step and the bundle importer
+            bootstrap,
+            bundles,
+            serving_prompts,  # noqa: F401  offer eval sets to model-group calibration
+        )

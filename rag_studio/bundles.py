@@ -45,7 +45,6 @@ import numpy as np
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
-from django.utils import timezone
 from django.utils.text import slugify
 
 from accounts.errors import Conflict, ValidationFailed
@@ -56,8 +55,7 @@ from assets.models import Asset, AssetKind
 from rag_studio import files, ingestion, services
 from rag_studio.index_store import forget_readers
 from rag_studio.leases import lease_until
-from rag_studio.models import (Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, RagConfig,
-                               Stage)
+from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, RagConfig, Stage
 from rag_studio.parsing import ParseError, file_kind
 from serving.models import Deployment, Model, RoleHint
 from serving.selectors import chat_model_problem

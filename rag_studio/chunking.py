@@ -56,8 +56,8 @@ CHINESE_HEADINGS = [
     (re.compile(f"第{_NUMERAL}[编篇部章](?:分)?"), 1),
     (re.compile(f"第{_NUMERAL}节"), 2),
     (re.compile(f"第{_NUMERAL}条"), 3),
-    (re.compile(f"[一二三四五六七八九十]+[、．]"), 3),
-    (re.compile(f"[（(][一二三四五六七八九十]+[）)]"), 4),
+    (re.compile("[一二三四五六七八九十]+[、．]"), 3),
+    (re.compile("[（(][一二三四五六七八九十]+[）)]"), 4),
 ]
 _NUMBERED_HEADING = re.compile(r"(\d+(?:\.\d+)+)\.?(?=[ \t　]|[\u4e00-\u9fff])")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")

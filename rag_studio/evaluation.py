@@ -29,8 +29,18 @@ from rag_studio import eval_metrics
 from rag_studio.eval_files import EvalFileError, parse_eval_file
 from rag_studio.gateway_client import openai_client
 from rag_studio.leases import LeaseKeeper, lease_until
-from rag_studio.models import (Chunk, DocumentStatus, EvalItem, EvalResult, EvalRun, EvalSet, EvalSetSource,
-                               JobStatus, KnowledgeBase, RagConfigVersion)
+from rag_studio.models import (
+    Chunk,
+    DocumentStatus,
+    EvalItem,
+    EvalResult,
+    EvalRun,
+    EvalSet,
+    EvalSetSource,
+    JobStatus,
+    KnowledgeBase,
+    RagConfigVersion,
+)
 from rag_studio.services import _chat_deployment, pipeline_for
 
 logger = logging.getLogger(__name__)

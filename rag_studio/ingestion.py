@@ -32,10 +32,10 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from rag_studio import files
-from rag_studio.leases import LeaseKeeper, lease_until
 from rag_studio.chunking import chunk_pages
 from rag_studio.cleaning import clean_pages
 from rag_studio.embedding import Embedder, EmbeddingFailed
+from rag_studio.leases import LeaseKeeper, lease_until
 from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, Stage
 from rag_studio.parsing import ParsedPage, ParseError, parse_document
 from rag_studio.screening import screen_text

@@ -403,7 +403,8 @@ INJECTION_DETECTORS = [
         (?:ai|人工智能|助手|模型|机器人|dan|没有\s*(?:任何\s*)?(?:限制|约束)|不受\s*(?:任何\s*)?(?:限制|约束)|无限制
            |开发者模式|越狱)"""),
     _instruction("role_override",
-                 r"(?:扮演|充当|假装(?:成|是)?) [^\n。！？!?]{0,30}? (?:没有|不受|无|不带)\s*(?:任何\s*)?(?:限制|约束|规则|过滤|审查)"),
+                 r"(?:扮演|充当|假装(?:成|是)?) [^\n。！？!?]{0,30}? "
+                 r"(?:没有|不受|无|不带)\s*(?:任何\s*)?(?:限制|约束|规则|过滤|审查)"),
     _instruction("prompt_leak", r"""
         (?:reveal|print|show|output|repeat|display|leak|dump|tell\s+me|give\s+me|write\s+out)\s+
         (?:(?:your|the|me)\s+)* (?:(?:full|entire|complete|original|initial|hidden|secret|exact)\s+)*

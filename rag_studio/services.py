@@ -23,8 +23,16 @@ from rag_studio import files
 from rag_studio.chunking import DEFAULT_CHUNKING, validate_chunking
 from rag_studio.embedding import check_local_model
 from rag_studio.index_store import IndexStore
-from rag_studio.models import (Document, DocumentEvent, DocumentStatus, KnowledgeBase, RagConfig, RagConfigVersion,
-                               RagTemplate, Stage)
+from rag_studio.models import (
+    Document,
+    DocumentEvent,
+    DocumentStatus,
+    KnowledgeBase,
+    RagConfig,
+    RagConfigVersion,
+    RagTemplate,
+    Stage,
+)
 from rag_studio.parsing import ParseError, file_kind
 from rag_studio.retrieval_config import validate_retrieval
 from rag_studio.screening import DEFAULT_POLICY, validate_policy

@@ -10,10 +10,10 @@ from rest_framework.response import Response
 
 from accounts.errors import NotFound
 from accounts.permissions import WorkspaceScopedMixin
-from rag_studio import selectors as rag_selectors
-from assets.views import bundle_download
-from runtime import selectors, services
 from agent_studio import selectors as agent_selectors
+from assets.views import bundle_download
+from rag_studio import selectors as rag_selectors
+from runtime import selectors, services
 from runtime.bundles import export_app_bundle
 from runtime.models import App, AppKey, Feedback, Release, Trace
 
@@ -37,7 +37,8 @@ class AppSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = App
-        fields = ["id", "slug", "name", "rag_config", "agent", "release", "enabled", "default_rate_limit", "allowed_origins",
+        fields = ["id", "slug", "name", "rag_config", "agent", "release", "enabled",
+                  "default_rate_limit", "allowed_origins",
                   "widget_token", "calls", "endpoints", "created_at", "updated_at"]
 
     def get_endpoints(self, app) -> dict:

@@ -4,8 +4,8 @@ and importing one publishes the app again in the target workspace, in the same a
 from django.db.models import Q
 
 from accounts.errors import ValidationFailed
-from accounts.services import Actor
 from accounts.models import Workspace
+from accounts.services import Actor
 from assets.bundles import Bundle, ImportOutcome, bundle_importer
 from assets.models import Asset, AssetKind
 from rag_studio.bundles import APP_BUNDLE, ExportedBundle, export_config_bundle, import_verified_bundle

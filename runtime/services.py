@@ -266,7 +266,8 @@ def feedback_to_scenario(*, actor: Actor, feedback: Feedback, expected_answer: s
     if not trace.app.is_agent:
         raise ValidationFailed("A RAG app's corrections become eval items of its knowledge base.")
     if not expected_answer.strip():
-        raise ValidationFailed("Write the answer the agent should have given.", fields={"expected_answer": ["Required."]})
+        raise ValidationFailed("Write the answer the agent should have given.",
+                               fields={"expected_answer": ["Required."]})
     return save_scenario(actor=actor, agent=trace.app.agent, name=f"feedback {trace.public_id.hex[:8]}",
                          input=trace.query, checks=[{"kind": "judge", "value": f"The answer says what this answer "
                                                                                f"says: {expected_answer.strip()}"}])

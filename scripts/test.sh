@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 scripts/install.sh
 scripts/system-deps.sh redis chromium bwrap gettext
 scripts/compile-messages.sh
+echo "==> ruff (configured in pyproject.toml)"
+.venv/bin/ruff check .
 
 scratch=$(mktemp -d)
 port=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

@@ -12,8 +12,19 @@ from serving.engines.base import engine
 from serving.groups import services as group_services
 from serving.groups.calibration import MAX_ITEMS
 from serving.groups.scoring import METRICS
-from serving.models import (CalibrationRun, Deployment, Engine, GroupPolicy, GroupRequest, Model, ModelGroup, Replica,
-                            RequestRecord, RoleHint, ServingEvent)
+from serving.models import (
+    CalibrationRun,
+    Deployment,
+    Engine,
+    GroupPolicy,
+    GroupRequest,
+    Model,
+    ModelGroup,
+    Replica,
+    RequestRecord,
+    RoleHint,
+    ServingEvent,
+)
 
 
 class ModelSerializer(serializers.ModelSerializer):
@@ -100,7 +111,8 @@ class ServingEventSerializer(serializers.ModelSerializer):
 class RequestRecordSerializer(serializers.ModelSerializer):
     class Meta:
         model = RequestRecord
-        fields = ["id", "request_id", "replica", "endpoint", "stream", "status", "attempts", "ttft_ms", "tpot_ms", "itl_mean_ms",
+        fields = ["id", "request_id", "replica", "endpoint", "stream", "status", "attempts",
+                  "ttft_ms", "tpot_ms", "itl_mean_ms",
                   "e2e_ms", "input_tokens", "output_tokens", "error", "created_at"]
 
 

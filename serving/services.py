@@ -23,8 +23,17 @@ from cluster.services import dispatch_job
 from serving.engines import process
 from serving.engines.base import EngineRefused, Listen, auth_headers, engine
 from serving.gguf_info import InvalidModelFile, read_gguf
-from serving.models import (Deployment, Engine, Model, ModelGroup, ModelKind, Replica, RoleHint, ServingEvent,
-                            ServingState)
+from serving.models import (
+    Deployment,
+    Engine,
+    Model,
+    ModelGroup,
+    ModelKind,
+    Replica,
+    RoleHint,
+    ServingEvent,
+    ServingState,
+)
 from workbridge import egress
 from workbridge.selectors import allowlist_for
 

@@ -13,10 +13,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 
 from accounts.errors import ValidationFailed, error_body
 from accounts.gui import gui_actor, workspace_page
+from accounts.selectors import effective_role
 from cluster.models import Node
 from serving import selectors, services
 from serving.engines.base import EMBEDDING, engine
-from accounts.selectors import effective_role
 from serving.gateway import Caller, GatewayError, admit, django_response, serve
 from serving.groups import services as group_services
 from serving.groups.policies import route_settings

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlencode, urlsplit
 
-
 METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE"}
 BODILESS = {"GET", "DELETE"}
 BODIES = {"json", "form", "none"}

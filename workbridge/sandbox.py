@@ -10,7 +10,8 @@ RLIMIT_NPROC does not bind root, and the platform often runs as root in a contai
 made (cgroup v1 `pids` or v2), each run gets one with `pids.max`, so a fork bomb stops at the limit there too.
 
 The code and arguments go in as JSON on stdin; the result comes back as JSON on a pipe of its own (its number is
-the runner's argument), so that what the code prints cannot be mistaken for its answer. stdout and stderr are kept, capped.
+the runner's argument), so that what the code prints cannot be mistaken for its answer.
+stdout and stderr are kept, capped.
 
 Without user namespaces, bubblewrap cannot start: python tools are then refused with the reason, unless an operator
 sets `FACTORY_SANDBOX=unsafe-dev`, which runs the same runner with the rlimits and the deadline but no isolation.
@@ -21,7 +22,6 @@ isolation, this module only assembles its arguments and reads the pipes.
 import ast
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess

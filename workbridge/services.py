@@ -16,8 +16,17 @@ from assets.services import forget_asset, register_asset
 from workbridge import egress, http_tools, mcp_client, sandbox
 from workbridge.egress import EgressRefused, check_entry
 from workbridge.importers import ToolDraft, curl, function_name, openapi
-from workbridge.models import (ApiSpec, Binding, EgressRule, Invocation, InvocationStatus, McpServer, McpTransport,
-                               Secret, Tool)
+from workbridge.models import (
+    ApiSpec,
+    Binding,
+    EgressRule,
+    Invocation,
+    InvocationStatus,
+    McpServer,
+    McpTransport,
+    Secret,
+    Tool,
+)
 from workbridge.selectors import allowlist_for
 
 TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")

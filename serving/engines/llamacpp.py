@@ -17,8 +17,16 @@ import httpx
 from django.conf import settings as django_settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.engines.base import (CHAT, COMPLETION, EngineAdapter, EngineRefused, LaunchSpec, Listen, auth_headers,
-                                  register_engine)
+from serving.engines.base import (
+    CHAT,
+    COMPLETION,
+    EngineAdapter,
+    EngineRefused,
+    LaunchSpec,
+    Listen,
+    auth_headers,
+    register_engine,
+)
 from serving.gguf_info import InvalidModelFile, read_gguf
 
 # A CPU box rarely wants more per request; a deployment's settings can ask for the model's full context.

@@ -20,9 +20,23 @@ import uuid
 
 from serving import metrics, toolcalls
 from serving.engines.base import CHAT, EMBEDDING
-from serving.gateway import (ENDPOINTS, Caller, Exchange, GatewayError, GroupNote, Reply, check_usable,
-                             constrained_tools, in_background, json_reply, open_upstream, read_whole, record_request,
-                             record_whole, serve_target)
+from serving.gateway import (
+    ENDPOINTS,
+    Caller,
+    Exchange,
+    GatewayError,
+    GroupNote,
+    Reply,
+    check_usable,
+    constrained_tools,
+    in_background,
+    json_reply,
+    open_upstream,
+    read_whole,
+    record_request,
+    record_whole,
+    serve_target,
+)
 from serving.groups import classifier, policies
 from serving.models import GroupMember, GroupPolicy, ToolStrategy
 from serving.router import GroupTarget, Target, router

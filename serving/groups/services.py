@@ -14,8 +14,16 @@ from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role, require_role_or_platform
 from serving.engines.base import CHAT, EngineRefused, engine
 from serving.groups import calibration, classifier, policies, scoring, sources
-from serving.models import (CalibrationRun, CalibrationState, Deployment, Engine, GroupPolicy, Model, ModelGroup,
-                            ServingState)
+from serving.models import (
+    CalibrationRun,
+    CalibrationState,
+    Deployment,
+    Engine,
+    GroupPolicy,
+    Model,
+    ModelGroup,
+    ServingState,
+)
 from serving.selectors import chat_model_problem
 from serving.services import create_deployment, start_deployment, stop_deployment
 

@@ -4,13 +4,13 @@ safety."""
 
 import pytest
 
+from accounts.services import SYSTEM
 from agent_studio import evaluation
 from agent_studio.models import AgentEvalRun, EvalStatus
 from agent_studio.store import DatabaseStore
 from rag_studio.embedding import Embedder
 from serving import presets
 from serving.services import register_model
-from accounts.services import SYSTEM
 from tests.agent_studio.conftest import AGENTS, MODEL, call, run_inline
 from tests.agent_studio.test_runs import WORD_COUNT, _agent, _start
 

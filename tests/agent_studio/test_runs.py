@@ -54,7 +54,8 @@ def test_the_tool_calling_agent_calls_a_work_bridge_tool_and_answers_with_every_
     assert _steps(run.public_id) == [("model", "model"), ("tool", "word_count"), ("model", "model"),
                                      ("answer", "answer")]
     tool_step = RunStep.objects.get(run=run, kind="tool")
-    assert tool_step.detail["arguments"] == {"text": "the quick brown fox"} and '"words": 4' in tool_step.detail["result"]
+    assert (tool_step.detail["arguments"] == {"text": "the quick brown fox"}
+            and '"words": 4' in tool_step.detail["result"])
     assert Invocation.objects.get().caller == "agent:helper"
     assert (run.model_calls, run.tool_calls) == (2, 1)
     detail = dev.get(f"{AGENTS}runs/{run.public_id}/").json()
@@ -172,7 +173,8 @@ def test_bad_settings_and_bad_requests_are_4xx_naming_the_problem(dev, word_coun
            ({"variables": [{"name": "1x"}]}, "variables[0]"), ({"sub_agents": [1]}, "Only a team"),
            ({"colour": "red"}, "Unknown settings: colour")]
     for settings, message in bad:
-        response = dev.post(AGENTS, {"name": "bad", "template": "tool_calling", "settings": {"model": MODEL} | settings},
+        response = dev.post(AGENTS, {"name": "bad", "template": "tool_calling",
+                                     "settings": {"model": MODEL} | settings},
                             format="json")
         assert response.status_code == 400 and message in response.json()["error"]["message"], settings
     team = dev.post(AGENTS, {"name": "t", "template": "team", "settings": {"model": MODEL}}, format="json")

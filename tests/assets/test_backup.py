@@ -10,8 +10,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from django.core.management import call_command
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 
 from accounts.services import Actor, create_workspace
 from assets import backup

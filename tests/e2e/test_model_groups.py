@@ -8,8 +8,7 @@ from accounts.services import SYSTEM
 from cluster import inventory
 from cluster.services import register_node
 from serving import services
-from serving.groups import calibration
-from serving.groups import services as group_services
+from serving.groups import calibration, services as group_services
 from serving.models import CalibrationRun, CalibrationState, ModelGroup
 from serving.presets import GEMMA3, SMOLLM2, register_presets
 from tests.e2e.conftest import sign_in

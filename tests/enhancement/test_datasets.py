@@ -1,7 +1,6 @@
 """Datasets through the API: uploads checked line by line, stored as versions, and previewed exactly as the model
 will be trained on them."""
 
-import io
 import json
 
 import pytest

@@ -2,8 +2,19 @@
 
 import pytest
 
-from enhancement.planner import (GIB, Device, ModelShape, PlanError, Workload, allowed_tensor_parallel, bubble_share,
-                                 lora_parameters, memory_per_device, plan, stage_layers)
+from enhancement.planner import (
+    GIB,
+    Device,
+    ModelShape,
+    PlanError,
+    Workload,
+    allowed_tensor_parallel,
+    bubble_share,
+    lora_parameters,
+    memory_per_device,
+    plan,
+    stage_layers,
+)
 
 SMOLLM2 = ModelShape(parameters=134_515_008, layers=30, hidden_size=576, attention_heads=9, kv_heads=3,
                      vocab_size=49152, intermediate_size=1536)

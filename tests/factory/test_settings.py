@@ -13,7 +13,8 @@ def _import_settings(**env):
                           text=True, env={**os.environ, **env})
 
 
-PRODUCTION = {"FACTORY_ENV": "prod", "FACTORY_SECRET_KEY": "a1b2c3d4e5-" * 6, "FACTORY_ALLOWED_HOSTS": "factory.example"}
+PRODUCTION = {"FACTORY_ENV": "prod", "FACTORY_SECRET_KEY": "a1b2c3d4e5-" * 6,
+              "FACTORY_ALLOWED_HOSTS": "factory.example"}
 
 
 def test_production_refuses_a_missing_or_short_secret_key_and_a_missing_host_list():
@@ -39,8 +40,9 @@ def test_without_a_configured_key_each_installation_makes_its_own(tmp_path):
     probe = "from django.conf import settings; print(settings.SECRET_KEY)"
     env = {**os.environ, "FACTORY_DATA_DIR": str(tmp_path), "FACTORY_SECRET_KEY": "",
            "DJANGO_SETTINGS_MODULE": "factory.settings"}
-    run = lambda: subprocess.run([sys.executable, "-c", f"import django; django.setup(); {probe}"], cwd=ROOT,
-                                 capture_output=True, text=True, env=env).stdout.strip()
+    def run():
+        return subprocess.run([sys.executable, "-c", f"import django; django.setup(); {probe}"], cwd=ROOT,
+                              capture_output=True, text=True, env=env).stdout.strip()
     first = run()
     assert len(first) >= 50 and run() == first
     assert (tmp_path / "secret_key").stat().st_mode & 0o777 == 0o600

@@ -317,6 +317,7 @@ def test_other_writers_are_not_locked_out_while_an_import_copies_its_documents(a
     gigabytes of copies made ingestion fail with "database is locked". Here another connection writes, with a
     one-second timeout, while each document is being copied."""
     import sqlite3
+
     from django.db import connection
 
     from assets.bundles import Bundle

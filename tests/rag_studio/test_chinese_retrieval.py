@@ -67,7 +67,8 @@ def test_full_width_digits_and_one_character_queries_find_what_they_name(plant_k
 
 
 def test_big5_and_gb18030_files_of_traditional_and_simplified_text_are_decoded(tmp_path):
-    traditional = "第一章 總則\n設備檢修前必須執行上鎖掛牌，切斷電源後在配電櫃上鎖，並掛「有人作業，禁止合閘」標識牌。" * 3
+    traditional = ("第一章 總則\n設備檢修前必須執行上鎖掛牌，切斷電源後在配電櫃上鎖，"
+                   "並掛「有人作業，禁止合閘」標識牌。") * 3
     simplified = "第一章 总则\n设备检修前必须执行上锁挂牌，切断电源后在配电柜上锁，并挂“有人作业，禁止合闸”标识牌。" * 3
     big5, gb18030 = tmp_path / "big5.txt", tmp_path / "gb.txt"
     big5.write_bytes(traditional.encode("big5"))

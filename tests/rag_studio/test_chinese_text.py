@@ -47,7 +47,8 @@ def test_chinese_headings_are_recognised_with_their_levels():
     assert heading_of("3.2 点检内容") == (2, "3.2 点检内容")
     # Sentences that open like headings are body text, and so is English numbering.
     assert heading_of("（一）进入车间必须佩戴安全帽。") is None
-    assert heading_of("第十二条 设备停机检修前，应切断电源并挂牌上锁，经班长确认后方可作业，严禁带电检修任何设备。") is None
+    assert heading_of("第十二条 设备停机检修前，应切断电源并挂牌上锁，"
+                      "经班长确认后方可作业，严禁带电检修任何设备。") is None
     assert heading_of("1.1 Install the agent") is None
 
 

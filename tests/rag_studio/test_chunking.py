@@ -212,7 +212,8 @@ def test_a_short_parent_has_one_child_with_the_same_text():
 
 
 def test_delimiter_splits_exactly_and_drops_empty_pieces():
-    text = "Q: How do I reset my password?\nA: Use the portal.\n\n---\n\n\n\n---\n\n  Q: 如何申请VPN？\nA: 联系IT。  \n\n---\n\n"
+    text = ("Q: How do I reset my password?\nA: Use the portal.\n\n---\n\n\n\n---\n\n"
+            "  Q: 如何申请VPN？\nA: 联系IT。  \n\n---\n\n")
     page = ParsedPage(text, 3)
 
     chunks = chunk_pages([page], {"mode": "delimiter", "delimiter": "\n\n---\n\n"})

@@ -10,12 +10,11 @@ from rag_studio.eval_metrics import (
     exact_match,
     hit_at_k,
     ndcg_at_k,
-    reciprocal_rank,
     recall_at_k,
+    reciprocal_rank,
     token_f1,
     tokenize_for_overlap,
 )
-
 
 # Answer metrics
 

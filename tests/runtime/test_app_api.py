@@ -10,6 +10,7 @@ import pytest
 from django.core.signals import request_started
 from django.test import Client
 
+from factory.asgi import application
 from rag_studio import services as rag_services
 from rag_studio.ingestion import ingest
 from rag_studio.models import DocumentStatus, EvalSetSource
@@ -17,7 +18,6 @@ from runtime import services
 from runtime.models import Channel, Trace, TraceStatus
 from tests.conftest import wait_for
 from tests.rag_studio.conftest import SAMPLE_FILES, sample
-from factory.asgi import application
 from tests.runtime.conftest import save_config
 
 pytestmark = pytest.mark.django_db(transaction=True)

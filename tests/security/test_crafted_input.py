@@ -1,7 +1,6 @@
 """Issue 13, hole 11: crafted input gets a clear 4xx naming the problem, never a 500."""
 
 import asyncio
-import json
 import threading
 
 import httpx
@@ -95,7 +94,7 @@ def test_the_config_chat_stream_refuses_a_body_that_is_not_an_object_or_a_histor
 
 
 @pytest.mark.django_db
-def test_a_broken_delimiter_escape_is_explained_on_the_page(make_workspace, presets):
+def test_a_broken_delimiter_escape_is_explained_on_the_page(make_workspace, presets):  # noqa: F811  (pytest fixture)
     from rag_studio import services
 
     workspace = make_workspace("Acme", owner="ann")
@@ -118,7 +117,7 @@ def test_a_rag_config_posted_without_a_prompt_gets_the_default(make_workspace, k
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_same_file_uploaded_twice_at_once_is_stored_once(make_workspace, key_client, presets):
+def test_the_same_file_uploaded_twice_at_once_is_stored_once(make_workspace, key_client, presets):  # noqa: F811  (pytest fixture)
     client = key_client("ann", make_workspace("Acme", owner="ann"))
     kb = client.post("/api/rag/knowledge-bases/", {"name": "Docs"}, format="json").json()["id"]
     faq = (SAMPLES / "northwind-support-faq.md").read_bytes()

@@ -14,8 +14,15 @@ from accounts.services import SYSTEM, Actor, create_api_key, create_workspace
 from serving import services
 from serving.engines.base import auth_headers
 from serving.groups import services as group_services
-from serving.models import (CalibrationRun, CalibrationState, Deployment, GroupRequest, ModelGroup, RequestRecord,
-                            ServingState)
+from serving.models import (
+    CalibrationRun,
+    CalibrationState,
+    Deployment,
+    GroupRequest,
+    ModelGroup,
+    RequestRecord,
+    ServingState,
+)
 from serving.presets import GEMMA3, MINILM, SMOLLM2
 from tests.conftest import deploy_presets, stop_engines_and_flush, wait_for
 

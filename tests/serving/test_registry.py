@@ -151,7 +151,8 @@ def test_another_workspaces_model_and_deployment_are_404_to_the_new_endpoints(de
     ({"context_length": 100_000}, "beyond what 'smollm2-135m-instruct' was trained for (8192)"),
     ({"parallel": 0}, "'parallel' must be a whole number from 1 to 64; got 0."),
     ({"threads": "two"}, "'threads' must be a whole number from 1 to 512; got 'two'."),
-    ({"parallel": 64, "context_length": 8192}, "64 slots of 8192 tokens need a 11.2 GiB KV cache, more than node 'small-box' can hold"),
+    ({"parallel": 64, "context_length": 8192},
+     "64 slots of 8192 tokens need a 11.2 GiB KV cache, more than node 'small-box' can hold"),
 ])
 def test_engine_settings_that_cannot_work_are_refused_before_anything_starts(developer, engine_settings, message):
     Node.objects.create(name="small-box", memory_bytes=2 * 2**30)

@@ -6,8 +6,8 @@ import time
 from http.server import BaseHTTPRequestHandler
 
 import pytest
-
 from django.test import Client
+
 from assets.models import Asset
 from tests.conftest import local_http_server
 from workbridge.models import Invocation

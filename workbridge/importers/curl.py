@@ -22,7 +22,8 @@ IGNORED_FLAGS = {"-s", "--silent", "-S", "--show-error", "-L", "--location", "-k
 IGNORED_WITH_VALUE = {"-m", "--max-time", "--connect-timeout", "-o", "--output", "-w", "--write-out", "--retry",
                       "-e", "--referer"}
 REFUSED = {"-F": "a multipart form (file upload)", "--form": "a multipart form (file upload)",
-           "-T": "a file upload", "--upload-file": "a file upload", "-c": "a cookie jar", "--cookie-jar": "a cookie jar",
+           "-T": "a file upload", "--upload-file": "a file upload",
+           "-c": "a cookie jar", "--cookie-jar": "a cookie jar",
            "-x": "a proxy", "--proxy": "a proxy", "--unix-socket": "a Unix socket", "-K": "a config file",
            "--config": "a config file", "-E": "a client certificate", "--cert": "a client certificate"}
 ATTACHED = {"-X", "-H", "-d", "-u", "-A", "-b", "-m", "-o", "-w", "-e"}
