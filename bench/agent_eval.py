@@ -11,13 +11,17 @@ word-counter → Evaluation).
 import argparse
 import time
 
+# First: it reads the instance's settings and sets Django up, which the project's models need.
+from bench._serving import ADMIN_USERNAME, PRESET_MODEL, print_header
+
+# isort: split
+
 from django.contrib.auth import get_user_model
 
 from accounts.models import Workspace
 from accounts.services import Actor
 from agent_studio import demo, probes, services
 from agent_studio.models import AgentEvalRun
-from bench._serving import ADMIN_USERNAME, PRESET_MODEL, print_header  # sets Django up as `make run` runs it
 
 
 def main() -> None:

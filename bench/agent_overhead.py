@@ -21,13 +21,17 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import StructuredTool
 
+# First: it sets Django up on bench.ingest's private environment, which the project's models need.
+from bench.ingest import bench_workspace, clean_up, percentile, print_header
+
+# isort: split
+
 from accounts.services import SYSTEM
 from agent_studio import graphs, memory, runner, services
 from agent_studio.models import AgentRun, AgentThread, RunStatus
 from agent_studio.strategies import GATEWAY_TAG
 from agent_studio.toolkit import RunContext
 from agent_studio.tracing import Recorder
-from bench.ingest import bench_workspace, clean_up, percentile, print_header
 from cluster import inventory
 from cluster.services import register_node
 from serving import presets

@@ -31,11 +31,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
-from django.conf import settings  # noqa: E402
-from django.contrib.auth import get_user_model  # noqa: E402
-
-from accounts.models import Workspace  # noqa: E402
-from accounts.services import Actor  # noqa: E402
 
 # First: it reads the instance's settings and sets Django up, which the project's models need.
 from bench._serving import (
@@ -49,13 +44,21 @@ from bench._serving import (
     print_header,
     wait_for,
 )
-from rag_studio import services as rag_services  # noqa: E402
-from rag_studio.embedding import Embedder  # noqa: E402
-from rag_studio.models import Chunk, DocumentStatus, KnowledgeBase, RagConfig, RagTemplate  # noqa: E402
-from runtime import services as runtime_services  # noqa: E402
-from runtime.models import App  # noqa: E402
-from runtime.services import IssuedAppKey  # noqa: E402
-from serving.models import Model  # noqa: E402
+
+# isort: split
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+
+from accounts.models import Workspace
+from accounts.services import Actor
+from rag_studio import services as rag_services
+from rag_studio.embedding import Embedder
+from rag_studio.models import Chunk, DocumentStatus, KnowledgeBase, RagConfig, RagTemplate
+from runtime import services as runtime_services
+from runtime.models import App
+from runtime.services import IssuedAppKey
+from serving.models import Model
 
 # sentence-transformers draws a tqdm bar on every encode() while its logger is at INFO, the project's level. The
 # raw measurement is of the model alone, as in bench.ingest.

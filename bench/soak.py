@@ -24,17 +24,20 @@ from dataclasses import dataclass, field
 
 import httpx
 import psutil
-from django.contrib.auth import get_user_model  # noqa: E402
-
-from accounts.models import Workspace  # noqa: E402
-from accounts.services import Actor, create_api_key, revoke_api_key  # noqa: E402
 
 # First: it reads the instance's settings and sets Django up, which the project's models need.
 from bench._serving import ADMIN_USERNAME, PLATFORM_URL, PRESET_MODEL, REPO_ROOT, percentile, print_header
-from rag_studio import services as rag_services  # noqa: E402
-from rag_studio.models import DocumentStatus, RagTemplate  # noqa: E402
-from runtime import services as runtime_services  # noqa: E402
-from serving.models import Replica  # noqa: E402
+
+# isort: split
+
+from django.contrib.auth import get_user_model
+
+from accounts.models import Workspace
+from accounts.services import Actor, create_api_key, revoke_api_key
+from rag_studio import services as rag_services
+from rag_studio.models import DocumentStatus, RagTemplate
+from runtime import services as runtime_services
+from serving.models import Replica
 
 NAME = "bench-soak"
 SAMPLES = REPO_ROOT / "rag_studio" / "samples"
