@@ -13,6 +13,10 @@ def openai_client(workspace_id: int, *, timeout: float = 120) -> OpenAI:
 
 
 def chat_model(workspace_id: int, model: str, *, temperature: float = 0.2, max_tokens: int = 256):
+    """The answer step's model. LangChain's ChatOpenAI rather than the openai client because a RAG template is a
+    runnable (prompt | model) that streams with the same code as it answers, and because Agent Studio hands the
+    same models and knowledge bases to LangGraph, which speaks LangChain chat models. One-shot calls (rerank, eval
+    generation, judging) use `openai_client`."""
     from langchain_openai import ChatOpenAI
 
     return ChatOpenAI(base_url=settings.GATEWAY_URL, api_key=service_token(workspace_id=workspace_id),
