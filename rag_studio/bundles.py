@@ -57,8 +57,8 @@ from rag_studio.index_store import forget_readers
 from rag_studio.leases import lease_until
 from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, RagConfig, Stage
 from rag_studio.parsing import ParseError, file_kind
-from serving.models import Deployment, Model, RoleHint
-from serving.selectors import chat_model_problem
+from serving.models import RoleHint
+from serving.selectors import chat_model_problem, deployments_visible_to, models_visible_to
 
 CONFIG_BUNDLE = "rag_config"
 APP_BUNDLE = "app"  # a config bundle that also carries a published app (runtime's `extra`)
@@ -357,13 +357,13 @@ def _embedding_choice(workspace: Workspace, kb_settings: dict, notes: list[str])
     """(embedding model, embedding deployment) for the new knowledge base: the bundle's where this instance has
     them, else the default model, whose different vectors mean the documents are ingested again."""
     name = kb_settings["embedding_model"]
-    visible = Q(workspace=workspace) | Q(workspace__isnull=True)
-    if not Model.objects.filter(visible, name=name, role_hint=RoleHint.EMBEDDING).exists():
+    if not models_visible_to(workspace=workspace).filter(name=name, role_hint=RoleHint.EMBEDDING).exists():
         notes.append(f"The embedding model '{name}' is not registered here, so the knowledge base uses "
                      f"'{services.DEFAULT_EMBEDDING_MODEL}' and its documents are ingested again.")
         return services.DEFAULT_EMBEDDING_MODEL, ""
     deployment = kb_settings.get("embedding_deployment") or ""
-    if deployment and not Deployment.objects.filter(visible, name=deployment, model__name=name).exists():
+    if deployment and not deployments_visible_to(workspace=workspace).filter(name=deployment,
+                                                                              model__name=name).exists():
         notes.append(f"There is no embedding deployment '{deployment}' here; '{name}' runs in the worker instead.")
         deployment = ""
     return name, deployment

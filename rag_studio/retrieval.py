@@ -8,8 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
-from django.db.models import Q
-
 from accounts.errors import ValidationFailed
 from rag_studio.embedding import Embedder
 from rag_studio.fusion import fuse
@@ -17,7 +15,7 @@ from rag_studio.gateway_client import openai_client
 from rag_studio.models import Chunk, KnowledgeBase
 from rag_studio.retrieval_config import validate_retrieval
 from rag_studio.services import index_store
-from serving.models import Model
+from serving.selectors import models_visible_to
 
 MAX_QUERY_CHARS = 2000
 LLM_RERANK_PROMPT = (
@@ -168,7 +166,7 @@ def _cross_encoder(path: str):
 
 
 def _cross_encoder_scores(kb: KnowledgeBase, name: str, query: str, passages: list[str]) -> list[float]:
-    model = Model.objects.filter(Q(workspace_id=kb.workspace_id) | Q(workspace__isnull=True), name=name).first()
+    model = models_visible_to(workspace=kb.workspace_id).filter(name=name).first()
     if model is None or not model.path:
         raise ValidationFailed(f"No local cross-encoder model named '{name}' is registered.",
                                fields={"rerank": ["unknown model"]})

@@ -11,7 +11,6 @@ from pathlib import Path
 from celery import current_app
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from accounts.errors import Conflict, NotFound, ServiceUnavailable, ValidationFailed
@@ -37,7 +36,7 @@ from rag_studio.parsing import ParseError, file_kind
 from rag_studio.retrieval_config import validate_retrieval
 from rag_studio.screening import DEFAULT_POLICY, validate_policy
 from serving.models import Deployment, Model, RoleHint, ServingState
-from serving.selectors import chat_model_problem
+from serving.selectors import chat_model_problem, deployments_visible_to, models_visible_to
 
 INGEST_TASK = "rag_studio.tasks.ingest_document"
 DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
@@ -48,7 +47,7 @@ def _fields_error(field: str, message: str) -> ValidationFailed:
 
 
 def _embedding_model(workspace: Workspace, name: str) -> Model:
-    model = Model.objects.filter(Q(workspace=workspace) | Q(workspace__isnull=True), name=name).first()
+    model = models_visible_to(workspace=workspace).filter(name=name).first()
     if model is None:
         raise _fields_error("embedding_model", f"No model named '{name}' is registered.")
     if model.role_hint != RoleHint.EMBEDDING:
@@ -57,7 +56,7 @@ def _embedding_model(workspace: Workspace, name: str) -> Model:
 
 
 def _embedding_deployment(workspace: Workspace, model: Model, name: str) -> Deployment:
-    deployment = Deployment.objects.filter(Q(workspace=workspace) | Q(workspace__isnull=True), name=name).first()
+    deployment = deployments_visible_to(workspace=workspace).filter(name=name).first()
     if deployment is None:
         raise _fields_error("embedding_deployment", f"No deployment named '{name}'.")
     if deployment.model_id != model.pk:
@@ -386,8 +385,8 @@ def delete_document(*, actor: Actor, document: Document) -> None:
 
 
 def ready_embedding_deployments(workspace: Workspace):
-    return Deployment.objects.filter(Q(workspace=workspace) | Q(workspace__isnull=True),
-                                     model__role_hint=RoleHint.EMBEDDING, state=ServingState.READY)
+    return deployments_visible_to(workspace=workspace).filter(model__role_hint=RoleHint.EMBEDDING,
+                                                              state=ServingState.READY)
 
 
 def _chat_deployment(workspace: Workspace, name: str, field: str) -> None:

@@ -1,4 +1,3 @@
-from django.db.models import Q
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -205,7 +204,7 @@ class DeploymentViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retr
     @extend_schema(responses=RequestRecordSerializer(many=True))
     @action(detail=True, methods=["get"])
     def requests(self, request, name=None):
-        records = self.get_object().requests.filter(Q(workspace=self.workspace) | Q(workspace__isnull=True))[:100]
+        records = self.get_object().requests.filter(selectors.own_or_shared(self.workspace))[:100]
         return Response(RequestRecordSerializer(records, many=True).data)
 
     @extend_schema(responses=dict)
@@ -370,7 +369,7 @@ class ModelGroupViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retr
     @action(detail=True, methods=["get"])
     def requests(self, request, name=None):
         """The latest requests through the group: which member answered, why, and what each member's tokens cost."""
-        records = self.get_object().requests.filter(Q(workspace=self.workspace) | Q(workspace__isnull=True))[:100]
+        records = self.get_object().requests.filter(selectors.own_or_shared(self.workspace))[:100]
         return Response(GroupRequestSerializer(records, many=True).data)
 
     @extend_schema(parameters=[OpenApiParameter("minutes", int)], responses=dict)

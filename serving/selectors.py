@@ -7,17 +7,24 @@ from serving.engines.base import CHAT, engine
 from serving.models import Deployment, GroupMember, GroupRequest, Model, ModelGroup, RequestRecord, ServingState
 
 
+def own_or_shared(workspace) -> Q:
+    """Which of serving's objects a workspace sees, the one statement of the rule: its own and the shared ones (no
+    workspace: preset models and their deployments, and the requests the platform itself made through them).
+    `workspace` is a Workspace or its id."""
+    return Q(workspace=workspace) | Q(workspace__isnull=True)
+
+
 def models_visible_to(*, workspace) -> QuerySet[Model]:
-    return Model.objects.filter(Q(workspace=workspace) | Q(workspace__isnull=True))
+    return Model.objects.filter(own_or_shared(workspace))
 
 
 def deployments_visible_to(*, workspace) -> QuerySet[Deployment]:
-    return Deployment.objects.filter(Q(workspace=workspace) | Q(workspace__isnull=True)).select_related(
+    return Deployment.objects.filter(own_or_shared(workspace)).select_related(
         "model").prefetch_related("replicas__node")
 
 
 def groups_visible_to(*, workspace) -> QuerySet[ModelGroup]:
-    return ModelGroup.objects.filter(Q(workspace=workspace) | Q(workspace__isnull=True)).select_related(
+    return ModelGroup.objects.filter(own_or_shared(workspace)).select_related(
         "big__model", "small__model", "draft", "speculative_deployment")
 
 
@@ -60,7 +67,7 @@ def group_share_summary(*, group: ModelGroup, workspace, minutes: int = 60, buck
     group's page. A shared group serves every workspace: each sees only its own requests."""
     since = timezone.now() - timedelta(minutes=minutes)
     rows = list(GroupRequest.objects.filter(group=group, created_at__gte=since).filter(
-        Q(workspace=workspace) | Q(workspace__isnull=True)).values(
+        own_or_shared(workspace)).values(
         "created_at", "member", "escalated", "fallback", "big_input_tokens", "big_output_tokens",
         "small_input_tokens", "small_output_tokens", "big_cost", "small_cost").order_by("created_at"))
 

@@ -4,7 +4,6 @@ import secrets
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib import messages
-from django.db.models import Q
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
@@ -182,7 +181,7 @@ def deployment_page(request, name: str):
         "capabilities": sorted(engine(deployment.engine).capabilities(deployment.model)),
         "events": deployment.events.select_related("replica")[:30],
         # A shared deployment serves every workspace: each sees only its own requests.
-        "requests": deployment.requests.filter(Q(workspace=request.workspace) | Q(workspace__isnull=True))[:20],
+        "requests": deployment.requests.filter(selectors.own_or_shared(request.workspace))[:20],
     })
 
 
@@ -338,7 +337,7 @@ def model_group_page(request, name: str):
                                   if EMBEDDING in engine(d.engine).capabilities(d.model)],
         "route": route_settings(group.settings.get("route") or {}),
         "confidence": (group.settings.get("cascade") or {}).get("confidence", "mean"),
-        "requests": group.requests.filter(Q(workspace=request.workspace) | Q(workspace__isnull=True))[:20],
+        "requests": group.requests.filter(selectors.own_or_shared(request.workspace))[:20],
         "runs": runs, "shown": shown, "metrics": METRICS,
         "judges": selectors.chat_model_names(workspace=request.workspace),
         "prompt_sets": [(f"{source.key}:{set_id}", f"{source.label}: {name}") for source in prompt_sources()
