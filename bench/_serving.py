@@ -8,7 +8,6 @@ import os
 import platform
 import secrets
 import shlex
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -113,12 +112,6 @@ def wait_for(read: Callable[[], T], *, done: Callable[[T], bool], timeout_s: flo
         if time.monotonic() >= deadline:
             raise TimeoutError(f"Timed out after {timeout_s:.0f}s waiting for {what} (last seen: {value}).")
         time.sleep(interval_s)
-
-
-def percentile(values: list[float], percent: int) -> float:
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[percent - 1]
 
 
 def print_header(title: str, measures: str) -> None:

@@ -22,7 +22,8 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import StructuredTool
 
 # First: it sets Django up on bench.ingest's private environment, which the project's models need.
-from bench.ingest import bench_workspace, clean_up, percentile, print_header
+from bench.ingest import bench_workspace, clean_up, print_header
+from serving.metrics import percentile
 
 # isort: split
 

@@ -40,7 +40,6 @@ from bench._serving import (
     PRESET_MODEL,
     REPO_ROOT,
     count_tokens,
-    percentile,
     print_header,
     wait_for,
 )
@@ -58,6 +57,7 @@ from rag_studio.models import Chunk, DocumentStatus, KnowledgeBase, RagConfig, R
 from runtime import services as runtime_services
 from runtime.models import App
 from runtime.services import IssuedAppKey
+from serving.metrics import percentile
 from serving.models import Model
 
 # sentence-transformers draws a tqdm bar on every encode() while its logger is at INFO, the project's level. The

@@ -33,10 +33,11 @@ from pathlib import Path
 
 import httpx
 
-from bench._serving import REPO_ROOT, percentile, print_header, wait_for
+from bench._serving import REPO_ROOT, print_header, wait_for
 from serving.engines import process
 from serving.engines.base import Listen, auth_headers, engine
 from serving.groups import calibration, policies, scoring
+from serving.metrics import percentile
 from serving.models import Model
 from serving.presets import GEMMA3, GEMMA3_CHAT_TEMPLATE, SMOLLM2, _gemma3_path, _smollm2_path
 

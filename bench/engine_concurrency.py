@@ -24,7 +24,6 @@ from bench._serving import (
     StreamResult,
     chat_body,
     count_tokens,
-    percentile,
     print_header,
     prompts,
     stream_chat,
@@ -32,6 +31,7 @@ from bench._serving import (
 )
 from serving.engines import process
 from serving.engines.base import LaunchSpec, Listen, auth_headers, engine
+from serving.metrics import percentile
 from serving.models import Model
 from serving.presets import SMOLLM2, _smollm2_path
 

@@ -91,10 +91,6 @@ def clean_up(keep: bool) -> None:
         shutil.rmtree(DATA_DIR, ignore_errors=True)
 
 
-def percentile(values: list[float], percent: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[percent - 1]
-
-
 # ---- deterministic prose ----
 
 FUNCTION_WORDS = ("the", "a", "of", "and", "to", "in", "is", "that", "for", "with", "as", "on", "by", "was", "it",

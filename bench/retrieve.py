@@ -17,11 +17,12 @@ import time
 
 import numpy as np
 
-from bench.ingest import Prose, bench_workspace, clean_up, percentile, print_header
+from bench.ingest import Prose, bench_workspace, clean_up, print_header
 from rag_studio import services
 from rag_studio.models import Chunk, Document, DocumentStatus, KnowledgeBase, Stage
 from rag_studio.parsing import file_kind
 from rag_studio.retrieval import retrieve
+from serving.metrics import percentile
 
 MODES = ("dense", "keyword", "hybrid")
 TIMINGS = ("embed", "dense", "keyword", "fuse", "total")

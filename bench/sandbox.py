@@ -14,7 +14,8 @@ import subprocess
 import sys
 import time
 
-from bench.ingest import bench_workspace, clean_up, percentile, print_header
+from bench.ingest import bench_workspace, clean_up, print_header
+from serving.metrics import percentile
 from workbridge import sandbox, services
 
 TARGET_P50_MS = 150.0

@@ -17,11 +17,11 @@ from bench._serving import (
     StreamResult,
     bench_deployment,
     chat_body,
-    percentile,
     print_header,
     prompts,
     stream_chat,
 )
+from serving.metrics import percentile
 from serving.models import RequestRecord
 
 MAX_TOKENS = 32

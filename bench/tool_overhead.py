@@ -16,7 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 from django.test import override_settings
 
-from bench.ingest import bench_workspace, clean_up, percentile, print_header
+from bench.ingest import bench_workspace, clean_up, print_header
+from serving.metrics import percentile
 from workbridge import services
 
 TARGET_ADDED_P50_MS = 2.0

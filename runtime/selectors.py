@@ -1,6 +1,5 @@
 from datetime import datetime, timedelta
 
-import numpy as np
 from django.db.models import Count, Q
 from django.utils import timezone
 
@@ -8,6 +7,7 @@ from accounts.errors import NotFound
 from accounts.models import Workspace
 from rag_studio.models import EvalRun, JobStatus
 from runtime.models import App, Trace, TraceStatus
+from serving.metrics import percentile
 
 PERIODS = {"1h": (timedelta(hours=1), timedelta(minutes=5)), "24h": (timedelta(hours=24), timedelta(hours=1)),
            "7d": (timedelta(days=7), timedelta(hours=6)), "30d": (timedelta(days=30), timedelta(days=1))}
@@ -47,7 +47,8 @@ def traces(*, app: App, since: datetime | None = None, until: datetime | None = 
 
 
 def _percentile(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 1) if values else None
+    value = percentile(values, q)
+    return None if value is None else round(value, 1)
 
 
 def latest_eval(app: App) -> EvalRun | None:

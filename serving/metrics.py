@@ -4,6 +4,9 @@
 - ITL: each gap between consecutive content chunks.
 - E2E: from receiving the request to the last content chunk.
 - TPOT: (E2E - TTFT) / (output tokens - 1); undefined for fewer than two output tokens.
+- A percentile (p50, p90, p95, p99) of a set of figures is numpy's default: linear interpolation between the two
+  nearest ranks, as vLLM's benchmark reports them. Serving's charts, a published app's monitoring, agent evaluation
+  and the benchmarks all take it from `percentile` here.
 
 Times are `time.perf_counter()` seconds; the figures are reported in milliseconds.
 """
@@ -11,6 +14,7 @@ Times are `time.perf_counter()` seconds; the figures are reported in millisecond
 from dataclasses import dataclass, field
 from statistics import fmean
 
+import numpy as np
 from prometheus_client import Counter, Histogram
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -64,6 +68,14 @@ class RequestTiming:
             "itl_mean_ms": fmean(itl) if itl else None,
             "e2e_ms": self.e2e_ms,
         }
+
+
+def percentile(values, percent: float) -> float | None:
+    """The `percent`th (0-100) percentile of `values`, interpolated linearly between the nearest ranks; None when
+    there are no values."""
+    if len(values) == 0:
+        return None
+    return float(np.percentile(values, percent))
 
 
 def observe(*, deployment: str, replica: str, status: int, timing: RequestTiming, input_tokens: int | None,

@@ -4,6 +4,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from serving.engines.base import CHAT, engine
+from serving.metrics import percentile
 from serving.models import Deployment, GroupMember, GroupRequest, Model, ModelGroup, RequestRecord, ServingState
 
 
@@ -91,13 +92,6 @@ def group_share_summary(*, group: ModelGroup, workspace, minutes: int = 60, buck
     return {"group": group.name, "minutes": minutes, "overall": figures(rows), "series": series}
 
 
-def _percentile(values: list[float], share: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
-
-
 def metrics_summary(*, deployment: Deployment, minutes: int = 60, buckets: int = 12) -> dict:
     """p50/p90/p99 of TTFT, TPOT and E2E plus output tokens/s, overall and per time bucket, for the charts."""
     since = timezone.now() - timedelta(minutes=minutes)
@@ -108,8 +102,8 @@ def metrics_summary(*, deployment: Deployment, minutes: int = 60, buckets: int =
         out = {"requests": len(batch), "errors": sum(1 for r in batch if r["status"] >= 400)}
         for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
             values = [r[name] for r in batch if r[name] is not None]
-            for share in (0.5, 0.9, 0.99):
-                out[f"{name.removesuffix('_ms')}_p{int(share * 100)}_ms"] = _percentile(values, share)
+            for percent in (50, 90, 99):
+                out[f"{name.removesuffix('_ms')}_p{percent}_ms"] = percentile(values, percent)
         decode_s = sum((r["e2e_ms"] - r["ttft_ms"]) / 1000 for r in batch
                        if r["e2e_ms"] is not None and r["ttft_ms"] is not None)
         tokens = sum(r["output_tokens"] or 0 for r in batch)
