@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 FUSION_METHODS = ("weighted", "rrf")
+RRF_K = 60
 
 
 @dataclass
@@ -33,7 +34,7 @@ class ScoredHit:
 
 
 def fuse(dense: list[tuple[int, float]], keyword: list[tuple[int, float]], *, method: str = "weighted",
-         dense_weight: float = 0.7, keyword_weight: float = 0.3, rrf_k: int = 60,
+         dense_weight: float = 0.7, keyword_weight: float = 0.3, rrf_k: int = RRF_K,
          top_k: int = 10) -> list[ScoredHit]:
     """The top_k hits of (chunk id, score) lists given best first; see the module docstring for the maths."""
     _validate(method, dense_weight, keyword_weight, rrf_k, top_k)
@@ -84,11 +85,19 @@ def _weighted(dense: dict[int, float], keyword: dict[int, float], dense_weight: 
             for chunk_id in {**dense, **keyword}}
 
 
+def reciprocal_rank_scores(rankings, rrf_k: int = RRF_K) -> dict:
+    """Reciprocal-rank fusion, defined once: each key's sum, over the rankings (each an iterable of keys, best
+    first) that hold it, of 1 / (rrf_k + rank), rank starting at 1. Hybrid retrieval fuses its dense and keyword
+    lists with it, multi-query RAG the hit lists of its queries."""
+    fused: dict = {}
+    for ranked in rankings:
+        for rank, key in enumerate(ranked, start=1):
+            fused[key] = fused.get(key, 0.0) + 1.0 / (rrf_k + rank)
+    return fused
+
+
 def _reciprocal_rank(dense: dict[int, float], keyword: dict[int, float], rrf_k: int) -> dict[int, float]:
-    fused: dict[int, float] = {}
-    for ranked in (dense, keyword):
-        for rank, chunk_id in enumerate(ranked, start=1):  # dicts keep list order: best first
-            fused[chunk_id] = fused.get(chunk_id, 0.0) + 1.0 / (rrf_k + rank)
+    fused = reciprocal_rank_scores((dense, keyword), rrf_k)  # dicts keep list order: best first
     best_possible = sum(1 for ranked in (dense, keyword) if ranked) / (rrf_k + 1)
     return {chunk_id: score / best_possible for chunk_id, score in fused.items()}
 

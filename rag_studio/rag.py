@@ -16,6 +16,7 @@ from asgiref.sync import sync_to_async
 from langchain_core.messages import HumanMessage
 from langchain_core.prompts import ChatPromptTemplate
 
+from rag_studio.fusion import reciprocal_rank_scores
 from rag_studio.gateway_client import chat_model
 from rag_studio.models import KnowledgeBase, RagTemplate
 from rag_studio.retrieval import Hit, retrieve
@@ -38,7 +39,6 @@ MULTI_QUERY_PROMPT = (
     "Write {count} different search queries that would find information to answer the question. One per line, "
     "no numbering.\n\nQuestion: {question}\n\nQueries:")
 MULTI_QUERY_COUNT = 3
-RRF_K = 60
 CITATION = re.compile(r"\[(\d{1,2})\]")
 
 
@@ -79,10 +79,10 @@ def _history_text(history: list[dict]) -> str:
 
 def _rrf(lists: list[list[Hit]], top_k: int) -> list[Hit]:
     """Fuse the hit lists of several queries by reciprocal rank; a chunk keeps its best-scored copy."""
-    scores, best = {}, {}
+    scores = reciprocal_rank_scores([hit.chunk_id for hit in hits] for hits in lists)
+    best = {}
     for hits in lists:
-        for rank, hit in enumerate(hits, start=1):
-            scores[hit.chunk_id] = scores.get(hit.chunk_id, 0.0) + 1 / (RRF_K + rank)
+        for hit in hits:
             if hit.chunk_id not in best or hit.fused > best[hit.chunk_id].fused:
                 best[hit.chunk_id] = hit
     order = sorted(scores, key=lambda chunk_id: (-scores[chunk_id], chunk_id))[:top_k]

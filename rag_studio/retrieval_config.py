@@ -2,8 +2,9 @@
 
 import copy
 
+from rag_studio.fusion import FUSION_METHODS
+
 RETRIEVAL_MODES = ("dense", "keyword", "hybrid")
-FUSION_METHODS = ("weighted", "rrf")
 # For a knowledge base of mostly Chinese text embedded by an English-only model (the all-MiniLM-L6-v2 preset): its
 # vectors barely tell Chinese passages apart, jieba's keywords do. On the Chinese samples (bench.rag_quality) dense
 # alone found 36% of the answers in the top 5, keyword 96%, this 100% with the best MRR.
