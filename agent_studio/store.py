@@ -25,6 +25,7 @@ from langgraph.store.base import (
 )
 
 from agent_studio.models import MemoryItem
+from rag_studio.vectors import normalised
 
 SEPARATOR = "\x1f"  # between namespace parts: a character no label contains
 
@@ -91,10 +92,9 @@ class DatabaseStore(BaseStore):
         if op.query:
             with_vectors = [row for row in rows if row.vector]
             if with_vectors:
-                query = np.asarray(self._embed([op.query])[0], dtype=np.float32)
-                matrix = np.stack([np.frombuffer(row.vector, dtype=np.float32) for row in with_vectors])
-                norms = np.linalg.norm(matrix, axis=1) * (np.linalg.norm(query) or 1.0)
-                similarities = matrix @ query / np.where(norms == 0, 1.0, norms)
+                query = normalised([self._embed([op.query])[0]])[0]
+                matrix = normalised(np.stack([np.frombuffer(row.vector, dtype=np.float32) for row in with_vectors]))
+                similarities = matrix @ query
                 scores = {row.pk: float(score) for row, score in zip(with_vectors, similarities)}
             rows.sort(key=lambda row: scores.get(row.pk, -2.0), reverse=True)
         else:

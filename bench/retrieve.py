@@ -22,6 +22,7 @@ from rag_studio import services
 from rag_studio.models import Chunk, Document, DocumentStatus, KnowledgeBase, Stage
 from rag_studio.parsing import file_kind
 from rag_studio.retrieval import retrieve
+from rag_studio.vectors import normalised
 from serving.metrics import percentile
 
 MODES = ("dense", "keyword", "hybrid")
@@ -57,8 +58,7 @@ def _group_document(kb: KnowledgeBase, group: int, texts: list[str]) -> Document
 
 
 def _unit_vectors(rng: np.random.Generator, count: int, dimension: int) -> np.ndarray:
-    vectors = rng.standard_normal((count, dimension), dtype=np.float32)
-    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    return normalised(rng.standard_normal((count, dimension), dtype=np.float32))
 
 
 def queries(prose: Prose) -> list[str]:

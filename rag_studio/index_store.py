@@ -51,6 +51,7 @@ import numpy as np  # noqa: E402
 from scipy import sparse  # noqa: E402
 
 from rag_studio.keywords import keyword_tokens  # noqa: E402
+from rag_studio.vectors import normalised  # noqa: E402
 
 FORMAT_VERSION = 2
 # BM25 parameters: the usual defaults (Lucene's, Elasticsearch's).
@@ -97,7 +98,7 @@ class IndexStore:
 
     def search_dense(self, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
         """(chunk id, cosine similarity) of the k nearest chunks, best first."""
-        query = _normalised(np.reshape(vector, (1, -1)))
+        query = normalised(np.reshape(vector, (1, -1)))
         if query.shape[1] != self.dimension:
             raise ValueError(f"vector has {query.shape[1]} dimensions; this index has {self.dimension}.")
         generation = self._reader.current(self.dimension)
@@ -166,7 +167,7 @@ class _OwnerBatch:
                              f"{len(texts)} texts; expected one {dimension}-dimension vector and one text per id.")
         if not np.isfinite(matrix).all():
             raise ValueError(f"owner {owner!r}: a vector holds NaN or infinity.")
-        return cls(owner, ids, _normalised(matrix), [keyword_tokens(text) for text in texts])
+        return cls(owner, ids, normalised(matrix), [keyword_tokens(text) for text in texts])
 
 
 def _check_unique_chunk_ids(batches: list[_OwnerBatch]) -> None:
@@ -268,13 +269,6 @@ def _read_manifest(directory: Path, dimension: int) -> dict:
         raise ValueError(f"{directory} holds format {manifest['format']}, dimension {manifest['dimension']}; "
                          f"expected format {FORMAT_VERSION}, dimension {dimension}.")
     return manifest
-
-
-def _normalised(vectors: np.ndarray) -> np.ndarray:
-    """A float32 copy with each row scaled to length 1 (a zero row stays zero)."""
-    vectors = np.array(vectors, dtype=np.float32, order="C")
-    faiss.normalize_L2(vectors)
-    return vectors
 
 
 # ---- generations on disk ----
