@@ -19,6 +19,13 @@ def rank_of(role: str | None) -> int:
     return ROLE_RANK.get(role, -1)
 
 
+def capped_by_key(role: str | None, api_key) -> str | None:
+    """The role a member acts with: their own, capped by the API key's when the request comes through one."""
+    if role is not None and api_key is not None and rank_of(api_key.role) < rank_of(role):
+        return api_key.role
+    return role
+
+
 def _known_role(field: str) -> models.CheckConstraint:
     return models.CheckConstraint(condition=models.Q(**{f"{field}__in": Role.values}), name="%(class)s_known_role")
 

@@ -1,6 +1,6 @@
 from django.db.models import QuerySet
 
-from accounts.models import ROLE_RANK, ApiKey, AuditEntry, Membership, Role, Workspace, rank_of
+from accounts.models import ROLE_RANK, ApiKey, AuditEntry, Membership, Role, Workspace, capped_by_key, rank_of
 
 
 def workspaces_for(*, user) -> QuerySet[Workspace]:
@@ -16,11 +16,7 @@ def members_of(*, workspace: Workspace) -> QuerySet[Membership]:
 def effective_role(*, user, api_key: ApiKey | None, workspace: Workspace) -> str | None:
     """The role a request acts with: the member's role, capped by the key's when it comes through a key."""
     membership = Membership.objects.filter(user=user, workspace=workspace).only("role").first()
-    if membership is None:
-        return None
-    if api_key is not None and rank_of(api_key.role) < rank_of(membership.role):
-        return api_key.role
-    return membership.role
+    return capped_by_key(membership.role, api_key) if membership is not None else None
 
 
 def api_keys_visible_to(*, user, workspace: Workspace, role: str) -> QuerySet[ApiKey]:

@@ -14,7 +14,7 @@ from django.utils.translation import gettext as _
 
 from accounts import ratelimits
 from accounts.errors import Conflict, Forbidden, NotFound, RateLimited, Unauthenticated, ValidationFailed
-from accounts.models import ROLE_RANK, ApiKey, AuditEntry, Membership, Profile, Role, Workspace, rank_of
+from accounts.models import ROLE_RANK, ApiKey, AuditEntry, Membership, Profile, Role, Workspace, capped_by_key, rank_of
 
 User = get_user_model()
 API_KEY_PREFIX = "afk_"
@@ -56,8 +56,7 @@ def require_role(*, actor: Actor, workspace: Workspace, role: str) -> None:
     held = role_of(user=actor.user, workspace=workspace) if actor.user else None
     if held is None:
         raise NotFound(_("Workspace not found."))
-    if actor.api_key is not None and rank_of(actor.api_key.role) < rank_of(held):
-        held = actor.api_key.role
+    held = capped_by_key(held, actor.api_key)
     if rank_of(held) < ROLE_RANK[role]:
         raise Forbidden(_("This needs the %(role)s role in workspace '%(workspace)s'; you are %(held)s.")
                         % {"role": role, "workspace": workspace.slug, "held": held})
@@ -276,11 +275,20 @@ def authenticate_api_key(*, raw: str) -> ApiKey:
         raise Unauthenticated("This API key has expired.")
     if not api_key.created_by.is_active:
         raise Unauthenticated("The owner of this API key is deactivated.")
-    # Stamping every request would write on every call; a minute's resolution is enough to show "last used".
-    if api_key.last_used_at is None or (now - api_key.last_used_at).total_seconds() > 60:
-        ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
-        api_key.last_used_at = now
+    stamp_last_used(api_key, now=now)
     return api_key
+
+
+LAST_USED_RESOLUTION_S = 60
+
+
+def stamp_last_used(key, *, now=None) -> None:
+    """Record that `key` (an API key, an app key: a row with `last_used_at`) was just used, at most once a minute:
+    stamping every request would write on every call, and a minute's resolution is enough to show "last used"."""
+    now = now or timezone.now()
+    if key.last_used_at is None or (now - key.last_used_at).total_seconds() > LAST_USED_RESOLUTION_S:
+        type(key).objects.filter(pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
 
 
 SERVICE_TOKEN_PREFIX = "afs_"

@@ -5,11 +5,10 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.utils import timezone
 
 from accounts import ratelimits
 from accounts.errors import Forbidden, NotFound, RateLimited, Unauthenticated
-from accounts.services import secret_matches, secret_prefix
+from accounts.services import secret_matches, secret_prefix, stamp_last_used
 from runtime.models import App, AppKey, Release
 from runtime.services import APP_KEY_TAG, WIDGET_TOKEN_TAG
 
@@ -89,10 +88,7 @@ def _app_key(raw: str) -> AppKey:
         raise Unauthenticated("Invalid app key.")
     if app_key.revoked_at is not None:
         raise Unauthenticated("This app key has been revoked.")
-    now = timezone.now()
-    # A minute's resolution is enough to show "last used", and spares a write on every call.
-    if app_key.last_used_at is None or (now - app_key.last_used_at).total_seconds() > 60:
-        AppKey.objects.filter(pk=app_key.pk).update(last_used_at=now)
+    stamp_last_used(app_key)
     return app_key
 
 
