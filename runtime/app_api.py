@@ -24,9 +24,11 @@ from accounts.errors import ApplicationError, NotFound, ValidationFailed, error_
 from runtime import agent_answering, answering, services
 from runtime.access import Access, authorize, count_conversation
 from runtime.models import App, Channel
+from serving.chat_messages import CHAT_ROLES, check_messages
 from serving.gateway import JSON, GatewayError, Reply, django_response
 
-CHAT_ROLES = {"system", "developer", "user", "assistant"}
+# The roles an app's OpenAI-compatible endpoint takes: the gateway's, less `tool` (an app runs no caller's tools).
+APP_CHAT_ROLES = CHAT_ROLES - {"tool"}
 OPENAI_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                       429: "rate_limit_error"}
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -245,32 +247,9 @@ async def feedback(request: AppRequest) -> Reply:
     return _with_cors(request, reply, access.app if access else None)
 
 
-def _text_of(content) -> str | None:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
-        texts = [part.get("text") for part in content if part.get("type") == "text"]
-        if all(isinstance(text, str) for text in texts):
-            return "".join(texts)
-    return None
-
-
 def _openai_turn(body: dict) -> tuple[str, list[dict]]:
     """The last user message is the question; the messages before it are the conversation so far."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ValidationFailed("'messages' must be a non-empty list of {role, content} objects.",
-                               fields={"messages": ["Required."]})
-    turns = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
-            raise ValidationFailed(f"messages[{index}] needs a 'role', one of {sorted(CHAT_ROLES)}.",
-                                   fields={f"messages[{index}].role": ["Invalid."]})
-        text = _text_of(message.get("content"))
-        if text is None:
-            raise ValidationFailed(f"messages[{index}].content must be a string or a list of text parts.",
-                                   fields={f"messages[{index}].content": ["Invalid."]})
-        turns.append({"role": message["role"], "content": text})
+    turns = check_messages(body.get("messages"), roles=APP_CHAT_ROLES, text_only=True)
     if turns[-1]["role"] != "user":
         raise ValidationFailed("The last message must come from the user: it is the question the app answers.",
                                fields={"messages": ["The last role must be 'user'."]})

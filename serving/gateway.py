@@ -29,6 +29,7 @@ from accounts.models import ROLE_RANK, Role, rank_of
 from accounts.selectors import effective_role
 from accounts.services import SERVICE_TOKEN_PREFIX, authenticate_api_key, authenticate_service_token, hash_secret
 from serving import metrics, toolcalls
+from serving.chat_messages import InvalidMessages, check_messages
 from serving.engines.base import CHAT, COMPLETION, EMBEDDING
 from serving.models import GroupMember, GroupRequest, RequestRecord, ServingState, ToolStrategy
 from serving.router import GroupTarget, Route, Target, router
@@ -36,7 +37,6 @@ from serving.sse import SSEParser
 from workbridge import egress
 
 logger = logging.getLogger(__name__)
-CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 # The inference routes under /v1/, and what a deployment must be able to do to serve each.
 ENDPOINTS = {"chat/completions": CHAT, "completions": COMPLETION, "embeddings": EMBEDDING}
 JSON = "application/json"
@@ -187,17 +187,10 @@ def _parse_body(content: bytes) -> dict:
 
 
 def _check_messages(messages) -> None:
-    if not isinstance(messages, list) or not messages:
-        raise GatewayError(400, "'messages' must be a non-empty list of {role, content} objects.",
-                           code="invalid_messages", param="messages")
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
-            raise GatewayError(400, f"messages[{index}] needs a 'role', one of {sorted(CHAT_ROLES)}.",
-                               code="invalid_messages", param=f"messages[{index}].role")
-        content = message.get("content")
-        if not (isinstance(content, (str, list)) or (content is None and message["role"] == "assistant")):
-            raise GatewayError(400, f"messages[{index}].content must be a string or a list of parts.",
-                               code="invalid_messages", param=f"messages[{index}].content")
+    try:
+        check_messages(messages)
+    except InvalidMessages as exc:
+        raise GatewayError(400, exc.message, code="invalid_messages", param=exc.param)
 
 
 def _check_max_tokens(body: dict, target: Target) -> None:
