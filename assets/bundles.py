@@ -38,6 +38,7 @@ from django.utils import timezone
 
 from accounts.errors import ValidationFailed
 from accounts.models import Role, Workspace
+from accounts.registry import Registry
 from accounts.services import Actor, require_role
 from assets import signing
 from assets.models import Asset
@@ -292,17 +293,12 @@ class ImportOutcome:
 
 
 Importer = Callable[..., ImportOutcome]  # (*, actor, workspace, bundle) -> ImportOutcome
-_importers: dict[str, Importer] = {}
+_importers: Registry[Importer] = Registry()
 
 
 def bundle_importer(kind: str):
     """Register the importer of one bundle kind; it gets a verified Bundle and imports it all or nothing."""
-
-    def register(importer: Importer) -> Importer:
-        _importers[kind] = importer
-        return importer
-
-    return register
+    return _importers.registering(kind)
 
 
 def import_bundle(*, actor: Actor, workspace: Workspace, file) -> ImportOutcome:

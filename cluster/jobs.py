@@ -12,20 +12,18 @@ and the caller's role first.
 from collections.abc import Callable
 from typing import Any
 
+from accounts.registry import Registry
+
 Report = Callable[[float, str], None]
 Handler = Callable[[Any, Report], dict]
-_handlers: dict[str, Handler] = {}
+_handlers: Registry[Handler] = Registry()
 _submittable: set[str] = set()
 
 
 def job_handler(kind: str, *, submittable: bool = False):
-    def register(handler: Handler) -> Handler:
-        _handlers[kind] = handler
-        if submittable:
-            _submittable.add(kind)
-        return handler
-
-    return register
+    if submittable:
+        _submittable.add(kind)
+    return _handlers.registering(kind)
 
 
 def handler_for(kind: str) -> Handler | None:
@@ -33,7 +31,7 @@ def handler_for(kind: str) -> Handler | None:
 
 
 def known_kinds() -> list[str]:
-    return sorted(_handlers)
+    return _handlers.names()
 
 
 def submittable_kinds() -> list[str]:

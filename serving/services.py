@@ -15,6 +15,7 @@ from django.utils.text import slugify
 
 from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role, Workspace
+from accounts.registry import Registry
 from accounts.services import SYSTEM, Actor, record_audit, require_platform_admin, require_role_or_platform
 from cluster.deadlines import job_given_up
 from cluster.jobs import job_handler
@@ -135,11 +136,11 @@ def register_model(*, actor: Actor, workspace: Workspace | None, name: str, path
 
 # Directories where the platform writes models it makes itself (enhancement's job outputs), named by the app that
 # writes them when it loads: the only places register_produced_model takes a file from.
-_producer_dirs: dict[str, Path] = {}
+_producer_dirs: Registry[Path] = Registry()
 
 
 def register_model_producer(*, name: str, directory: Path) -> None:
-    _producer_dirs[name] = Path(directory)
+    _producer_dirs.add(name, Path(directory))
 
 
 def register_produced_model(*, producer: str, workspace: Workspace, name: str, path: str, requested_by,

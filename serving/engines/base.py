@@ -12,6 +12,8 @@ never shows in the process list: an engine's port is useless without the gateway
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from accounts.registry import Registry
+
 CHAT, COMPLETION, EMBEDDING = "chat", "completion", "embedding"
 
 
@@ -74,11 +76,11 @@ class EngineAdapter:
         return None
 
 
-_engines: dict[str, EngineAdapter] = {}
+_engines: Registry[EngineAdapter] = Registry()
 
 
 def register_engine(adapter_class: type[EngineAdapter]) -> type[EngineAdapter]:
-    _engines[adapter_class.name] = adapter_class()
+    _engines.add(adapter_class.name, adapter_class())
     return adapter_class
 
 

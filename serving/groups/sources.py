@@ -5,6 +5,8 @@ their sets without importing them (DESIGN.md §2)."""
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from accounts.registry import Registry
+
 
 @dataclass(frozen=True)
 class PromptSource:
@@ -16,15 +18,15 @@ class PromptSource:
     items: Callable[..., list[dict] | None]
 
 
-_sources: dict[str, PromptSource] = {}
+_sources: Registry[PromptSource] = Registry()
 
 
 def register_prompt_source(source: PromptSource) -> None:
-    _sources[source.key] = source
+    _sources.add(source.key, source)
 
 
 def prompt_sources() -> list[PromptSource]:
-    return sorted(_sources.values(), key=lambda source: source.key)
+    return _sources.entries()
 
 
 def find(key: str) -> PromptSource | None:
