@@ -343,6 +343,10 @@ class EvalSetViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retriev
     def get_object(self) -> EvalSet:
         return selectors.scoped(self.get_queryset(), self.kwargs["pk"], "Eval set")
 
+    def destroy(self, request, pk=None):
+        evaluation.delete_eval_set(actor=self.actor, eval_set=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
     @extend_schema(request=EvalSetCreateSerializer, responses={201: EvalSetSerializer})
     def create(self, request):
         data = EvalSetCreateSerializer(data=request.data)

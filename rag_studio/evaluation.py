@@ -89,6 +89,15 @@ def upload_eval_set(*, actor: Actor, kb: KnowledgeBase, name: str, filename: str
     return eval_set
 
 
+def delete_eval_set(*, actor: Actor, eval_set: EvalSet) -> None:
+    """Delete an eval set with its items and its runs; the audit log keeps its name and size."""
+    require_role(actor=actor, workspace=eval_set.workspace, role=Role.DEVELOPER)
+    with transaction.atomic():
+        record_audit(actor=actor, workspace=eval_set.workspace, action="rag.evalset.delete", target=eval_set,
+                     detail={"name": eval_set.name, "items": eval_set.items.count(), "runs": eval_set.runs.count()})
+        eval_set.delete()
+
+
 def add_corrected_item(*, actor: Actor, kb: KnowledgeBase, eval_set: EvalSet | None, question: str,
                        expected_answer: str, expected_sources: list[str]) -> EvalItem:
     """One question with its corrected answer, into `eval_set` or, without one, the knowledge base's feedback
