@@ -1,5 +1,5 @@
 # The whole setup on a fresh machine: `make run` and `make test`. See README.md.
-.PHONY: run stop test install lock backup
+.PHONY: run stop test test-all install lock backup
 
 run:
 	@scripts/run.sh
@@ -9,6 +9,10 @@ stop:
 
 test:
 	@scripts/test.sh $(ARGS)
+
+# Also the tests marked slow (training, compression and Ray end to end), which `make test` leaves out.
+test-all:
+	@FACTORY_TEST_SLOW=1 scripts/test.sh $(ARGS)
 
 install:
 	@scripts/install.sh

@@ -20,6 +20,21 @@ WORKER_NODE = "pytest-node"
 METRICS_TOKEN = "pytest-metrics-token"
 
 
+def pytest_collection_modifyitems(config, items):
+    """`make test` leaves out the tests marked slow (FACTORY_TEST_SLOW=1, as `make test-all` sets it, keeps them),
+    except those whose file or node id is named on the command line."""
+    if os.environ.get("FACTORY_TEST_SLOW") == "1" or config.getoption("markexpr"):
+        return
+    named = [arg for arg in config.args if arg.split("::")[0].endswith(".py")]
+    kept, left_out = [], []
+    for item in items:
+        chosen = any(item.nodeid.startswith(arg.removeprefix(f"{ROOT}/")) for arg in named)
+        (left_out if item.get_closest_marker("slow") and not chosen else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_test_environment, django_db_blocker):
     """Always create the test database: pytest-django creates it only when a collected test is marked django_db,

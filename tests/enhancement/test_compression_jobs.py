@@ -23,6 +23,7 @@ def report_rows(client, job) -> dict:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_pruning_mlp_channels_makes_a_smaller_model_and_reports_what_it_cost(tuner, celery_worker_process):
     answer = tuner.post("/api/enhancement/jobs/prune/", {
         "name": "slim", "base_model": "smollm2-135m-instruct", "method": "mlp_channels", "sparsity": 0.25,
@@ -48,6 +49,7 @@ def test_pruning_mlp_channels_makes_a_smaller_model_and_reports_what_it_cost(tun
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_sequence_distillation_trains_the_student_on_the_teacher_deployments_answers(tuner, celery_worker_process,
                                                                                     web_server):
     node = Node.objects.get(name=celery_worker_process["node"])

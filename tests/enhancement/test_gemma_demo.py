@@ -14,7 +14,7 @@ from serving.presets import GEMMA3, register_presets
 from tests.conftest import wait_for
 from tests.enhancement.conftest import finished, start
 
-pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def _ready(name: str) -> bool:
