@@ -172,11 +172,16 @@ def step_result(state: dict, answer: str) -> str:
     return "\n".join([*found, answer] if answer else found) or "(no result)"
 
 
+STEP_MARKER = "Now do step"
+
+
 @wrap_model_call
 def tools_the_step_names(request, handler):
     """A plan step that names some of the agent's tools is offered only those: a small model otherwise reaches for
     whichever tool it used last."""
-    step = next((str(m.content) for m in reversed(request.messages) if isinstance(m, HumanMessage)), "").lower()
+    task = next((str(m.content) for m in reversed(request.messages) if isinstance(m, HumanMessage)), "")
+    # Only the step being done counts: the task also quotes the request and the steps done so far.
+    step = task.rpartition(STEP_MARKER)[2].lower()
     named = [tool for tool in request.tools if getattr(tool, "name", None) and tool.name.lower() in step]
     return handler(request.override(tools=named) if named else request)
 
@@ -246,7 +251,7 @@ def plan_execute(context: RunContext, *, checkpointer) -> Built:
         step = state["plan"][done]
         so_far = "\n".join(f"{n}. {item['step']} -> {item['result']}" for n, item in enumerate(state["results"], 1))
         task = (f"The user's request: {question(state)}\n" + (f"Steps done so far:\n{so_far}\n" if so_far else "")
-                + f"Now do step {done + 1}: {step}")
+                + f"{STEP_MARKER} {done + 1}: {step}")
         out = executor.graph.invoke({"messages": [HumanMessage(content=task)]}, config={"callbacks": [recorder]})
         return {"results": [*state["results"], {"step": step, "result": step_result(out, executor.answer(out))}]}
 

@@ -1,0 +1,524 @@
+"""The ingestion pipeline: parse → clean → screen → chunk → embed → index.
+
+Each document has its own task, but the worker that runs one also claims the knowledge base's other queued
+documents, up to RAG_INGEST_GROUP_DOCS: they go through the first four stages one by one, then are embedded
+together, in model calls that mix their chunks (sorted by length, so batches are full and hold little padding;
+per-document batches of a few chunks ran at about half the model's rate), and indexed in one write (each write
+copies the whole index). The other documents' own tasks then find them done.
+
+Each stage writes its output (a file of its own in the document's work dir, or rows) before the document's `stage`
+moves on, and the embed stage saves each batch of vectors as it goes. A worker holds a document through a lease
+(`leases`): its owner name is unique to the process and the task, and a thread renews it while the worker runs, so
+a long call never outlasts it. When a worker dies the lease runs out and another continues from the recorded stage
+and batch; after RAG_INGEST_MAX_ATTEMPTS such takeovers the document fails with the reason.
+
+A worker that lost its lease (it froze past it, or its task was redelivered) must not harm the one that holds the
+document now: rows are replaced only in a transaction that first checks the lease, and saved vectors are named
+after the chunk rows they belong to (`chunk_set`), so vectors of replaced chunks are never read. A document whose
+saved vectors are missing is embedded again rather than failed. The index write replaces the document's whole
+entry, so however often the last stage runs, each chunk is in the index exactly once.
+"""
+
+import logging
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+
+import numpy as np
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from rag_studio import files
+from rag_studio.pipeline.chunking import chunk_pages
+from rag_studio.pipeline.cleaning import clean_pages
+from rag_studio.embedding import Embedder, EmbeddingFailed
+from rag_studio.leases import LeaseKeeper, lease_until
+from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, Stage
+from rag_studio.pipeline.parsing import ParsedPage, ParseError, parse_document
+from rag_studio.pipeline.screening import screen_text
+from rag_studio.services import DISK_FULL, dispatch_ingest, index_store
+
+logger = logging.getLogger(__name__)
+ORDER = [Stage.PARSE, Stage.CLEAN, Stage.SCREEN, Stage.CHUNK, Stage.EMBED, Stage.INDEX, Stage.DONE]
+# Progress shown when each stage starts; embedding takes most of the time, so it spans most of the bar.
+PROGRESS_AT = {Stage.PARSE: 0, Stage.CLEAN: 10, Stage.SCREEN: 15, Stage.CHUNK: 20, Stage.EMBED: 25,
+               Stage.INDEX: 92, Stage.DONE: 100}
+# Batches' worth of chunks per embedding call: enough for the model to fill its batches with chunks of
+# similar length, few enough that progress moves every few seconds.
+EMBED_CALL_BATCHES = 16
+
+
+class LeaseLost(Exception):
+    """Another worker owns the document now (or it was deleted or re-queued): stop without touching it."""
+
+
+class DocumentFailed(Exception):
+    def __init__(self, code: str, reason: str):
+        super().__init__(reason)
+        self.code, self.reason = code, reason
+
+
+def _lease_until():
+    return lease_until(settings.RAG_INGEST_LEASE_S)
+
+
+def claim(document_id: int, worker: str) -> tuple[Document | None, str]:
+    """Take the document if it is waiting, or if the worker that had it stopped renewing its lease. Returns it
+    and that previous worker, if any. A document already taken over RAG_INGEST_MAX_ATTEMPTS times fails instead,
+    with the stage it kept stopping in."""
+    now = timezone.now()
+    previous_owner = Document.objects.filter(pk=document_id).values_list("lease_owner", flat=True).first() or ""
+    claimed = Document.objects.filter(
+        Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=worker),
+        pk=document_id, status__in=[DocumentStatus.QUEUED, DocumentStatus.PROCESSING],
+    ).update(status=DocumentStatus.PROCESSING, lease_owner=worker, lease_until=_lease_until(), updated_at=now,
+             attempts=F("attempts") + 1)
+    if not claimed:
+        return None, ""
+    document = Document.objects.select_related("knowledge_base__embedding_model",
+                                               "knowledge_base__embedding_deployment").get(pk=document_id)
+    if document.attempts > settings.RAG_INGEST_MAX_ATTEMPTS:
+        _fail(document, worker, "too_many_attempts",
+              f"Ingestion stopped {document.attempts - 1} times in the {document.stage} stage without finishing "
+              f"(its worker died or ran out of time each time); the file may be too large or malformed.")
+        return None, ""
+    return document, previous_owner if previous_owner != worker else ""
+
+
+def _advance(document: Document, worker: str, **fields) -> None:
+    """Record progress and renew the lease, but only while this worker still holds it."""
+    fields.setdefault("progress", document.progress)
+    fields.setdefault("lease_until", _lease_until())
+    updated = Document.objects.filter(pk=document.pk, lease_owner=worker,
+                                      status=DocumentStatus.PROCESSING).update(updated_at=timezone.now(), **fields)
+    if not updated:
+        raise LeaseLost()
+    for name, value in fields.items():
+        setattr(document, name, value)
+
+
+def _event(document: Document, worker: str, message: str) -> None:
+    DocumentEvent.objects.create(document=document, stage=document.stage, message=message[:500], worker=worker)
+
+
+def ingest(document_id: int, worker: str) -> str:
+    """Run the remaining stages of the document and of the queued documents it takes along. Returns the
+    document's final status (also when an earlier task's group already took it), or 'skipped' when another worker
+    has it now. `worker` must be unique to this process and task (`leases.owner_name`)."""
+    document, previous_owner = claim(document_id, worker)
+    if document is None:
+        status = Document.objects.filter(pk=document_id).values_list("status", flat=True).first()
+        return status if status in (DocumentStatus.INDEXED, DocumentStatus.FAILED) else "skipped"
+    if previous_owner:
+        _event(document, worker, f"Resumed at the {document.stage} stage: {previous_owner} stopped renewing its "
+                                 f"lease")
+    held = Document.objects.filter(status=DocumentStatus.PROCESSING)
+    with LeaseKeeper(held, worker, lease_s=settings.RAG_INGEST_LEASE_S):
+        group = [document, *_claim_companions(document, worker)]
+        try:
+            _run_group(group, worker)
+        except SoftTimeLimitExceeded:
+            _release(group, worker, f"Stopped at the task's time limit ({settings.RAG_INGEST_TIME_LIMIT_S:.0f} s); "
+                                    f"it resumes from the last saved step")
+            return "timed out"
+    return Document.objects.filter(pk=document_id).values_list("status", flat=True).first() or "deleted"
+
+
+def _run_group(group: list[Document], worker: str) -> None:
+    pending = [member for member in group if _guarded([member], worker, _prepare)]
+    # A document whose saved vectors turn out to be missing at the index stage goes back to embed, once.
+    for _ in range(2):
+        _guarded([d for d in pending if d.stage == Stage.EMBED], worker, GROUP_STAGES[Stage.EMBED])
+        _guarded([d for d in pending if d.stage == Stage.INDEX], worker, GROUP_STAGES[Stage.INDEX])
+        pending = [d for d in _held(pending, worker) if d.stage == Stage.EMBED]
+        if not pending:
+            break
+
+
+def _release(documents: list[Document], worker: str, message: str) -> None:
+    """Let the documents' leases run out now, so that beat resumes them (counting an attempt)."""
+    released = Document.objects.filter(pk__in=[d.pk for d in documents], lease_owner=worker,
+                                       status=DocumentStatus.PROCESSING)
+    for document in documents:
+        if released.filter(pk=document.pk).exists():
+            _event(document, worker, message)
+    released.update(lease_until=timezone.now())
+
+
+def _claim_companions(document: Document, worker: str) -> list[Document]:
+    waiting = Document.objects.filter(knowledge_base_id=document.knowledge_base_id, status=DocumentStatus.QUEUED,
+                                      lease_until__isnull=True).exclude(pk=document.pk).order_by("pk")
+    companions = []
+    for document_id in waiting.values_list("pk", flat=True)[:settings.RAG_INGEST_GROUP_DOCS - 1]:
+        companion, _ = claim(document_id, worker)
+        if companion is not None:
+            companions.append(companion)
+    return companions
+
+
+def _guarded(documents: list[Document], worker: str, step) -> bool:
+    """Run `step(documents, worker)`; its failure fails those documents with a readable reason (never leaves them
+    "processing"), and a lost lease leaves them to whoever has them now. True when it went through."""
+    if not documents:
+        return True
+    try:
+        step(documents, worker)
+        return True
+    except LeaseLost:
+        return False
+    except SoftTimeLimitExceeded:
+        raise
+    except (DocumentFailed, ParseError) as exc:
+        reason, code = exc.reason, exc.code
+    except EmbeddingFailed as exc:
+        reason, code = str(exc), "embedding_failed"
+    except OSError as exc:
+        if exc.errno in DISK_FULL:
+            reason = (f"The data directory is full ({exc.strerror} in the {documents[0].stage} stage); free space "
+                      f"on the server, then retry the document.")
+            code = "storage_full"
+        else:
+            logger.exception("Ingestion of documents %s failed", [d.pk for d in documents])
+            reason, code = f"Unexpected error in the {documents[0].stage} stage: {exc}", "internal_error"
+    except Exception as exc:  # any other bug must still end in a readable failure, not "processing" forever
+        logger.exception("Ingestion of documents %s failed", [d.pk for d in documents])
+        reason, code = f"Unexpected error in the {documents[0].stage} stage: {exc}", "internal_error"
+    for document in documents:
+        _fail(document, worker, code, reason)
+    return False
+
+
+def _prepare(documents: list[Document], worker: str) -> None:
+    """The per-document stages, up to embedding."""
+    for document in documents:
+        while document.stage in STAGES:
+            stage = document.stage
+            try:
+                STAGES[stage](document, worker)
+            except _InputMissing as exc:
+                # The work dir was emptied (an older layout, a disk clean-up): the upload is all that is needed.
+                _advance(document, worker, stage=Stage.PARSE, progress=PROGRESS_AT[Stage.PARSE])
+                _event(document, worker, f"{exc}; starting again from the parse stage")
+                continue
+            next_stage = ORDER[ORDER.index(stage) + 1]
+            _advance(document, worker, stage=next_stage, progress=PROGRESS_AT[next_stage])
+
+
+class _InputMissing(Exception):
+    pass
+
+
+def _advanced(document: Document, worker: str, **fields) -> bool:
+    """`_advance`, False instead of LeaseLost: in a group, a document another worker took (or that was deleted)
+    just drops out."""
+    try:
+        _advance(document, worker, **fields)
+        return True
+    except LeaseLost:
+        return False
+
+
+def _owned(document: Document, worker: str) -> None:
+    """Inside a transaction, before replacing a document's rows: raise LeaseLost unless this worker still holds
+    it. The transaction takes the database's write lock first (IMMEDIATE on SQLite, the row lock on Postgres), so
+    no other worker can claim it between this check and the commit."""
+    held = Document.objects.select_for_update().filter(pk=document.pk, lease_owner=worker,
+                                                       status=DocumentStatus.PROCESSING)
+    if not held.exists():
+        raise LeaseLost()
+
+
+def _fail(document: Document, worker: str, code: str, reason: str) -> None:
+    updated = Document.objects.filter(pk=document.pk, lease_owner=worker).update(
+        status=DocumentStatus.FAILED, error_code=code, error=reason, lease_owner="", lease_until=None,
+        updated_at=timezone.now())
+    if updated:
+        _event(document, worker, f"Failed: {reason}")
+
+
+def _pages_path(document: Document, stage: str):
+    """The pages a stage wrote. Each stage has its own file, written from the previous one's, so that a late
+    write by a worker that lost its lease (the same content: the stages are deterministic) cannot hand a later
+    stage the wrong input."""
+    return files.work_dir(document.pk) / f"pages-{stage}.json"
+
+
+def _load_pages(document: Document, stage: str) -> list[ParsedPage]:
+    try:
+        return [ParsedPage(**page) for page in files.read_json(_pages_path(document, stage))]
+    except FileNotFoundError:
+        raise _InputMissing(f"The {stage} stage's output is missing")
+
+
+def _save_pages(document: Document, stage: str, pages: list[ParsedPage]) -> None:
+    files.write_json_atomic(_pages_path(document, stage), [asdict(page) for page in pages])
+
+
+def run_parse(document: Document, worker: str) -> None:
+    kb = document.knowledge_base
+    pages = parse_document(files.upload_path(kb.pk, document.sha256), document.filename)
+    _save_pages(document, Stage.PARSE, pages)
+    _advance(document, worker, page_count=len(pages))
+
+
+def run_clean(document: Document, worker: str) -> None:
+    pages = clean_pages(_load_pages(document, Stage.PARSE))
+    if not pages:
+        raise DocumentFailed("no_text", "Nothing was left after cleaning: the document has no readable text.")
+    _save_pages(document, Stage.CLEAN, pages)
+    _advance(document, worker, char_count=sum(len(p.text) for p in pages))
+
+
+def run_screen(document: Document, worker: str) -> None:
+    policy = document.knowledge_base.screening
+    screened, findings, reasons = [], [], []
+    for page in _load_pages(document, Stage.CLEAN):
+        result = screen_text(page.text, policy)
+        screened.append(ParsedPage(text=result.text, page=page.page))
+        findings += [Finding(document=document, category=f.category, kind=f.kind, action=f.action, page=page.page,
+                             start=f.start, end=f.end, preview=f.preview[:200]) for f in result.findings]
+        if result.rejected:
+            reasons.append(result.reject_reason())
+    with transaction.atomic():
+        _owned(document, worker)
+        document.findings.all().delete()
+        Finding.objects.bulk_create(findings)
+    if reasons:
+        raise DocumentFailed("rejected_by_screening", reasons[0])
+    _save_pages(document, Stage.SCREEN, screened)
+    if findings:
+        _event(document, worker, f"Screening: {len(findings)} finding(s)")
+    _advance(document, worker)
+
+
+def run_chunk(document: Document, worker: str) -> None:
+    drafts = chunk_pages(_load_pages(document, Stage.SCREEN), document.knowledge_base.chunking)
+    if not any(d.searchable for d in drafts):
+        raise DocumentFailed("no_text", "The document produced no chunks to index.")
+    chunk_set = uuid.uuid4().hex
+    with transaction.atomic():
+        _owned(document, worker)
+        Document.objects.filter(pk=document.pk).update(chunk_set=chunk_set)
+        document.chunk_set = chunk_set
+        document.chunks.all().delete()
+        rows = Chunk.objects.bulk_create([
+            Chunk(knowledge_base_id=document.knowledge_base_id, document=document, ordinal=ordinal, text=d.text,
+                  page=d.page, start=d.start, end=d.end, heading=d.heading[:500], searchable=d.searchable)
+            for ordinal, d in enumerate(drafts)])
+        children = []
+        for row, draft in zip(rows, drafts):
+            if draft.parent is not None:
+                row.parent = rows[draft.parent]
+                children.append(row)
+        Chunk.objects.bulk_update(children, ["parent"])
+    _clear_vectors(document)
+    _advance(document, worker, chunk_count=sum(d.searchable for d in drafts))
+
+
+def _clear_vectors(document: Document) -> None:
+    """Remove every saved vector batch and embedding plan, of this chunk set and of replaced ones."""
+    work = files.work_dir(document.pk)
+    for stale in [*work.glob("vectors-*.npy"), *work.glob("embed-*.json")]:
+        stale.unlink(missing_ok=True)
+
+
+def _embed_plan_path(document: Document):
+    return files.work_dir(document.pk) / f"embed-{document.chunk_set}.json"
+
+
+def _batch_size(document: Document) -> int:
+    """The batch size the document's embedding started with: saved batches are only valid for it, even if a
+    worker with another configuration resumes the work."""
+    plan = _embed_plan_path(document)
+    if plan.exists():
+        return files.read_json(plan)["batch_size"]
+    files.write_json_atomic(plan, {"batch_size": settings.RAG_EMBED_BATCH_SIZE})
+    return settings.RAG_EMBED_BATCH_SIZE
+
+
+def _searchable(document: Document) -> list[tuple[int, str]]:
+    return list(document.chunks.filter(searchable=True).order_by("ordinal").values_list("id", "text"))
+
+
+def _batch_path(document: Document, index: int):
+    return files.work_dir(document.pk) / f"vectors-{document.chunk_set}-{index:05d}.npy"
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One saved batch of one document: the unit of resumption."""
+
+    document: Document
+    index: int
+    texts: list[str]
+
+
+def embed_documents(documents: list[Document], worker: str) -> None:
+    """Embed the documents' unsaved batches, several documents' batches per model call."""
+    pieces, batch_counts, done = [], {}, {}
+    for document in documents:
+        chunks = _searchable(document)
+        size = _batch_size(document)
+        batches = [[text for _, text in chunks[i:i + size]] for i in range(0, len(chunks), size)]
+        todo = [i for i in range(len(batches)) if not _batch_path(document, i).exists()]
+        if len(todo) < len(batches):
+            _event(document, worker, f"Embedding resumes at batch {todo[0] + 1 if todo else len(batches)} "
+                                     f"of {len(batches)}; {len(batches) - len(todo)} batch(es) were already saved")
+        pieces += [_Piece(document, i, batches[i]) for i in todo]
+        batch_counts[document.pk], done[document.pk] = len(batches), len(batches) - len(todo)
+    embedder = Embedder.for_knowledge_base(documents[0].knowledge_base)
+    span = PROGRESS_AT[Stage.INDEX] - PROGRESS_AT[Stage.EMBED]
+    held = list(documents)
+    for call in _calls(pieces, settings.RAG_EMBED_BATCH_SIZE * EMBED_CALL_BATCHES):
+        call = [piece for piece in call if piece.document in held]
+        vectors = embedder.embed_many([text for piece in call for text in piece.texts])
+        offset = 0
+        for piece in call:
+            _save_vectors(_batch_path(piece.document, piece.index), vectors[offset:offset + len(piece.texts)])
+            offset += len(piece.texts)
+            done[piece.document.pk] += 1
+        embedded = {piece.document.pk for piece in call}
+        held = [document for document in held if document.pk not in embedded or _advanced(
+            document, worker,
+            progress=PROGRESS_AT[Stage.EMBED] + span * done[document.pk] // max(1, batch_counts[document.pk]))]
+    for document in held:
+        _advanced(document, worker, stage=Stage.INDEX, progress=PROGRESS_AT[Stage.INDEX])
+
+
+def _calls(pieces: list[_Piece], texts_per_call: int):
+    """Consecutive runs of pieces holding about `texts_per_call` texts."""
+    call, size = [], 0
+    for piece in pieces:
+        call.append(piece)
+        size += len(piece.texts)
+        if size >= texts_per_call:
+            yield call
+            call, size = [], 0
+    if call:
+        yield call
+
+
+def _save_vectors(path, vectors: np.ndarray) -> None:
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.partial")
+    with partial.open("wb") as out:
+        np.save(out, vectors)
+    partial.replace(path)
+
+
+def index_documents(documents: list[Document], worker: str) -> None:
+    """One index write for all the documents, then each is done."""
+    upserts, ready = {}, []
+    for document in documents:
+        chunks = _searchable(document)
+        vectors = _saved_vectors(document, len(chunks))
+        if vectors is None:
+            if _advanced(document, worker, stage=Stage.EMBED, progress=PROGRESS_AT[Stage.EMBED]):
+                _event(document, worker, "Saved vectors were missing or did not match the chunks; embedding again")
+            continue
+        upserts[str(document.pk)] = ([pk for pk, _ in chunks], vectors, [text for _, text in chunks])
+        ready.append(document)
+    # Checked just before the write, so that a document deleted meanwhile is not put back in the index.
+    ready = _held(ready, worker)
+    if not ready:
+        return
+    kb = KnowledgeBase.objects.select_related("embedding_model").get(pk=documents[0].knowledge_base_id)
+    index_store(kb, kb.building_key or kb.index_key).apply(
+        upserts={str(document.pk): upserts[str(document.pk)] for document in ready})
+    finish_documents(ready, worker)
+
+
+def _saved_vectors(document: Document, chunk_count: int) -> np.ndarray | None:
+    """The document's saved vectors, one per searchable chunk, or None when a batch is missing or they do not
+    match its chunks."""
+    plan = _embed_plan_path(document)
+    if not plan.exists():
+        return None
+    size = files.read_json(plan)["batch_size"]
+    try:
+        vectors = np.concatenate([np.load(_batch_path(document, i)) for i in range((chunk_count + size - 1) // size)])
+    except FileNotFoundError:
+        return None
+    return vectors if len(vectors) == chunk_count else None
+
+
+def index_with_vectors(documents: list[tuple[Document, np.ndarray]], worker: str) -> None:
+    """Index documents whose chunk rows already exist, with their vectors (a bundle's, one per searchable chunk in
+    ordinal order), which `worker` holds at the embed stage. The vectors are saved as the embed stage saves them,
+    so a worker that takes over after this process died finds them, and the pipeline's index stage does the rest;
+    a failure fails the documents with the reason, as in ingestion."""
+    held = []
+    for document, vectors in documents:
+        size = _batch_size(document)
+        for start in range(0, len(vectors), size):
+            _save_vectors(_batch_path(document, start // size), vectors[start:start + size])
+        if _advanced(document, worker, stage=Stage.INDEX, progress=PROGRESS_AT[Stage.INDEX]):
+            held.append(document)
+    with LeaseKeeper(Document.objects.filter(status=DocumentStatus.PROCESSING), worker,
+                     lease_s=settings.RAG_INGEST_LEASE_S):
+        _guarded(held, worker, index_documents)
+
+
+def _held(documents: list[Document], worker: str) -> list[Document]:
+    held = set(Document.objects.filter(pk__in=[d.pk for d in documents], lease_owner=worker,
+                                       status=DocumentStatus.PROCESSING).values_list("pk", flat=True))
+    return [document for document in documents if document.pk in held]
+
+
+def finish_documents(documents: list[Document], worker: str) -> None:
+    """Mark the documents indexed (those this worker still holds), then switch a re-indexing knowledge base
+    to its new index if nothing else is pending."""
+    now = timezone.now()
+    with transaction.atomic():
+        finished = _held(documents, worker)
+        Document.objects.filter(pk__in=[d.pk for d in finished]).update(
+            stage=Stage.DONE, progress=100, status=DocumentStatus.INDEXED, lease_owner="", lease_until=None,
+            indexed_at=now, error="", error_code="", updated_at=now)
+        DocumentEvent.objects.bulk_create([
+            DocumentEvent(document=document, stage=Stage.DONE, worker=worker,
+                          message=f"Indexed {document.chunk_count} chunk(s)") for document in finished])
+    for document in finished:
+        _clear_vectors(document)
+    if finished:
+        switch_to_built_index(finished[0].knowledge_base_id)
+
+
+def switch_to_built_index(kb_id: int) -> bool:
+    """Once no document of a re-indexing knowledge base is still waiting, retrieval moves to the new index."""
+    import shutil
+
+    with transaction.atomic():
+        kb = KnowledgeBase.objects.select_for_update().get(pk=kb_id)
+        pending = kb.documents.filter(status__in=[DocumentStatus.QUEUED, DocumentStatus.PROCESSING]).exists()
+        if not kb.building_key or pending:
+            return False
+        old_key = kb.index_key
+        kb.index_key, kb.indexed_with = kb.building_key, kb.building_with
+        kb.building_key, kb.building_with = "", {}
+        kb.save(update_fields=["index_key", "indexed_with", "building_key", "building_with", "updated_at"])
+    shutil.rmtree(files.index_dir(kb_id, old_key), ignore_errors=True)
+    return True
+
+
+def resume_stalled() -> list[int]:
+    """Dispatch again every document whose worker stopped renewing its lease (killed, or its machine lost), and
+    every queued document whose task message was sent RAG_QUEUED_REDISPATCH_S ago and never taken (lost with a
+    Redis restart, or never sent: the process died before its transaction's on_commit ran). The task is
+    idempotent, so a message that was only slow costs a no-op; claim() fails a document past its attempts."""
+    now = timezone.now()
+    overdue = now - timedelta(seconds=settings.RAG_QUEUED_REDISPATCH_S)
+    stalled = list(Document.objects.filter(
+        Q(status=DocumentStatus.PROCESSING, lease_until__lt=now)
+        | Q(status=DocumentStatus.QUEUED, lease_until__isnull=True, dispatched_at__lt=overdue)
+        | Q(status=DocumentStatus.QUEUED, lease_until__isnull=True, dispatched_at__isnull=True, created_at__lt=overdue)
+    ).order_by("pk").values_list("pk", flat=True))
+    for document_id in stalled:
+        dispatch_ingest(document_id)
+    return stalled
+
+
+# Run per document, then per group of documents.
+STAGES = {Stage.PARSE: run_parse, Stage.CLEAN: run_clean, Stage.SCREEN: run_screen, Stage.CHUNK: run_chunk}
+GROUP_STAGES = {Stage.EMBED: embed_documents, Stage.INDEX: index_documents}
