@@ -183,13 +183,16 @@ class Router:
         return await sync_to_async(_load_visible, thread_sensitive=False)(workspace_id)
 
     def pick(self, target: Target, *, exclude: set[int]) -> Route | None:
+        """A weighted choice among the replicas not yet tried, preferring those not cooling down. When every one
+        left is cooling down, the one whose cool-down ends first is tried all the same: a cool-down steers traffic
+        to other replicas, it never strands a deployment (one slow answer of a lone replica would otherwise refuse
+        every request for cooldown_s, though its health checks pass)."""
         now = time.monotonic()
-        candidates = [r for r in target.routes
-                      if r.replica_id not in exclude
-                      and self._cooling_until.get((r.replica_id, r.base_url), 0.0) <= now]
-        if not candidates:
-            return None
-        return random.choices(candidates, weights=[r.weight for r in candidates])[0]
+        untried = [r for r in target.routes if r.replica_id not in exclude]
+        cool = [r for r in untried if self._cooling_until.get((r.replica_id, r.base_url), 0.0) <= now]
+        if cool:
+            return random.choices(cool, weights=[r.weight for r in cool])[0]
+        return min(untried, key=lambda r: self._cooling_until[(r.replica_id, r.base_url)], default=None)
 
     def cool_down(self, route: Route, seconds: float) -> None:
         self._cooling_until[(route.replica_id, route.base_url)] = time.monotonic() + seconds
