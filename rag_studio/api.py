@@ -7,8 +7,9 @@ from rest_framework.response import Response
 
 from accounts.permissions import WorkspaceScopedMixin
 from assets.views import bundle_download
-from rag_studio import evaluation, selectors, services
+from rag_studio import selectors, services
 from rag_studio.bundles import export_config_bundle
+from rag_studio.evals import evaluation
 from rag_studio.models import (
     Chunk,
     Document,
@@ -23,7 +24,7 @@ from rag_studio.models import (
     RagConfigVersion,
     RagTemplate,
 )
-from rag_studio.retrieval import retrieve
+from rag_studio.search.retrieval import retrieve
 
 
 class KnowledgeBaseSerializer(serializers.ModelSerializer):
@@ -40,7 +41,7 @@ class KnowledgeBaseSerializer(serializers.ModelSerializer):
                   "document_count", "indexed_count", "created_at", "updated_at"]
 
     def get_needs_reindex(self, obj) -> bool:
-        return services.needs_reindex(obj)
+        return selectors.needs_reindex(obj)
 
 
 class KnowledgeBaseWriteSerializer(serializers.Serializer):
@@ -285,7 +286,7 @@ class RagConfigViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
         """Answer one question with this config (the latest version unless `version` is given)."""
         data = RunSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        version = services.config_version(self.get_object(), data.validated_data.get("version"))
+        version = selectors.config_version(self.get_object(), data.validated_data.get("version"))
         result = services.pipeline_for(version).run(data.validated_data["query"], data.validated_data["history"])
         return Response({"answer": result.answer, "citations": result.citations(), "queries": result.queries,
                          "usage": result.usage, "timings_ms": result.timings_ms, "version": version.number})
@@ -418,7 +419,7 @@ class EvalRunViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retriev
         eval_set = selectors.scoped(selectors.eval_sets(workspace=self.workspace), spec["eval_set"], "Eval set")
         config = selectors.scoped(selectors.rag_configs(workspace=self.workspace), spec["config"], "RAG config")
         run = evaluation.start_run(actor=self.actor, eval_set=eval_set,
-                                   version=services.config_version(config, spec.get("version")),
+                                   version=selectors.config_version(config, spec.get("version")),
                                    judge=spec["judge"], top_k=spec["top_k"])
         return Response(EvalRunSerializer(run).data, status=status.HTTP_201_CREATED)
 

@@ -52,11 +52,13 @@ from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from assets.bundles import Bundle, BundleRejected, ImportOutcome, bundle_importer, read_bundle, write_bundle
 from assets.models import Asset, AssetKind
-from rag_studio import files, ingestion, services
-from rag_studio.index_store import forget_readers
+from rag_studio import files, selectors, services
 from rag_studio.leases import lease_until
 from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, RagConfig, Stage
-from rag_studio.parsing import ParseError, file_kind
+from rag_studio.pipeline import ingestion
+from rag_studio.pipeline.parsing import ParseError, file_kind
+from rag_studio.pipeline.storage import is_stored
+from rag_studio.search.index_store import forget_readers, store_for
 from serving.models import RoleHint
 from serving.selectors import chat_model_problem, deployments_visible_to, models_visible_to
 
@@ -80,7 +82,7 @@ def export_config_bundle(*, actor: Actor, config: RagConfig, version_number: int
     """Write a signed bundle of a config version (the latest by default) with its knowledge base and documents,
     and with `include_indexes` its chunks and vectors. `extra` goes under manifest["app"] untouched."""
     require_role(actor=actor, workspace=config.workspace, role=Role.DEVELOPER)
-    version = services.config_version(config, version_number)
+    version = selectors.config_version(config, version_number)
     kb = KnowledgeBase.objects.select_related("workspace", "embedding_model", "embedding_deployment").filter(
         pk=version.settings["knowledge_base_id"], workspace=config.workspace).first()
     if kb is None:
@@ -88,7 +90,7 @@ def export_config_bundle(*, actor: Actor, config: RagConfig, version_number: int
     if include_indexes and kb.building_key:
         raise Conflict(f"'{kb.name}' is being re-indexed: export it with its index when that is done, or without.")
     kb_asset = services.register_kb_asset(kb, actor=actor)
-    stored = [d for d in kb.documents.order_by("pk") if files.upload_path(kb.pk, d.sha256).exists()]
+    stored = [d for d in kb.documents.order_by("pk") if is_stored(kb.pk, d.sha256)]
     scratch = Path(tempfile.mkdtemp(prefix="export-", dir=_exports_dir()))
     try:
         bundle_files, index, ingested = (_index_files(kb, stored, scratch) if include_indexes else ({}, None, {}))
@@ -147,7 +149,7 @@ def _document_path(filename: str, taken: dict) -> str:
 def _index_files(kb: KnowledgeBase, documents: list[Document], scratch: Path) -> tuple[dict, dict, dict]:
     """Write the chunks and vectors of every indexed document whose index entry matches its chunks. Returns the
     bundle files, the index entry, and each such document's `ingested` summary by document id."""
-    store = services.index_store(kb)
+    store = store_for(kb)
     chunks_path, vectors_path = scratch / "chunks.jsonl", scratch / "vectors.npy"
     indexed_ids, ingested, chunk_count = [], {}, 0
     with chunks_path.open("w", encoding="utf-8") as out:
@@ -250,7 +252,7 @@ def import_verified_bundle(*, actor: Actor, workspace: Workspace, bundle: Bundle
             if on_extra is not None:
                 on_extra(config, extra)
             queued = [d.pk for d in documents.values() if d.status == DocumentStatus.QUEUED]
-            transaction.on_commit(lambda: [services.dispatch_ingest(pk) for pk in queued])
+            transaction.on_commit(lambda: [ingestion.dispatch_ingest(pk) for pk in queued])
     except BaseException:
         if kb_dir is not None:
             _clear(kb_dir)
@@ -259,7 +261,7 @@ def import_verified_bundle(*, actor: Actor, workspace: Workspace, bundle: Bundle
         shutil.rmtree(staging, ignore_errors=True)
     if vectors:
         ingestion.index_with_vectors(vectors, owner)
-        kb.indexed_with = plan.index.get("indexed_with") or services.index_settings(kb)
+        kb.indexed_with = plan.index.get("indexed_with") or selectors.index_settings(kb)
         kb.save(update_fields=["indexed_with", "updated_at"])
         failed = kb.documents.filter(status=DocumentStatus.FAILED)
         if failed.exists():

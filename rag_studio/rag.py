@@ -16,10 +16,10 @@ from asgiref.sync import sync_to_async
 from langchain_core.messages import HumanMessage
 from langchain_core.prompts import ChatPromptTemplate
 
-from rag_studio.fusion import reciprocal_rank_scores
 from rag_studio.gateway_client import chat_model
 from rag_studio.models import KnowledgeBase, RagTemplate
-from rag_studio.retrieval import Hit, retrieve
+from rag_studio.search.fusion import reciprocal_rank_scores
+from rag_studio.search.retrieval import Hit, retrieve
 
 DEFAULT_PROMPTS = {
     RagTemplate.BASIC: (

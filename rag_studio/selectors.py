@@ -4,7 +4,9 @@ from django.db.models import Count, Q
 
 from accounts.errors import NotFound
 from accounts.models import Workspace
-from rag_studio.models import Document, EvalRun, EvalSet, KnowledgeBase, RagConfig
+from rag_studio.models import Document, EvalRun, EvalSet, KnowledgeBase, RagConfig, RagConfigVersion
+from serving.models import RoleHint, ServingState
+from serving.selectors import deployments_visible_to
 
 
 def knowledge_bases(*, workspace: Workspace):
@@ -16,6 +18,22 @@ def knowledge_bases(*, workspace: Workspace):
 
 def documents(*, workspace: Workspace):
     return Document.objects.filter(knowledge_base__workspace=workspace).select_related("knowledge_base")
+
+
+def index_settings(kb: KnowledgeBase) -> dict:
+    """What the index content depends on: a change to either means every chunk must be rebuilt."""
+    return {"embedding_model": kb.embedding_model.name, "chunking": kb.chunking}
+
+
+def needs_reindex(kb: KnowledgeBase) -> bool:
+    """Whether the index (the one being built, else the live one) no longer matches the settings."""
+    target = kb.building_with if kb.building_key else kb.indexed_with
+    return target != index_settings(kb)
+
+
+def ready_embedding_deployments(workspace: Workspace):
+    return deployments_visible_to(workspace=workspace).filter(model__role_hint=RoleHint.EMBEDDING,
+                                                              state=ServingState.READY)
 
 
 def document_progress(*, kb: KnowledgeBase) -> list[dict]:
@@ -43,6 +61,14 @@ def mostly_chinese(*, kb: KnowledgeBase, sample: int = 200) -> bool:
 
 def rag_configs(*, workspace: Workspace):
     return RagConfig.objects.filter(workspace=workspace).select_related("knowledge_base")
+
+
+def config_version(config: RagConfig, number: int | None = None) -> RagConfigVersion:
+    """The config's version `number`, or its latest."""
+    version = config.versions.filter(number=number).first() if number else config.versions.first()
+    if version is None:
+        raise NotFound(f"Version {number} of '{config.name}' not found.")
+    return version
 
 
 def eval_sets(*, workspace: Workspace):

@@ -1,27 +1,22 @@
 """Knowledge bases and their documents: create and configure, upload, delete, re-index. The ingestion stages
-themselves live in `ingestion`, retrieval in `retrieval`."""
+themselves live in `pipeline.ingestion` (uploaded files on disk in `pipeline.storage`), retrieval in
+`search.retrieval`, and the reads in `selectors`."""
 
-import errno
-import hashlib
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from celery import current_app
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from accounts.errors import Conflict, NotFound, ServiceUnavailable, ValidationFailed
+from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from assets.models import AssetKind, AssetVersion
 from assets.services import forget_asset, payload_checksum, register_asset
-from rag_studio import files
-from rag_studio.chunking import DEFAULT_CHUNKING, validate_chunking
+from rag_studio import files, selectors
 from rag_studio.embedding import check_local_model
-from rag_studio.index_store import IndexStore
 from rag_studio.models import (
     Document,
     DocumentEvent,
@@ -32,13 +27,16 @@ from rag_studio.models import (
     RagTemplate,
     Stage,
 )
-from rag_studio.parsing import ParseError, file_kind
-from rag_studio.retrieval_config import validate_retrieval
-from rag_studio.screening import DEFAULT_POLICY, validate_policy
-from serving.models import Deployment, Model, RoleHint, ServingState
+from rag_studio.pipeline import ingestion, storage
+from rag_studio.pipeline.chunking import DEFAULT_CHUNKING, validate_chunking
+from rag_studio.pipeline.parsing import ParseError, file_kind
+from rag_studio.pipeline.screening import DEFAULT_POLICY, validate_policy
+from rag_studio.rag import RagPipeline
+from rag_studio.search.index_store import store_for
+from rag_studio.search.retrieval_config import validate_retrieval
+from serving.models import Deployment, Model, RoleHint
 from serving.selectors import chat_model_problem, deployments_visible_to, models_visible_to
 
-INGEST_TASK = "rag_studio.tasks.ingest_document"
 DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
 
 
@@ -81,10 +79,6 @@ def _next_index_key(kb: KnowledgeBase) -> str:
     return _index_key(kb.embedding_model, generation)
 
 
-def index_store(kb: KnowledgeBase, key: str | None = None) -> IndexStore:
-    return IndexStore(files.index_dir(kb.pk, key or kb.index_key), kb.embedding_dimensions)
-
-
 @transaction.atomic
 def create_knowledge_base(*, actor: Actor, workspace: Workspace, name: str, description: str = "",
                           embedding_model: str = "", embedding_deployment: str = "", chunking: dict | None = None,
@@ -105,7 +99,7 @@ def create_knowledge_base(*, actor: Actor, workspace: Workspace, name: str, desc
         retrieval=_validated(validate_retrieval, "retrieval", retrieval or {}),
         index_key=_index_key(model, 1),
     )
-    kb.indexed_with = index_settings(kb)
+    kb.indexed_with = selectors.index_settings(kb)
     kb.save(update_fields=["indexed_with"])
     register_kb_asset(kb, actor=actor)
     record_audit(actor=actor, workspace=workspace, action="rag.kb.create", target=kb, detail={"name": name})
@@ -155,22 +149,12 @@ def update_knowledge_base(*, actor: Actor, kb: KnowledgeBase, reindex: bool = Fa
                 setattr(kb, field, _validated(validate, field, changes[field]))
         kb.save()
         register_kb_asset(kb, actor=actor)
-        stale = needs_reindex(kb)
+        stale = selectors.needs_reindex(kb)
         record_audit(actor=actor, workspace=kb.workspace, action="rag.kb.update", target=kb,
                      detail={"fields": sorted(changes), "reindex": bool(reindex and stale)})
     if reindex and stale:
         start_reindex(actor=actor, kb=kb)
     return stale
-
-
-def index_settings(kb: KnowledgeBase) -> dict:
-    """What the index content depends on: a change to either means every chunk must be rebuilt."""
-    return {"embedding_model": kb.embedding_model.name, "chunking": kb.chunking}
-
-
-def needs_reindex(kb: KnowledgeBase) -> bool:
-    target = kb.building_with if kb.building_key else kb.indexed_with
-    return target != index_settings(kb)
 
 
 def start_reindex(*, actor: Actor, kb: KnowledgeBase) -> str:
@@ -181,7 +165,7 @@ def start_reindex(*, actor: Actor, kb: KnowledgeBase) -> str:
         kb = KnowledgeBase.objects.select_for_update().get(pk=kb.pk)
         previous_build = kb.building_key
         kb.building_key = _next_index_key(kb) if not previous_build else _bump(previous_build)
-        kb.building_with = index_settings(kb)
+        kb.building_with = selectors.index_settings(kb)
         kb.save(update_fields=["building_key", "building_with", "updated_at"])
         # Documents not yet past screening reach the chunk stage anyway, and index into the new key then.
         documents = list(kb.documents.filter(stage__in=[Stage.CHUNK, Stage.EMBED, Stage.INDEX, Stage.DONE]))
@@ -193,13 +177,11 @@ def start_reindex(*, actor: Actor, kb: KnowledgeBase) -> str:
              for d in documents])
         record_audit(actor=actor, workspace=kb.workspace, action="rag.kb.reindex", target=kb,
                      detail={"index": kb.building_key, "documents": len(documents)})
-        transaction.on_commit(lambda: [dispatch_ingest(d.pk) for d in documents])
+        transaction.on_commit(lambda: [ingestion.dispatch_ingest(d.pk) for d in documents])
     if previous_build:
         shutil.rmtree(files.index_dir(kb.pk, previous_build), ignore_errors=True)
     if not documents:
-        from rag_studio.ingestion import switch_to_built_index
-
-        switch_to_built_index(kb.pk)
+        ingestion.switch_to_built_index(kb.pk)
     return kb.building_key
 
 
@@ -220,13 +202,6 @@ def delete_knowledge_base(*, actor: Actor, kb: KnowledgeBase) -> None:
     shutil.rmtree(files.kb_dir(kb_id), ignore_errors=True)
 
 
-def dispatch_ingest(document_id: int) -> None:
-    """Send the document's task; when it was sent is recorded, so that beat can tell a lost message (see
-    `ingestion.resume_stalled`)."""
-    Document.objects.filter(pk=document_id).update(dispatched_at=timezone.now())
-    current_app.send_task(INGEST_TASK, args=[document_id])
-
-
 @dataclass
 class UploadOutcome:
     filename: str
@@ -236,28 +211,6 @@ class UploadOutcome:
     @property
     def status(self) -> str:
         return "duplicate" if self.duplicate_of else self.document.status
-
-
-class UploadedFile:
-    """What an upload needs from Django's UploadedFile (or a file the tests or benchmarks open themselves)."""
-
-    def __init__(self, name: str, stream, size: int):
-        self.name, self.stream, self.size = name, stream, size
-
-    def chunks(self, chunk_size: int = 1 << 20):
-        while block := self.stream.read(chunk_size):
-            yield block
-
-
-class StorageFull(ServiceUnavailable):
-    """The data directory has no room left: nothing the user sent is wrong, and retrying later (after an operator
-    frees space) works."""
-
-    status = 507
-    code = "storage_full"
-
-
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def upload_documents(*, actor: Actor, kb: KnowledgeBase, uploads) -> list[UploadOutcome]:
@@ -272,12 +225,12 @@ def upload_documents(*, actor: Actor, kb: KnowledgeBase, uploads) -> list[Upload
         try:
             outcomes.append(_store_upload(kb, upload))
         except OSError as exc:
-            if exc.errno not in DISK_FULL:
+            if exc.errno not in storage.DISK_FULL:
                 raise
             stored = f" ({len(outcomes)} file(s) before it were stored)" if outcomes else ""
-            raise StorageFull(f"The data directory is full: '{Path(upload.name or 'unnamed').name}' and the files "
-                              f"after it were not stored{stored}. Free space on the server, then upload them "
-                              f"again.", retry_after=60)
+            raise storage.StorageFull(f"The data directory is full: '{Path(upload.name or 'unnamed').name}' and the "
+                                      f"files after it were not stored{stored}. Free space on the server, then upload "
+                                      f"them again.", retry_after=60)
     record_audit(actor=actor, workspace=kb.workspace, action="rag.document.upload", target=kb,
                  detail={"files": [o.filename for o in outcomes], "statuses": [o.status for o in outcomes]})
     return outcomes
@@ -285,33 +238,17 @@ def upload_documents(*, actor: Actor, kb: KnowledgeBase, uploads) -> list[Upload
 
 def _store_upload(kb: KnowledgeBase, upload) -> UploadOutcome:
     filename = Path(upload.name or "unnamed").name[:255]
-    staging = files.uploads_dir(kb.pk) / f".incoming-{os.getpid()}-{id(upload)}"
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    digest, size, too_large = hashlib.sha256(), 0, False
-    try:
-        with staging.open("wb") as out:
-            for block in upload.chunks():
-                size += len(block)
-                digest.update(block)
-                if size > settings.RAG_UPLOAD_MAX_BYTES:
-                    too_large = True
-                    continue
-                out.write(block)
-            out.flush()
-            os.fsync(out.fileno())
-    except OSError:
-        staging.unlink(missing_ok=True)  # a disk that filled up mid-file keeps no half of it
-        raise
-    sha256 = digest.hexdigest()
+    staged = storage.stage_upload(kb.pk, upload, max_bytes=settings.RAG_UPLOAD_MAX_BYTES)
+    sha256, size = staged.sha256, staged.size
     existing = kb.documents.filter(sha256=sha256).first()
     if existing is not None:
-        staging.unlink()
+        staged.discard()
         return UploadOutcome(filename=filename, document=existing, duplicate_of=existing)
-    failure = _upload_failure(filename, size, too_large)
+    failure = _upload_failure(filename, size, staged.too_large)
     if failure is None:
-        os.replace(staging, files.upload_path(kb.pk, sha256))
+        staged.keep()
     else:
-        staging.unlink()
+        staged.discard()
     try:
         with transaction.atomic():
             document = Document.objects.create(
@@ -321,7 +258,7 @@ def _store_upload(kb: KnowledgeBase, upload) -> UploadOutcome:
             DocumentEvent.objects.create(document=document, stage=Stage.PARSE,
                                          message=f"Rejected: {failure[1]}" if failure else "Uploaded and queued")
             if failure is None:
-                transaction.on_commit(lambda: dispatch_ingest(document.pk))
+                transaction.on_commit(lambda: ingestion.dispatch_ingest(document.pk))
     except IntegrityError:
         # The same file uploaded twice at once: the other upload stored it first (the file is the same bytes).
         existing = kb.documents.get(sha256=sha256)
@@ -357,7 +294,7 @@ def retry_document(*, actor: Actor, document: Document) -> Document:
     if document.status not in (DocumentStatus.FAILED, DocumentStatus.QUEUED):
         raise Conflict(f"'{document.filename}' is {document.status}; only failed or queued documents can be "
                        f"retried.")
-    if not files.upload_path(kb.pk, document.sha256).exists():
+    if not storage.is_stored(kb.pk, document.sha256):
         raise Conflict(f"'{document.filename}' was never stored ({document.error}); upload a fixed file instead.")
     with transaction.atomic():
         Document.objects.filter(pk=document.pk).update(status=DocumentStatus.QUEUED, error="", error_code="",
@@ -365,7 +302,7 @@ def retry_document(*, actor: Actor, document: Document) -> Document:
                                                        updated_at=timezone.now())
         DocumentEvent.objects.create(document=document, stage=document.stage, message="Retry requested")
         record_audit(actor=actor, workspace=kb.workspace, action="rag.document.retry", target=document)
-        transaction.on_commit(lambda: dispatch_ingest(document.pk))
+        transaction.on_commit(lambda: ingestion.dispatch_ingest(document.pk))
     document.refresh_from_db()
     return document
 
@@ -375,18 +312,13 @@ def delete_document(*, actor: Actor, document: Document) -> None:
     kb = document.knowledge_base
     require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
     for key in filter(None, [kb.index_key, kb.building_key]):
-        index_store(kb, key).apply(removals=[str(document.pk)])
+        store_for(kb, key).apply(removals=[str(document.pk)])
     record_audit(actor=actor, workspace=kb.workspace, action="rag.document.delete", target=document,
                  detail={"filename": document.filename})
     document_id, sha256 = document.pk, document.sha256
     document.delete()
     shutil.rmtree(files.work_dir(document_id), ignore_errors=True)
-    files.upload_path(kb.pk, sha256).unlink(missing_ok=True)
-
-
-def ready_embedding_deployments(workspace: Workspace):
-    return deployments_visible_to(workspace=workspace).filter(model__role_hint=RoleHint.EMBEDDING,
-                                                              state=ServingState.READY)
+    storage.remove_stored(kb.pk, sha256)
 
 
 def _chat_deployment(workspace: Workspace, name: str, field: str) -> None:
@@ -471,16 +403,7 @@ def delete_rag_config(*, actor: Actor, config: RagConfig) -> None:
         config.delete()
 
 
-def config_version(config: RagConfig, number: int | None = None) -> RagConfigVersion:
-    version = config.versions.filter(number=number).first() if number else config.versions.first()
-    if version is None:
-        raise NotFound(f"Version {number} of '{config.name}' not found.")
-    return version
-
-
-def pipeline_for(version: RagConfigVersion):
-    from rag_studio.rag import RagPipeline
-
+def pipeline_for(version: RagConfigVersion) -> RagPipeline:
     kb = KnowledgeBase.objects.select_related("embedding_model", "embedding_deployment").get(
         pk=version.settings["knowledge_base_id"])
     return RagPipeline(kb, version.settings)

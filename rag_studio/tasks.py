@@ -4,8 +4,9 @@ queues and the beat schedule are set in factory/celery.py."""
 from celery import shared_task
 from celery.signals import worker_ready
 
-from rag_studio import evaluation, ingestion
+from rag_studio.evals import evaluation
 from rag_studio.leases import owner_name
+from rag_studio.pipeline import ingestion
 
 
 @shared_task(name="rag_studio.tasks.ingest_document", bind=True, ignore_result=True)

@@ -13,15 +13,16 @@ from accounts.errors import ApplicationError, ValidationFailed, error_body
 from accounts.gui import gui_actor, has_role, workspace_page
 from accounts.models import Role
 from assets.views import bundle_download
-from rag_studio import evaluation, selectors, services
+from rag_studio import selectors, services
 from rag_studio.bundles import export_config_bundle
-from rag_studio.chunking import CHUNK_MODES
-from rag_studio.evaluation import METRIC_NAMES
+from rag_studio.evals import evaluation
+from rag_studio.evals.evaluation import METRIC_NAMES
 from rag_studio.models import JobStatus, RagTemplate
+from rag_studio.pipeline.chunking import CHUNK_MODES
+from rag_studio.pipeline.screening import ACTIONS, CATEGORIES
 from rag_studio.rag import DEFAULT_PROMPTS
-from rag_studio.retrieval import retrieve
-from rag_studio.retrieval_config import FUSION_METHODS, KEYWORD_FIRST, RERANK_KINDS, RETRIEVAL_MODES
-from rag_studio.screening import ACTIONS, CATEGORIES
+from rag_studio.search.retrieval import retrieve
+from rag_studio.search.retrieval_config import FUSION_METHODS, KEYWORD_FIRST, RERANK_KINDS, RETRIEVAL_MODES
 from serving.models import RoleHint
 from serving.presets import MULTILINGUAL_E5
 from serving.selectors import chat_models, models_visible_to
@@ -94,7 +95,7 @@ def _form_choices(workspace) -> dict:
         "chunk_modes": CHUNK_MODES, "retrieval_modes": RETRIEVAL_MODES, "fusion_methods": FUSION_METHODS,
         "rerank_kinds": RERANK_KINDS, "screening_categories": CATEGORIES, "screening_actions": ACTIONS,
         "embedding_models": _embedding_models(workspace),
-        "embedding_deployments": services.ready_embedding_deployments(workspace),
+        "embedding_deployments": selectors.ready_embedding_deployments(workspace),
         "chat_deployments": _chat_deployments(workspace),
         "cross_encoders": models_visible_to(workspace=workspace).exclude(role_hint=RoleHint.EMBEDDING)
         .filter(kind="hf"),
@@ -129,7 +130,7 @@ def rag_home(request):
 def kb_page(request, kb_id):
     kb = _kb(request, kb_id)
     return render(request, "rag/kb.html", {
-        "kb": kb, "documents": selectors.document_progress(kb=kb), "needs_reindex": services.needs_reindex(kb),
+        "kb": kb, "documents": selectors.document_progress(kb=kb), "needs_reindex": selectors.needs_reindex(kb),
         "policy": [(category, kb.screening.get(category)) for category in CATEGORIES],
         "chinese_suggestion": _chinese_suggestion(kb),
         **_form_choices(request.workspace),
@@ -293,7 +294,7 @@ def _sse(event: str, data) -> str:
 
 def _pipeline_for_request(workspace, config_id):
     config = selectors.scoped(selectors.rag_configs(workspace=workspace), config_id, "RAG config")
-    return services.pipeline_for(services.config_version(config))
+    return services.pipeline_for(selectors.config_version(config))
 
 
 async def config_chat_stream(request, config_id):
@@ -362,7 +363,7 @@ def evals_page(request):
         elif action == "run":
             eval_set = selectors.scoped(selectors.eval_sets(workspace=workspace), post.get("eval_set"), "Eval set")
             config = _config(request, post.get("config"))
-            run = evaluation.start_run(actor=actor, eval_set=eval_set, version=services.config_version(config),
+            run = evaluation.start_run(actor=actor, eval_set=eval_set, version=selectors.config_version(config),
                                        judge=post.get("judge", ""), top_k=_int(post.get("top_k", "5"), "top_k"))
             messages.success(request, _("Eval run #%(id)s started.") % {"id": run.pk})
             return redirect(f"{reverse('rag-evals')}?set={eval_set.pk}")

@@ -20,9 +20,10 @@ from assets.models import AssetKind, AssetVersion
 from assets.services import forget_asset, register_asset
 from enhancement.models import Dataset
 from enhancement.services import dataset_from_pairs
-from rag_studio.evaluation import add_corrected_item
+from rag_studio.evals.evaluation import add_corrected_item
 from rag_studio.models import EvalItem, EvalSet, RagConfig
-from rag_studio.services import config_version, register_kb_asset
+from rag_studio.selectors import config_version
+from rag_studio.services import register_kb_asset
 from runtime.models import App, AppKey, Feedback, Release, Trace, TraceStatus
 
 APP_KEY_TAG = "afa_"

@@ -23,9 +23,12 @@ from accounts.services import SYSTEM, Actor, create_api_key, create_workspace
 from cluster import deadlines, inventory
 from cluster.models import Job, JobState
 from cluster.services import register_node
-from rag_studio import evaluation, ingestion, services
+from rag_studio import selectors, services
+from rag_studio.evals import evaluation
 from rag_studio.models import Document, DocumentStatus, EvalRun, JobStatus, Stage
-from rag_studio.services import UploadedFile
+from rag_studio.pipeline import ingestion
+from rag_studio.pipeline.storage import StorageFull, UploadedFile
+from rag_studio.search.index_store import store_for
 from serving import services as serving_services
 from serving.engines import process
 from serving.models import Deployment, Replica, ServingState
@@ -111,7 +114,7 @@ def _maintenance_log(count: int, words: int) -> list[UploadedFile]:
 
 def _lost_documents(kb) -> list[str]:
     """Documents not indexed, or indexed with entries that are not exactly their chunks."""
-    store = services.index_store(kb)
+    store = store_for(kb)
     lost = []
     for document in kb.documents.all():
         chunk_ids = sorted(document.chunks.filter(searchable=True).values_list("pk", flat=True))
@@ -164,7 +167,7 @@ def test_a_worker_killed_mid_eval_run_resumes_and_scores_each_question_once(plat
                                           content=questions.encode())
     config = services.save_rag_config(actor=actor, workspace=workspace, name="Units QA", knowledge_base=kb,
                                       template="basic", model=SMOLLM2, generation={"max_tokens": 16})
-    run = evaluation.start_run(actor=actor, eval_set=eval_set, version=services.config_version(config))
+    run = evaluation.start_run(actor=actor, eval_set=eval_set, version=selectors.config_version(config))
 
     def half_done() -> EvalRun | None:
         current = EvalRun.objects.get(pk=run.pk)
@@ -377,7 +380,7 @@ def test_a_full_disk_fails_work_with_the_reason_and_leaves_every_index_whole(pla
     try:
         for outcome in services.upload_documents(actor=actor, kb=kb, uploads=_maintenance_log(2, words=2000)):
             assert ingestion.ingest(outcome.document.pk, "fault-test") == DocumentStatus.INDEXED
-        indexed_before = services.index_store(kb).count()
+        indexed_before = store_for(kb).count()
 
         filler = kb_dir / "filler"  # the disk fills up, as other files would fill it
         with filler.open("wb") as out:
@@ -387,7 +390,7 @@ def test_a_full_disk_fails_work_with_the_reason_and_leaves_every_index_whole(pla
                     out.flush()
             except OSError as exc:
                 assert exc.errno == errno.ENOSPC
-        with pytest.raises(services.StorageFull, match="The data directory is full"):
+        with pytest.raises(StorageFull, match="The data directory is full"):
             services.upload_documents(actor=actor, kb=kb, uploads=_maintenance_log(3, words=2000)[2:])
         # Room for an upload, but not for the index write that follows it.
         filler.write_bytes(b"\0" * (filler.stat().st_size - 64_000))
@@ -395,7 +398,7 @@ def test_a_full_disk_fails_work_with_the_reason_and_leaves_every_index_whole(pla
         assert ingestion.ingest(late.document.pk, "fault-test") == DocumentStatus.FAILED
         late.document.refresh_from_db()
 
-        store = services.index_store(kb)
+        store = store_for(kb)
         half_written = [name for name in _lost_documents(kb) if not name.startswith(late.document.filename)]
         report("the data dir's disk full (tmpfs)", upload="507 storage_full", ingestion=late.document.error_code,
                chunks_still_indexed=f"{store.count()}/{indexed_before}", half_written_marked_good=len(half_written))

@@ -31,7 +31,7 @@ LABELS = {
     # screening categories and actions
     "pii": _("personal data"), "secret": _("secrets"), "injection": _("injected instructions"),
     "allow": _("allow"), "flag": _("flag"), "redact": _("redact"), "reject": _("reject"),
-    # what screening finds (rag_studio/screening.py's detectors)
+    # what screening finds (rag_studio/pipeline/screening.py's detectors)
     "email": _("email address"), "phone": _("phone number"), "cn_mobile": _("mobile number (China)"),
     "cn_landline": _("landline number (China)"), "cn_service_number": _("400 service number"),
     "cn_id": _("resident ID number (China)"), "card": _("bank card number"), "iban": _("IBAN"),

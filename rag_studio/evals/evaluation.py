@@ -41,6 +41,7 @@ from rag_studio.models import (
     KnowledgeBase,
     RagConfigVersion,
 )
+from rag_studio.rag import format_context
 from rag_studio.services import _chat_deployment, pipeline_for
 
 logger = logging.getLogger(__name__)
@@ -338,8 +339,6 @@ def _evaluate_item(run: EvalRun, pipeline, item: EvalItem, client) -> EvalResult
         metrics["exact_match"] = eval_metrics.exact_match(outcome.answer, item.expected_answer)
     judge_output = []
     if run.judge:
-        from rag_studio.rag import format_context
-
         for name, prompt in (("faithfulness", FAITHFULNESS_PROMPT.format(context=format_context(outcome.hits)[:4000],
                                                                          answer=outcome.answer)),
                              ("relevance", RELEVANCE_PROMPT.format(question=item.question, answer=outcome.answer))):

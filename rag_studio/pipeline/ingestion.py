@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 import numpy as np
+from celery import current_app
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
@@ -32,16 +33,18 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from rag_studio import files
-from rag_studio.pipeline.chunking import chunk_pages
-from rag_studio.pipeline.cleaning import clean_pages
 from rag_studio.embedding import Embedder, EmbeddingFailed
 from rag_studio.leases import LeaseKeeper, lease_until
 from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, Stage
+from rag_studio.pipeline.chunking import chunk_pages
+from rag_studio.pipeline.cleaning import clean_pages
 from rag_studio.pipeline.parsing import ParsedPage, ParseError, parse_document
 from rag_studio.pipeline.screening import screen_text
-from rag_studio.services import DISK_FULL, dispatch_ingest, index_store
+from rag_studio.pipeline.storage import DISK_FULL
+from rag_studio.search.index_store import store_for
 
 logger = logging.getLogger(__name__)
+INGEST_TASK = "rag_studio.tasks.ingest_document"
 ORDER = [Stage.PARSE, Stage.CLEAN, Stage.SCREEN, Stage.CHUNK, Stage.EMBED, Stage.INDEX, Stage.DONE]
 # Progress shown when each stage starts; embedding takes most of the time, so it spans most of the bar.
 PROGRESS_AT = {Stage.PARSE: 0, Stage.CLEAN: 10, Stage.SCREEN: 15, Stage.CHUNK: 20, Stage.EMBED: 25,
@@ -425,7 +428,7 @@ def index_documents(documents: list[Document], worker: str) -> None:
     if not ready:
         return
     kb = KnowledgeBase.objects.select_related("embedding_model").get(pk=documents[0].knowledge_base_id)
-    index_store(kb, kb.building_key or kb.index_key).apply(
+    store_for(kb, kb.building_key or kb.index_key).apply(
         upserts={str(document.pk): upserts[str(document.pk)] for document in ready})
     finish_documents(ready, worker)
 
@@ -500,6 +503,13 @@ def switch_to_built_index(kb_id: int) -> bool:
         kb.save(update_fields=["index_key", "indexed_with", "building_key", "building_with", "updated_at"])
     shutil.rmtree(files.index_dir(kb_id, old_key), ignore_errors=True)
     return True
+
+
+def dispatch_ingest(document_id: int) -> None:
+    """Send the document's task; when it was sent is recorded, so that beat can tell a lost message (see
+    `resume_stalled`)."""
+    Document.objects.filter(pk=document_id).update(dispatched_at=timezone.now())
+    current_app.send_task(INGEST_TASK, args=[document_id])
 
 
 def resume_stalled() -> list[int]:

@@ -50,6 +50,7 @@ import faiss  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy import sparse  # noqa: E402
 
+from rag_studio import files  # noqa: E402
 from rag_studio.search.keywords import keyword_tokens  # noqa: E402
 from rag_studio.vectors import normalised  # noqa: E402
 
@@ -493,3 +494,8 @@ def forget_readers(under: Path) -> None:
     with _READERS_LOCK:
         for root in [root for root in _READERS if root == prefix or prefix in root.parents]:
             del _READERS[root]
+
+
+def store_for(kb, key: str | None = None) -> IndexStore:
+    """The store of a knowledge base's index `key` (its live index by default) under FACTORY_DATA_DIR."""
+    return IndexStore(files.index_dir(kb.pk, key or kb.index_key), kb.embedding_dimensions)

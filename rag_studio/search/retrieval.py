@@ -10,11 +10,11 @@ from functools import lru_cache
 
 from accounts.errors import ValidationFailed
 from rag_studio.embedding import Embedder
-from rag_studio.search.fusion import fuse
 from rag_studio.gateway_client import openai_client
 from rag_studio.models import Chunk, KnowledgeBase
+from rag_studio.search.fusion import fuse
+from rag_studio.search.index_store import store_for
 from rag_studio.search.retrieval_config import validate_retrieval
-from rag_studio.services import index_store
 from serving.selectors import models_visible_to
 
 MAX_QUERY_CHARS = 2000
@@ -68,7 +68,7 @@ def retrieve(kb: KnowledgeBase, query: str, overrides: dict | None = None) -> Re
     except ValueError as exc:
         raise ValidationFailed(str(exc), fields={"retrieval": [str(exc)]})
     timings, started = {}, time.perf_counter()
-    store = index_store(kb)
+    store = store_for(kb)
     candidates = max(config["candidates"], config["top_k"], config["rerank"]["top_k"])
     dense, keyword, rows = [], [], {}
     # The query embeds on the model's own thread while this one searches the keyword index and loads those hits'

@@ -1,7 +1,7 @@
 """Answer quality against a reference, for calibration: SQuAD's exact match and bag-of-tokens F1, with each CJK
 character a token so that Chinese answers are scored without a word segmenter.
 
-The same definitions as RAG Studio's answer metrics (rag_studio/eval_metrics.py); serving sits below the studios
+The same definitions as RAG Studio's answer metrics (rag_studio/evals/eval_metrics.py); serving sits below the studios
 and cannot import them, so calibration keeps its own copy of these few lines."""
 
 import re

@@ -16,9 +16,9 @@ from django.core.management import call_command
 from accounts.services import Actor, create_workspace
 from assets import backup
 from rag_studio import services
-from rag_studio.ingestion import ingest
+from rag_studio.pipeline.ingestion import ingest
 from rag_studio.rag import format_context
-from rag_studio.retrieval import retrieve
+from rag_studio.search.retrieval import retrieve
 from serving.presets import register_presets
 from tests.conftest import ROOT
 from tests.rag_studio.conftest import SAMPLE_FILES, sample
@@ -31,7 +31,7 @@ import django
 django.setup()
 from rag_studio.models import KnowledgeBase, RagConfig
 from rag_studio.rag import format_context
-from rag_studio.retrieval import retrieve
+from rag_studio.search.retrieval import retrieve
 kb = KnowledgeBase.objects.get(name="Northwind")
 config = RagConfig.objects.get(name="Handbook QA")
 probes = {}

@@ -19,8 +19,8 @@ from accounts.services import SYSTEM, Actor, create_workspace
 from cluster import inventory
 from cluster.services import register_node
 from rag_studio import services as rag
-from rag_studio.ingestion import ingest
 from rag_studio.models import Document, DocumentStatus
+from rag_studio.pipeline.ingestion import ingest
 from runtime.services import publish_app
 from serving import presets
 from serving.models import Model

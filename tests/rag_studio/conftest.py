@@ -5,19 +5,20 @@ import pytest
 
 from accounts.services import Actor
 from rag_studio import services
-from rag_studio.ingestion import ingest
 from rag_studio.models import Document
+from rag_studio.pipeline.ingestion import ingest
+from rag_studio.pipeline.storage import UploadedFile
 from serving.presets import register_presets
 
 SAMPLES = Path(__file__).resolve().parents[2] / "rag_studio" / "samples"
 SAMPLE_FILES = ["northwind-employee-handbook.pdf", "northwind-product-guide.docx", "northwind-support-faq.md"]
 
 
-def upload(name: str, content: bytes) -> services.UploadedFile:
-    return services.UploadedFile(name, io.BytesIO(content), len(content))
+def upload(name: str, content: bytes) -> UploadedFile:
+    return UploadedFile(name, io.BytesIO(content), len(content))
 
 
-def sample(name: str) -> services.UploadedFile:
+def sample(name: str) -> UploadedFile:
     return upload(name, (SAMPLES / name).read_bytes())
 
 

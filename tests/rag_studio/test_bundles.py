@@ -15,9 +15,10 @@ from assets import signing
 from assets.models import Asset, AssetKind
 from rag_studio import bundles, files, services
 from rag_studio.bootstrap import registered_assets
-from rag_studio.ingestion import ingest
 from rag_studio.models import Chunk, Document, DocumentStatus, KnowledgeBase, RagConfig
-from rag_studio.retrieval import retrieve
+from rag_studio.pipeline import ingestion
+from rag_studio.pipeline.ingestion import ingest
+from rag_studio.search.retrieval import retrieve
 from serving.models import Deployment
 from tests.assets.tampering import flip_byte, manifest_of, members, pack, signed
 from tests.rag_studio.conftest import sample
@@ -58,7 +59,7 @@ def globex(make_workspace):
 def dispatched(monkeypatch):
     """The document ids whose ingestion is dispatched (run the import under django_capture_on_commit_callbacks)."""
     ids = []
-    monkeypatch.setattr(services, "dispatch_ingest", ids.append)
+    monkeypatch.setattr(ingestion, "dispatch_ingest", ids.append)
     return ids
 
 

@@ -8,11 +8,11 @@ from django.test import Client
 
 from accounts.errors import ValidationFailed
 from rag_studio import services
-from rag_studio.ingestion import ingest
 from rag_studio.models import Document, KnowledgeBase
-from rag_studio.parsing import parse_document
-from rag_studio.retrieval import retrieve
-from rag_studio.retrieval_config import KEYWORD_FIRST
+from rag_studio.pipeline.ingestion import ingest
+from rag_studio.pipeline.parsing import parse_document
+from rag_studio.search.retrieval import retrieve
+from rag_studio.search.retrieval_config import KEYWORD_FIRST
 from serving import presets
 from serving.models import Model
 from tests.rag_studio.conftest import SAMPLES, upload

@@ -2,9 +2,9 @@
 
 import re
 
-from rag_studio.chunking import chunk_pages, heading_of
-from rag_studio.cleaning import clean_pages
-from rag_studio.parsing import ParsedPage
+from rag_studio.pipeline.chunking import chunk_pages, heading_of
+from rag_studio.pipeline.cleaning import clean_pages
+from rag_studio.pipeline.parsing import ParsedPage
 
 SENTENCES = [
     "巡检人员每两小时记录一次反应釜的温度和压力。",

@@ -6,8 +6,8 @@ at the stripped text).
 
 import pytest
 
-from rag_studio.chunking import DEFAULT_CHUNKING, ChunkDraft, chunk_pages, validate_chunking
-from rag_studio.parsing import ParsedPage
+from rag_studio.pipeline.chunking import DEFAULT_CHUNKING, ChunkDraft, chunk_pages, validate_chunking
+from rag_studio.pipeline.parsing import ParsedPage
 
 POLICY_MD = """\
 This handbook applies to all staff and contractors.

@@ -8,7 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from rag_studio import evaluation, services
+from rag_studio import selectors, services
+from rag_studio.evals import evaluation
 from rag_studio.models import Document, EvalResult, EvalRun, EvalSet, JobStatus
 from serving.models import Deployment
 
@@ -59,7 +60,7 @@ def _run(acme, ann, eval_set, dispatched, django_capture_on_commit_callbacks) ->
     config = services.save_rag_config(actor=ann, workspace=acme, name="QA", knowledge_base=eval_set.knowledge_base,
                                       template="basic", model=CHAT)
     with django_capture_on_commit_callbacks(execute=True):
-        return evaluation.start_run(actor=ann, eval_set=eval_set, version=services.config_version(config))
+        return evaluation.start_run(actor=ann, eval_set=eval_set, version=selectors.config_version(config))
 
 
 def test_a_second_message_for_a_running_run_leaves_it_running(acme, ann, eval_set, dispatched,

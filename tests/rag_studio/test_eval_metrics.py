@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from rag_studio.eval_files import EvalFileError, EvalItemDraft, parse_eval_file
-from rag_studio.eval_metrics import (
+from rag_studio.evals.eval_files import EvalFileError, EvalItemDraft, parse_eval_file
+from rag_studio.evals.eval_metrics import (
     exact_match,
     hit_at_k,
     ndcg_at_k,

@@ -1,7 +1,8 @@
 """Deleting an eval set: through the service, by a developer, written to the audit log."""
 
 from accounts.models import AuditEntry
-from rag_studio import evaluation, services
+from rag_studio import services
+from rag_studio.evals import evaluation
 from rag_studio.models import EvalItem, EvalSet
 
 CSV = b"question,expected_answer\nHow many days of leave?,25 days\nWho approves leave?,Your manager\n"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rag_studio.fusion import ScoredHit, fuse
+from rag_studio.search.fusion import ScoredHit, fuse
 
 # chunk 1: dense only; chunk 2: both lists; chunk 3: dense only, negative cosine; chunk 4: keyword only
 DENSE = [(1, 0.9), (2, 0.5), (3, -0.2)]

@@ -9,7 +9,7 @@ import openpyxl
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from rag_studio.ingestion import ingest
+from rag_studio.pipeline.ingestion import ingest
 from tests.rag_studio.conftest import SAMPLES
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_studio import index_store
-from rag_studio.index_store import IndexStore, generation_name, read_current
-from rag_studio.keywords import keyword_tokens
+from rag_studio.search import index_store
+from rag_studio.search.index_store import IndexStore, generation_name, read_current
+from rag_studio.search.keywords import keyword_tokens
 
 DIMENSION = 8
 

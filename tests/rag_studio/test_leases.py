@@ -9,11 +9,13 @@ import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 from django.utils import timezone
 
-from rag_studio import files, ingestion, services
-from rag_studio.ingestion import ingest
+from rag_studio import files, services
 from rag_studio.leases import owner_name
 from rag_studio.models import Document, DocumentStatus, Stage
-from rag_studio.retrieval import retrieve
+from rag_studio.pipeline import ingestion
+from rag_studio.pipeline.ingestion import ingest
+from rag_studio.search.index_store import store_for
+from rag_studio.search.retrieval import retrieve
 from tests.rag_studio.conftest import sample, upload
 
 
@@ -21,14 +23,13 @@ from tests.rag_studio.conftest import sample, upload
 def dispatched(monkeypatch) -> list[int]:
     """The document ids whose task would be sent; nothing reaches Redis, these tests run the tasks themselves."""
     ids = []
-    monkeypatch.setattr(services, "dispatch_ingest", ids.append)
     monkeypatch.setattr(ingestion, "dispatch_ingest", ids.append)
     return ids
 
 
 def _index_matches_chunks(kb, document: Document) -> bool:
     chunk_ids = sorted(document.chunks.filter(searchable=True).values_list("pk", flat=True))
-    return bool(chunk_ids) and sorted(services.index_store(kb).chunk_ids(str(document.pk))) == chunk_ids
+    return bool(chunk_ids) and sorted(store_for(kb).chunk_ids(str(document.pk))) == chunk_ids
 
 
 def test_every_process_and_task_holds_its_leases_under_its_own_name():

@@ -13,9 +13,12 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from accounts.services import Actor, create_workspace
-from rag_studio import evaluation, files, ingestion, services
+from rag_studio import files, selectors, services
+from rag_studio.evals import evaluation
 from rag_studio.models import Document, DocumentStatus, EvalRun, EvalSet, JobStatus, Stage
-from rag_studio.retrieval import retrieve
+from rag_studio.pipeline import ingestion
+from rag_studio.search.index_store import store_for
+from rag_studio.search.retrieval import retrieve
 from rag_studio.tasks import ingest_document
 from serving.presets import SMOLLM2
 from tests.conftest import ROOT, WORKER_NODE, deploy_presets, platform_env, stop_engines_and_flush, wait_for
@@ -103,14 +106,14 @@ def test_a_worker_killed_mid_ingestion_is_resumed_and_indexes_exactly_once(platf
     assert any(m.startswith("Resumed at the embed stage") for m in messages), messages
     assert any(m.startswith("Embedding resumes at batch") for m in messages), messages
     chunk_ids = sorted(document.chunks.filter(searchable=True).values_list("pk", flat=True))
-    store = services.index_store(kb)
+    store = store_for(kb)
     assert sorted(store.chunk_ids(str(document.pk))) == chunk_ids
     assert store.count() == len(chunk_ids)
     assert len({hit[0] for hit in store.search_keyword("lidar battery firmware", 1000)}) == len(chunk_ids)
 
 
 def test_a_rag_config_answers_with_citations_through_the_gateway(northwind, live_db):
-    version = services.config_version(northwind["config"])
+    version = selectors.config_version(northwind["config"])
     result = services.pipeline_for(version).run("How many days of annual leave do employees get?")
     assert result.answer.strip()
     assert result.hits[0].filename == "northwind-employee-handbook.pdf"
@@ -166,7 +169,7 @@ def test_an_eval_set_is_generated_from_the_corpus_and_two_configs_are_compared(p
     keyword = services.save_rag_config(actor=actor, workspace=platform["workspace"], name="Keyword only",
                                        knowledge_base=kb, template="basic", model=SMOLLM2,
                                        retrieval={"mode": "keyword"}, generation={"max_tokens": 48})
-    runs = [evaluation.start_run(actor=actor, eval_set=generated, version=services.config_version(config),
+    runs = [evaluation.start_run(actor=actor, eval_set=generated, version=selectors.config_version(config),
                                  judge=SMOLLM2 if config == keyword else "")
             for config in (northwind["config"], keyword)]
     for run in runs:

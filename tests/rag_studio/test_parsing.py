@@ -9,8 +9,8 @@ import openpyxl
 import pytest
 from pypdf import PdfWriter
 
-from rag_studio.cleaning import clean_pages
-from rag_studio.parsing import SUPPORTED_EXTENSIONS, ParsedPage, ParseError, file_kind, parse_document
+from rag_studio.pipeline.cleaning import clean_pages
+from rag_studio.pipeline.parsing import SUPPORTED_EXTENSIONS, ParsedPage, ParseError, file_kind, parse_document
 
 SAMPLES = Path(__file__).resolve().parents[2] / "rag_studio" / "samples"
 HANDBOOK = SAMPLES / "northwind-employee-handbook.pdf"

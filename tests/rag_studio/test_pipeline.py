@@ -8,10 +8,11 @@ from pypdf import PdfWriter
 
 from accounts.errors import Forbidden
 from accounts.services import Actor
-from rag_studio import files, services
-from rag_studio.ingestion import ingest
+from rag_studio import files, selectors, services
 from rag_studio.models import Chunk, Document, DocumentStatus, Stage
-from rag_studio.retrieval import retrieve
+from rag_studio.pipeline.ingestion import ingest
+from rag_studio.search.index_store import store_for
+from rag_studio.search.retrieval import retrieve
 from tests.rag_studio.conftest import sample, upload
 
 
@@ -25,7 +26,7 @@ def test_sample_documents_are_indexed_with_their_stages_logged(indexed_kb):
     handbook = documents["northwind-employee-handbook.pdf"]
     assert handbook.page_count == 4 and handbook.chunk_count > 0
     assert [e.message for e in handbook.events.all()][-1] == f"Indexed {handbook.chunk_count} chunk(s)"
-    store = services.index_store(indexed_kb)
+    store = store_for(indexed_kb)
     assert store.count() == Chunk.objects.filter(knowledge_base=indexed_kb, searchable=True).count()
     pdf_chunk = handbook.chunks.first()
     assert pdf_chunk.page == 1 and "Northwind Robotics — Employee Handbook — Page" not in pdf_chunk.text
@@ -103,7 +104,7 @@ def test_one_task_ingests_its_knowledge_bases_queued_documents_together(acme, an
     batch = [sample("northwind-support-faq.md"), upload("empty-after-cleaning.txt", b"   \n\n  "),
              sample("northwind-product-guide.docx"), sample("northwind-employee-handbook.pdf")]
     first, *others = services.upload_documents(actor=ann, kb=kb, uploads=batch)
-    store = services.index_store(kb)
+    store = store_for(kb)
     generation = store.generation()
 
     assert ingest(first.document.pk, "pytest") == "indexed"
@@ -127,7 +128,7 @@ def test_a_duplicate_upload_is_reported_not_stored_twice(acme, ann, indexed_kb):
 
 def test_deleting_a_document_removes_its_chunks_from_both_indexes(ann, indexed_kb):
     faq = indexed_kb.documents.get(filename="northwind-support-faq.md")
-    store = services.index_store(indexed_kb)
+    store = store_for(indexed_kb)
     assert store.chunk_ids(str(faq.pk))
     services.delete_document(actor=ann, document=faq)
     assert store.chunk_ids(str(faq.pk)) == []
@@ -138,10 +139,10 @@ def test_deleting_a_document_removes_its_chunks_from_both_indexes(ann, indexed_k
 
 
 def test_changing_the_chunking_offers_a_reindex_that_swaps_indexes_when_done(ann, indexed_kb):
-    old_key, old_count = indexed_kb.index_key, services.index_store(indexed_kb).count()
+    old_key, old_count = indexed_kb.index_key, store_for(indexed_kb).count()
     stale = services.update_knowledge_base(actor=ann, kb=indexed_kb,
                                            chunking={"mode": "parent_child", "parent_size": 1200, "child_size": 300})
-    assert stale and services.needs_reindex(indexed_kb)
+    assert stale and selectors.needs_reindex(indexed_kb)
     new_key = services.start_reindex(actor=ann, kb=indexed_kb)
     assert Document.objects.filter(knowledge_base=indexed_kb, stage=Stage.CHUNK, status="queued").count() == 3
     # Searches keep using the live index while the new one is built.
@@ -149,9 +150,9 @@ def test_changing_the_chunking_offers_a_reindex_that_swaps_indexes_when_done(ann
     for document in indexed_kb.documents.all():
         assert ingest(document.pk, "pytest") == "indexed"
     indexed_kb.refresh_from_db()
-    assert indexed_kb.index_key == new_key != old_key and not services.needs_reindex(indexed_kb)
+    assert indexed_kb.index_key == new_key != old_key and not selectors.needs_reindex(indexed_kb)
     assert not files.index_dir(indexed_kb.pk, old_key).exists()
-    assert services.index_store(indexed_kb).count() > old_count
+    assert store_for(indexed_kb).count() > old_count
     hit = retrieve(indexed_kb, "How long does charging take?").hits[0]
     assert hit.parent_id is not None and len(hit.text) > 300
 

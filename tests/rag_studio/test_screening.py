@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from rag_studio.screening import DEFAULT_POLICY, screen_text, validate_policy
+from rag_studio.pipeline.screening import DEFAULT_POLICY, screen_text, validate_policy
 
 FLAG_ALL = {"pii": "flag", "secret": "flag", "injection": "flag"}
 REDACT_ALL = {"pii": "redact", "secret": "redact", "injection": "redact"}

@@ -12,8 +12,8 @@ from django.test import Client
 
 from factory.asgi import application
 from rag_studio import services as rag_services
-from rag_studio.ingestion import ingest
 from rag_studio.models import DocumentStatus, EvalSetSource
+from rag_studio.pipeline.ingestion import ingest
 from runtime import services
 from runtime.models import Channel, Trace, TraceStatus
 from tests.conftest import wait_for

@@ -6,7 +6,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from assets.models import Asset, AssetKind
 from rag_studio.models import KnowledgeBase, RagConfig
-from rag_studio.retrieval import retrieve
+from rag_studio.search.retrieval import retrieve
 from runtime import services
 from runtime.models import App
 from tests.assets.tampering import manifest_of, members, pack

@@ -12,7 +12,7 @@ from django.test import Client
 from accounts.models import Membership
 from accounts.services import Actor, create_api_key
 from factory.asgi import application
-from rag_studio.eval_files import EvalFileError, parse_eval_file
+from rag_studio.evals.eval_files import EvalFileError, parse_eval_file
 from tests.rag_studio.conftest import SAMPLES, presets  # noqa: F401  (the preset models, registered)
 
 

@@ -196,8 +196,8 @@ def tenancy(make_workspace, presets, settings):  # noqa: F811
     from enhancement import services as enhancement_services
     from enhancement.models import EnhancementJob
     from rag_studio import services as rag_services
-    from rag_studio.ingestion import ingest
     from rag_studio.models import EvalRun, EvalSet
+    from rag_studio.pipeline.ingestion import ingest
     from runtime import services as runtime_services
     from runtime.models import Channel, Trace
     from serving import services as serving_services

@@ -1,0 +1,1 @@
+"""Evaluation: eval sets (uploaded or generated), eval runs and the metrics they score."""
