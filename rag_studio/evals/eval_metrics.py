@@ -9,43 +9,9 @@ caller should leave such items out of averages rather than count them as failure
 """
 
 import math
-import re
 
-# CJK ideographs (with extensions A-F and compatibility ideographs) and Japanese kana.
-CJK_CHARACTER = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
-# A single CJK character, or a run of other letters and digits; punctuation, whitespace and "_" separate tokens.
-OVERLAP_TOKEN = re.compile(rf"[{CJK_CHARACTER}]|(?:(?![{CJK_CHARACTER}])[^\W_])+")
-ARTICLES = {"a", "an", "the"}
-
-
-def tokenize_for_overlap(text: str) -> list[str]:
-    """Lowercased tokens: each CJK character on its own, other words and numbers whole, punctuation dropped.
-
-    Punctuation splits words ("state-of-the-art" gives four tokens) rather than being deleted as in SQuAD's script,
-    so hyphenated and slashed terms earn partial credit and full-width Chinese punctuation is treated like ASCII.
-    """
-    return OVERLAP_TOKEN.findall(text.lower())
-
-
-def _answer_tokens(text: str) -> list[str]:
-    return [token for token in tokenize_for_overlap(text) if token not in ARTICLES]
-
-
-def exact_match(prediction: str, reference: str) -> float:
-    """1.0 when both normalise to the same tokens (lowercase, no punctuation or articles, whitespace ignored)."""
-    return float(_answer_tokens(prediction) == _answer_tokens(reference))
-
-
-def token_f1(prediction: str, reference: str) -> float:
-    """SQuAD F1 over bags of tokens; two empty answers score 1.0, one empty answer 0.0 (SQuAD 2.0's rule)."""
-    predicted, expected = _answer_tokens(prediction), _answer_tokens(reference)
-    if not predicted or not expected:
-        return float(predicted == expected)
-    common = sum(min(predicted.count(token), expected.count(token)) for token in set(predicted))
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(predicted), common / len(expected)
-    return 2 * precision * recall / (precision + recall)
+# The answer metrics are serving's, one definition for calibration and RAG evaluation.
+from serving.groups.scoring import exact_match, token_f1, tokenize_for_overlap  # noqa: F401
 
 
 def hit_at_k(retrieved: list[str], relevant: set[str], k: int) -> float:
