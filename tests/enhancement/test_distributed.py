@@ -8,7 +8,7 @@ from enhancement.runner import run_dir
 from tests.conftest import wait_for
 from tests.enhancement.conftest import finished, start
 
-pytestmark = [pytest.mark.worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.mark.timeout(600)

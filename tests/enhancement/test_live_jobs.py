@@ -33,7 +33,6 @@ def _worker(node: str, env: dict) -> subprocess.Popen:
         stderr=subprocess.STDOUT, start_new_session=True)
 
 
-@pytest.mark.slow
 def test_a_job_killed_with_its_worker_resumes_from_its_checkpoint_and_trains_each_step_once(tuner, web_port):
     register_node(name=KILL_NODE, resources=inventory.probe())
     env = {**platform_env(web_port), "FACTORY_JOB_HEARTBEAT_S": "2"}
