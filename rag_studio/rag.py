@@ -20,6 +20,7 @@ from rag_studio.gateway_client import chat_model
 from rag_studio.models import KnowledgeBase, RagTemplate
 from rag_studio.search.fusion import reciprocal_rank_scores
 from rag_studio.search.retrieval import Hit, retrieve
+from rag_studio.selectors import mostly_chinese
 
 DEFAULT_PROMPTS = {
     RagTemplate.BASIC: (
@@ -30,8 +31,18 @@ DEFAULT_PROMPTS = {
         "comes from as [n]. If the passages do not contain the answer, say that you don't know.\n\n"
         "Passages:\n{context}\n\nQuestion: {question}"),
 }
-DEFAULT_PROMPTS[RagTemplate.CONVERSATIONAL] = DEFAULT_PROMPTS[RagTemplate.CITATIONS]
-DEFAULT_PROMPTS[RagTemplate.MULTI_QUERY] = DEFAULT_PROMPTS[RagTemplate.CITATIONS]
+# A knowledge base whose text is mostly Chinese is answered from Chinese instructions: a small model otherwise
+# answers in English, or repeats the English instructions to a Chinese user.
+CHINESE_PROMPTS = {
+    RagTemplate.BASIC: (
+        "请只根据下面的上下文回答问题。如果上下文中没有答案，就回答不知道。\n\n上下文：\n{context}\n\n问题：{question}"),
+    RagTemplate.CITATIONS: (
+        "请只根据下面编号的段落回答问题，每句话后用 [n] 标出它出自哪一段。如果段落中没有答案，就回答不知道。\n\n"
+        "段落：\n{context}\n\n问题：{question}"),
+}
+for prompts in (DEFAULT_PROMPTS, CHINESE_PROMPTS):
+    prompts[RagTemplate.CONVERSATIONAL] = prompts[RagTemplate.CITATIONS]
+    prompts[RagTemplate.MULTI_QUERY] = prompts[RagTemplate.CITATIONS]
 REWRITE_PROMPT = (
     "Rewrite the last question as a standalone question that can be understood without the conversation. "
     "Reply with the question only.\n\nConversation:\n{history}\n\nLast question: {question}\n\nStandalone question:")
@@ -101,7 +112,13 @@ class RagPipeline:
     @cached_property
     def prompt(self) -> ChatPromptTemplate:
         return ChatPromptTemplate.from_messages(
-            [("human", self.settings.get("prompt") or DEFAULT_PROMPTS[self.settings["template"]])])
+            [("human", self.settings.get("prompt") or self.default_prompt)])
+
+    @cached_property
+    def default_prompt(self) -> str:
+        """The template's instructions in the language most of the knowledge base is written in."""
+        prompts = CHINESE_PROMPTS if mostly_chinese(kb=self.kb, sample=50) else DEFAULT_PROMPTS
+        return prompts[self.settings["template"]]
 
     @cached_property
     def answer(self):

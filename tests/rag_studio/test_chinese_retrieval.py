@@ -11,6 +11,7 @@ from rag_studio import services
 from rag_studio.models import Document, KnowledgeBase
 from rag_studio.pipeline.ingestion import ingest
 from rag_studio.pipeline.parsing import parse_document
+from rag_studio.rag import CHINESE_PROMPTS, DEFAULT_PROMPTS, RagPipeline
 from rag_studio.search.retrieval import retrieve
 from rag_studio.search.retrieval_config import KEYWORD_FIRST
 from serving import presets
@@ -140,3 +141,14 @@ def test_the_multilingual_embedding_preset_finds_chinese_passages_by_meaning(acm
 
     assert kb.embedding_dimensions == 384
     assert len(found) >= 0.9 * len(questions)
+
+
+def test_a_chinese_knowledge_base_is_answered_from_chinese_instructions(plant_kb, indexed_kb):
+    chinese = RagPipeline(plant_kb, {"template": "citations"})
+    english = RagPipeline(indexed_kb, {"template": "citations"})
+    own = RagPipeline(plant_kb, {"template": "citations", "prompt": "Answer {question} from {context}"})
+
+    assert chinese.prompt.format(context="[1] 储罐", question="怎么办？").count("请只根据下面编号的段落回答问题") == 1
+    assert chinese.default_prompt == CHINESE_PROMPTS["citations"]
+    assert english.default_prompt == DEFAULT_PROMPTS["citations"]
+    assert own.prompt.format(context="c", question="q") == "Human: Answer q from c"
