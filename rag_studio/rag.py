@@ -106,6 +106,9 @@ def _rrf(lists: list[list[Hit]], top_k: int) -> list[Hit]:
 class RagPipeline:
     def __init__(self, kb: KnowledgeBase, settings: dict):
         self.kb, self.settings = kb, settings
+        # Read here, where callers are synchronous (async views build pipelines through sync_to_async), and not
+        # with the prompt, which async answers build.
+        self.chinese = not settings.get("prompt") and mostly_chinese(kb=kb, sample=50)
 
     # The prompt and chat models are built on first use: retrieval alone (hit testing, an app's /retrieve) needs
     # none of them.
@@ -114,11 +117,10 @@ class RagPipeline:
         return ChatPromptTemplate.from_messages(
             [("human", self.settings.get("prompt") or self.default_prompt)])
 
-    @cached_property
+    @property
     def default_prompt(self) -> str:
         """The template's instructions in the language most of the knowledge base is written in."""
-        prompts = CHINESE_PROMPTS if mostly_chinese(kb=self.kb, sample=50) else DEFAULT_PROMPTS
-        return prompts[self.settings["template"]]
+        return (CHINESE_PROMPTS if self.chinese else DEFAULT_PROMPTS)[self.settings["template"]]
 
     @cached_property
     def answer(self):

@@ -132,7 +132,8 @@ async def _chat_events(call: answering.Call):
                 yield _sse("done", _answer_body(call, value))
     except Exception:  # the stream has started: report in-band rather than cut the connection
         logger.exception("App %s failed on message %s", call.access.app.slug, call.message_id)
-        yield _sse("error", {"message": _failure_message(call)})
+        yield _sse("error", {"message": _failure_message(call), "code": AnswerFailed.code,
+                             "message_id": str(call.message_id)})
 
 
 async def _collect(call: answering.Call):

@@ -68,7 +68,12 @@ async function ask(query) {
     else if (event === "done") {
       answer.textContent = data.answer;
       votes(showSources(answer, data.citations), data.message_id);
-    } else if (event === "error") errorLine.textContent = data.message;
+    } else if (event === "error") {
+      // The page's language, not the API's English: the widget knows this failure by its code.
+      errorLine.textContent = data.code === "answer_failed"
+        ? interpolate(gettext("The app could not answer this question; its owners can see why in the app's logs (message %s)."), [data.message_id])
+        : data.message;
+    }
   }
 }
 
