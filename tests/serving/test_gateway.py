@@ -163,7 +163,9 @@ def test_parallel_slots_serve_concurrent_streams_and_report_their_load(stack, li
 
     def long_stream() -> int:
         with httpx.stream("POST", f"{stack['url']}/v1/chat/completions", headers=auth, timeout=120,
-                          json={"model": SMOLLM2, "stream": True, "max_tokens": 48,
+                          # llama-server's ignore_eos: every stream is long enough to overlap the others,
+                          # however soon the model would have stopped.
+                          json={"model": SMOLLM2, "stream": True, "max_tokens": 48, "ignore_eos": True,
                                 "messages": [{"role": "user", "content": "Tell a long story."}]}) as response:
             chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
             return sum(1 for chunk in chunks if chunk["choices"] and chunk["choices"][0]["delta"].get("content"))
