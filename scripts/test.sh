@@ -26,6 +26,15 @@ for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep
 export REDIS_URL="redis://127.0.0.1:$port/0" FACTORY_DATA_DIR="$scratch/data" FACTORY_NODE_NAME=test-web
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
+if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then
+  # The test worker's and web server's logs are removed with the scratch dir: show their ends, which say why a live
+  # test's answer failed.
+  for log in "$scratch"/data/worker-*.log "$scratch"/data/web-*.log; do
+    [ -f "$log" ] || continue
+    echo "==> the last lines of $(basename "$log")"
+    grep -v "^\s*$" "$log" | tail -n 80 || true
+  done
+fi
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests."
   exit 0
