@@ -72,9 +72,12 @@ TOP_K = 5
 RETRIEVALS = {
     "dense": {"mode": "dense"},
     "keyword": {"mode": "keyword"},
-    "hybrid": {"mode": "hybrid"},  # weighted fusion, dense 0.7 / keyword 0.3: the knowledge base default
+    "hybrid": {"mode": "hybrid"},  # the knowledge base default: z-score weighted fusion, dense 0.5 / keyword 0.5
     "hybrid-rrf": {"mode": "hybrid", "fusion": "rrf"},
     "hybrid-kw": {"mode": "hybrid", "dense_weight": 0.3, "keyword_weight": 0.7},
+    # the default before issue 22: clamped cosine and BM25 / best, dense 0.7 / keyword 0.3
+    "hybrid-max": {"mode": "hybrid", "normalisation": "max", "dense_weight": 0.7, "keyword_weight": 0.3},
+    "hybrid-doc2": {"mode": "hybrid", "max_per_document": 2},
 }
 SAMPLES = Path(__file__).resolve().parent.parent / "rag_studio" / "samples"
 CHINESE_DOCUMENTS = ("huadong-plant-handbook.md", "huadong-maintenance-rules.docx", "huadong-shift-handover.txt")

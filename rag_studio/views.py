@@ -21,6 +21,7 @@ from rag_studio.models import JobStatus, RagTemplate
 from rag_studio.pipeline.chunking import CHUNK_MODES
 from rag_studio.pipeline.screening import ACTIONS, CATEGORIES
 from rag_studio.rag import DEFAULT_PROMPTS
+from rag_studio.search.fusion import NORMALISATIONS
 from rag_studio.search.retrieval import retrieve
 from rag_studio.search.retrieval_config import FUSION_METHODS, KEYWORD_FIRST, RERANK_KINDS, RETRIEVAL_MODES
 from serving.models import RoleHint
@@ -75,7 +76,9 @@ def _chunking_from(post) -> dict:
 
 def _retrieval_from(post) -> dict:
     config = {"mode": post.get("mode", "hybrid"), "fusion": post.get("fusion", "weighted")}
-    for field in ("top_k", "candidates"):
+    if post.get("normalisation"):
+        config["normalisation"] = post["normalisation"]
+    for field in ("top_k", "candidates", "rrf_k", "max_per_document"):
         if post.get(field):
             config[field] = _int(post[field], field)
     for field in ("dense_weight", "keyword_weight", "score_threshold"):
@@ -93,6 +96,7 @@ def _retrieval_from(post) -> dict:
 def _form_choices(workspace) -> dict:
     return {
         "chunk_modes": CHUNK_MODES, "retrieval_modes": RETRIEVAL_MODES, "fusion_methods": FUSION_METHODS,
+        "normalisations": NORMALISATIONS,
         "rerank_kinds": RERANK_KINDS, "screening_categories": CATEGORIES, "screening_actions": ACTIONS,
         "embedding_models": _embedding_models(workspace),
         "embedding_deployments": selectors.ready_embedding_deployments(workspace),

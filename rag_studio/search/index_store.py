@@ -97,24 +97,30 @@ class IndexStore:
             _publish(self.root, number + 1, previous.updated(batches, removed))
             _remove_stale(self.root, number + 1)
 
-    def search_dense(self, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
-        """(chunk id, cosine similarity) of the k nearest chunks, best first."""
+    def search_dense(self, vector: np.ndarray, k: int, stats: dict | None = None) -> list[tuple[int, float]]:
+        """(chunk id, cosine similarity) of the k nearest chunks, best first. A `stats` dict gets the mean and
+        standard deviation of the query's cosine over every chunk of the index (fusion's z-scores), free: every
+        row is scored anyway."""
         query = normalised(np.reshape(vector, (1, -1)))
         if query.shape[1] != self.dimension:
             raise ValueError(f"vector has {query.shape[1]} dimensions; this index has {self.dimension}.")
         generation = self._reader.current(self.dimension)
         if generation is None or k < 1:
             return []
-        return generation.dense.search(query[0], k)
+        return generation.dense.search(query[0], k, stats)
 
-    def search_keyword(self, query: str, k: int) -> list[tuple[int, float]]:
-        """(chunk id, raw BM25 score > 0) of the k best keyword matches, best first (ties by chunk id)."""
+    def search_keyword(self, query: str, k: int, stats: dict | None = None) -> list[tuple[int, float]]:
+        """(chunk id, raw BM25 score > 0) of the k best keyword matches, best first (ties by chunk id). A `stats`
+        dict gets the mean and standard deviation of the BM25 score over every chunk, 0 where no token occurs."""
         generation = self._reader.current(self.dimension)
         if generation is None or generation.keyword is None or k < 1:
             return []
         scores = generation.keyword.scores(keyword_tokens(query))  # one per row; 0 where no query token occurs
+        _fill_stats(stats, scores)
         # Top k among the matching rows only: an argpartition over every row is ~4 ms at 100k rows.
         rows = np.flatnonzero(scores > 0)
+        if stats is not None:
+            stats["matches"] = int(len(rows))  # every other chunk scored 0
         if len(rows) > k:
             rows = rows[np.argpartition(scores[rows], -k)[-k:]]
         chunk_ids, row_scores = generation.row_chunk_ids[rows], scores[rows]
@@ -373,14 +379,21 @@ class _DenseView:
         vectors.flags.writeable = False  # shared by every search in the process
         return cls(index, vectors, faiss.vector_to_array(index.id_map))
 
-    def search(self, query: np.ndarray, k: int) -> list[tuple[int, float]]:
+    def search(self, query: np.ndarray, k: int, stats: dict | None = None) -> list[tuple[int, float]]:
         k = min(k, len(self.ids))
         if k == 0:
             return []
         scores = self.vectors @ query
+        _fill_stats(stats, scores)
         top = np.argpartition(scores, -k)[-k:]
         top = top[np.lexsort((self.ids[top], -scores[top]))]  # best first, ties by chunk id
         return list(zip(self.ids[top].tolist(), scores[top].tolist()))
+
+
+def _fill_stats(stats: dict | None, scores: np.ndarray) -> None:
+    if stats is not None and len(scores):
+        stats.update(mean=float(scores.mean(dtype=np.float64)), std=float(scores.std(dtype=np.float64)),
+                     count=int(len(scores)))
 
 
 @dataclass(frozen=True)

@@ -71,12 +71,13 @@ def retrieve(kb: KnowledgeBase, query: str, overrides: dict | None = None) -> Re
     store = store_for(kb)
     candidates = max(config["candidates"], config["top_k"], config["rerank"]["top_k"])
     dense, keyword, rows = [], [], {}
+    dense_stats, keyword_stats = {}, {}  # each side's mean and spread over the whole index, for z-scores
     # The query embeds on the model's own thread while this one searches the keyword index and loads those hits'
     # rows: torch, numpy and SQLite all let go of the GIL, so the two overlap on two cores.
     embedding = Embedder.for_knowledge_base(kb).embed_soon([query]) if config["mode"] != "keyword" else None
     if config["mode"] in ("keyword", "hybrid"):
         mark = time.perf_counter()
-        keyword = store.search_keyword(query, candidates)
+        keyword = store.search_keyword(query, candidates, keyword_stats)
         timings["keyword"] = _ms(mark)
         mark = time.perf_counter()
         rows = _hit_rows(kb, [chunk_id for chunk_id, _ in keyword])
@@ -85,12 +86,16 @@ def retrieve(kb: KnowledgeBase, query: str, overrides: dict | None = None) -> Re
         vector = embedding.result()[0]
         timings["embed"] = _ms(started)  # until the vector was there, keyword work alongside included
         mark = time.perf_counter()
-        dense = store.search_dense(vector, candidates)
+        dense = store.search_dense(vector, candidates, dense_stats)
         timings["dense"] = _ms(mark)
     mark = time.perf_counter()
-    scored = fuse(dense, keyword, method=config["fusion"], dense_weight=config["dense_weight"],
-                  keyword_weight=config["keyword_weight"], top_k=candidates)
-    rows.update(_hit_rows(kb, [s.chunk_id for s in scored if s.chunk_id not in rows]))
+    # Every candidate's row before fusing: max_per_document needs each one's document.
+    rows.update(_hit_rows(kb, [chunk_id for chunk_id, _ in dense if chunk_id not in rows]))
+    scored = fuse(dense, keyword, method=config["fusion"], normalisation=config["normalisation"],
+                  dense_weight=config["dense_weight"], keyword_weight=config["keyword_weight"],
+                  rrf_k=config["rrf_k"], top_k=candidates, dense_stats=dense_stats or None,
+                  keyword_stats=keyword_stats or None, max_per_document=config["max_per_document"],
+                  document_of={chunk_id: row["document_id"] for chunk_id, row in rows.items()})
     hits = [h for h in _hydrate(kb, scored, rows) if h.fused >= config["score_threshold"]]
     timings["fuse"] = _ms(mark)
     result = Retrieval(query=query, settings=config, hits=hits, timings_ms=timings)

@@ -82,3 +82,24 @@ def test_a_viewer_key_reads_but_cannot_change(acme, key_client, indexed_kb):
     assert viewer.get("/api/rag/knowledge-bases/").status_code == 200
     assert viewer.post("/api/rag/knowledge-bases/", {"name": "Nope"}, format="json").status_code == 403
     assert KnowledgeBase.objects.filter(name="Nope").count() == 0
+
+
+def test_hit_test_takes_the_fusion_settings_and_names_a_bad_one(acme, key_client, indexed_kb):
+    client = key_client("ann", acme)
+    url = f"/api/rag/knowledge-bases/{indexed_kb.pk}/hit-test/"
+    response = client.post(url, {"query": "lidar obstruction", "retrieval": {
+        "max_per_document": 1, "rrf_k": 10, "fusion": "rrf", "normalisation": "max"}}, format="json")
+    assert response.status_code == 200, response.json()
+    body = response.json()
+    assert (body["settings"]["max_per_document"], body["settings"]["rrf_k"]) == (1, 10)
+    documents = [hit["document_id"] for hit in body["hits"]]
+    assert len(documents) == len(set(documents))  # one hit per document at most
+    for retrieval, field in (({"max_per_document": 51}, "max_per_document"), ({"rrf_k": 0}, "rrf_k"),
+                             ({"rrf_k": 2.5}, "rrf_k"), ({"normalisation": "minmax"}, "normalisation")):
+        bad = client.post(url, {"query": "x", "retrieval": retrieval}, format="json")
+        assert bad.status_code == 400 and field in bad.json()["error"]["message"], (retrieval, bad.json())
+    saved = client.patch(f"/api/rag/knowledge-bases/{indexed_kb.pk}/", {"retrieval": {"max_per_document": 2}},
+                         format="json")
+    assert saved.status_code == 200, saved.json()
+    assert client.patch(f"/api/rag/knowledge-bases/{indexed_kb.pk}/", {"retrieval": {"rrf_k": 500}},
+                        format="json").status_code == 400

@@ -121,8 +121,8 @@ def test_the_chinese_gui_offers_the_multilingual_model_and_searches_keywords_fir
 
     keyword_first = KnowledgeBase.objects.get(name="巡检记录").retrieval
     assert keyword_first | KEYWORD_FIRST == keyword_first
-    assert KnowledgeBase.objects.get(name="交接班").retrieval["keyword_weight"] == 0.3
-    assert KnowledgeBase.objects.get(name="Shift logs").retrieval["keyword_weight"] == 0.3
+    assert KnowledgeBase.objects.get(name="交接班").retrieval["keyword_weight"] == 0.5
+    assert KnowledgeBase.objects.get(name="Shift logs").retrieval["keyword_weight"] == 0.5
 
 
 def test_the_multilingual_embedding_preset_finds_chinese_passages_by_meaning(acme, ann):

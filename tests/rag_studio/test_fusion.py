@@ -1,5 +1,7 @@
 """fuse(): explainable hybrid scores, checked against hand-computed values."""
 
+import math
+
 import pytest
 
 from rag_studio.search.fusion import ScoredHit, fuse
@@ -14,7 +16,7 @@ def by_id(hits: list[ScoredHit]) -> dict[int, ScoredHit]:
 
 
 def test_weighted_fusion_by_hand():
-    hits = fuse(DENSE, KEYWORD, method="weighted", dense_weight=0.7, keyword_weight=0.3)
+    hits = fuse(DENSE, KEYWORD, method="weighted", normalisation="max", dense_weight=0.7, keyword_weight=0.3)
 
     assert [hit.chunk_id for hit in hits] == [2, 1, 4, 3]
     scored = by_id(hits)
@@ -28,10 +30,16 @@ def test_weighted_fusion_by_hand():
     assert (scored[3].dense, scored[3].fused, scored[3].dense_raw) == (0.0, 0.0, -0.2)
 
 
-def test_weights_are_normalised_to_sum_to_one():
-    assert [hit.fused for hit in fuse(DENSE, KEYWORD, dense_weight=7, keyword_weight=3)] == \
-        pytest.approx([hit.fused for hit in fuse(DENSE, KEYWORD, dense_weight=0.7, keyword_weight=0.3)])
-    hits = by_id(fuse(DENSE, KEYWORD, dense_weight=1, keyword_weight=1))
+@pytest.mark.parametrize("normalisation", ["max", "zscore"])
+def test_weights_are_normalised_to_sum_to_one(normalisation):
+    assert [hit.fused for hit in fuse(DENSE, KEYWORD, normalisation=normalisation, dense_weight=7,
+                                      keyword_weight=3)] == \
+        pytest.approx([hit.fused for hit in fuse(DENSE, KEYWORD, normalisation=normalisation, dense_weight=0.7,
+                                                 keyword_weight=0.3)])
+
+
+def test_max_normalisation_by_hand_with_equal_weights():
+    hits = by_id(fuse(DENSE, KEYWORD, normalisation="max", dense_weight=1, keyword_weight=1))
     assert hits[2].fused == pytest.approx((0.5 + 1.0) / 2)
     assert hits[4].fused == pytest.approx(0.5 / 2)
 
@@ -42,13 +50,16 @@ def test_keyword_scores_are_relative_to_the_best_keyword_hit_of_the_query():
 
 
 def test_one_empty_list_gives_dense_only_or_keyword_only_scores():
-    dense_only = fuse(DENSE, [], dense_weight=0.7, keyword_weight=0.3)
+    dense_only = fuse(DENSE, [], normalisation="max", dense_weight=0.7, keyword_weight=0.3)
     assert [(hit.chunk_id, hit.fused, hit.keyword) for hit in dense_only] == [(1, 0.9, None), (2, 0.5, None),
                                                                               (3, 0.0, None)]
-    keyword_only = fuse([], KEYWORD, dense_weight=0.7, keyword_weight=0.3)
+    keyword_only = fuse([], KEYWORD, normalisation="max", dense_weight=0.7, keyword_weight=0.3)
     assert [(hit.chunk_id, hit.fused, hit.dense) for hit in keyword_only] == [(2, 1.0, None), (4, 0.5, None)]
     # weights only apportion between two lists: a zero weight does not zero a list searched alone
-    assert [hit.fused for hit in fuse(DENSE, [], dense_weight=0, keyword_weight=1)] == [0.9, 0.5, 0.0]
+    assert [hit.fused for hit in fuse(DENSE, [], normalisation="max", dense_weight=0, keyword_weight=1)] == \
+        [0.9, 0.5, 0.0]
+    zscore_alone = fuse(DENSE, [], dense_weight=0, keyword_weight=1)
+    assert [hit.chunk_id for hit in zscore_alone] == [1, 2, 3] and zscore_alone[0].fused > 0.5
     assert fuse([], []) == []
 
 
@@ -80,8 +91,9 @@ def test_rrf_scores_run_from_0_to_1_so_a_score_threshold_keeps_good_hits():
     assert alone[0].fused == pytest.approx(1.0)
 
 
-def test_ties_are_broken_by_chunk_id_and_top_k_cuts():
-    hits = fuse([(30, 0.5), (10, 0.5), (20, 0.5), (40, 0.1)], [], top_k=3)
+@pytest.mark.parametrize("normalisation", ["max", "zscore"])
+def test_ties_are_broken_by_chunk_id_and_top_k_cuts(normalisation):
+    hits = fuse([(30, 0.5), (10, 0.5), (20, 0.5), (40, 0.1)], [], normalisation=normalisation, top_k=3)
     assert [hit.chunk_id for hit in hits] == [10, 20, 30]
 
 
@@ -99,6 +111,9 @@ def test_a_chunk_repeated_in_a_list_counts_once_at_its_best_position():
     ({"dense_weight": True}, "dense_weight"),
     ({"rrf_k": -1}, "rrf_k"),
     ({"rrf_k": 1.5}, "rrf_k"),
+    ({"normalisation": "minmax"}, "normalisation"),
+    ({"max_per_document": -1}, "max_per_document"),
+    ({"max_per_document": 2.0}, "max_per_document"),
     ({"top_k": 0}, "top_k"),
 ])
 def test_invalid_arguments_name_the_field(kwargs, field):
@@ -106,6 +121,75 @@ def test_invalid_arguments_name_the_field(kwargs, field):
         fuse(DENSE, KEYWORD, **kwargs)
 
 
-def test_both_weights_zero_is_refused_when_both_lists_have_hits():
+@pytest.mark.parametrize("normalisation", ["max", "zscore"])
+def test_both_weights_zero_is_refused_when_both_lists_have_hits(normalisation):
     with pytest.raises(ValueError, match="dense_weight and keyword_weight"):
-        fuse(DENSE, KEYWORD, dense_weight=0, keyword_weight=0)
+        fuse(DENSE, KEYWORD, normalisation=normalisation, dense_weight=0, keyword_weight=0)
+
+
+# Issue 22, from the Chinese samples on multilingual-e5: the embedding's cosines crowd into a narrow band over the
+# whole index (mean 0.85, spread 0.016), dense is sure of chunk 1 (0.884, three spreads above the rest) and keyword
+# weakly prefers chunk 2, which jieba happened to segment like the query (1.21 against 1.03; most chunks score 0).
+# With BM25 / best and clamped cosines the keyword top hit took the full keyword weight and won; in z-scores dense's
+# standing out counts as much as keyword's.
+E5_DENSE = [(1, 0.884), (2, 0.855), (3, 0.852), (4, 0.848)]
+E5_KEYWORD = [(2, 1.21), (1, 1.03)]
+E5_DENSE_STATS = {"mean": 0.848, "std": 0.016, "count": 22}
+E5_KEYWORD_STATS = {"mean": 0.102, "std": 0.34, "count": 22, "matches": 2}
+
+
+def test_a_chunk_both_sides_rank_highly_is_not_beaten_by_the_keyword_top_hit():
+    before = fuse(E5_DENSE, E5_KEYWORD, normalisation="max", dense_weight=0.7, keyword_weight=0.3)
+    assert before[0].chunk_id == 2  # the old fusion: keyword's top hit wins although dense is sure of chunk 1
+    after = fuse(E5_DENSE, E5_KEYWORD, dense_stats=E5_DENSE_STATS, keyword_stats=E5_KEYWORD_STATS)
+    assert [hit.chunk_id for hit in after][:2] == [1, 2]
+    # display scores are unchanged; fused is the standard normal CDF of the weighted z, in [0, 1]
+    top = after[0]
+    assert (top.dense, top.keyword, top.dense_raw, top.keyword_raw) == pytest.approx((0.884, 1.03 / 1.21, 0.884, 1.03))
+    z = ((0.884 - 0.848) / 0.016 + (1.03 - 0.102) / 0.34) / 2
+    assert top.fused == pytest.approx(0.5 * (1 + math.erf(z / math.sqrt(2))))
+
+
+def test_zscore_without_index_statistics_uses_the_lists_own():
+    assert [hit.chunk_id for hit in fuse(E5_DENSE, E5_KEYWORD)][0] == 1
+    assert all(0 <= hit.fused <= 1 for hit in fuse(DENSE, KEYWORD))
+
+
+def test_a_side_that_tells_chunks_apart_outweighs_one_that_does_not():
+    """An English-only model reading Chinese: cosines of noise, nowhere near a standout; keyword is sure."""
+    noise = [(5, 0.60), (6, 0.59), (7, 0.58), (8, 0.57)]
+    noise_stats = {"mean": 0.45, "std": 0.10, "count": 22}
+    sure = [(8, 6.0), (5, 0.6)]
+    sure_stats = {"mean": 0.35, "std": 1.3, "count": 22, "matches": 2}
+    hits = fuse(noise, sure, dense_stats=noise_stats, keyword_stats=sure_stats)
+    assert hits[0].chunk_id == 8
+
+
+def test_a_keyword_list_holding_every_match_gives_the_rest_a_bm25_of_0():
+    stats = {"mean": 0.1, "std": 0.5, "matches": 1}
+    hits = by_id(fuse([(1, 0.5), (2, 0.4)], [(2, 3.0)], dense_stats={"mean": 0.3, "std": 0.1},
+                      keyword_stats=stats))
+    z_missing = (0.0 - 0.1) / 0.5  # chunk 1: no keyword match at all
+    assert hits[1].fused == pytest.approx(0.5 * (1 + math.erf(((0.5 - 0.3) / 0.1 + z_missing) / 2 / math.sqrt(2))))
+
+
+def test_max_per_document_caps_hits_of_one_document_and_lets_others_move_up():
+    dense = [(1, 0.9), (2, 0.85), (3, 0.8), (4, 0.7), (5, 0.6)]
+    documents = {1: 10, 2: 10, 3: 10, 4: 20, 5: 30}
+    uncapped = fuse(dense, [], normalisation="max", top_k=3, document_of=documents)
+    assert [hit.chunk_id for hit in uncapped] == [1, 2, 3]
+    capped = fuse(dense, [], normalisation="max", top_k=3, document_of=documents, max_per_document=1)
+    assert [hit.chunk_id for hit in capped] == [1, 4, 5]
+    two = fuse(dense, [], normalisation="max", top_k=10, document_of=documents, max_per_document=2)
+    assert [hit.chunk_id for hit in two] == [1, 2, 4, 5]
+
+
+def test_rrf_k_changes_the_fused_order():
+    dense = [(1, 0.9), (2, 0.8), (3, 0.7)]
+    keyword = [(3, 5.0), (4, 4.0), (2, 3.0)]
+    # chunk 2 (ranks 2 and 3) against chunk 3 (ranks 3 and 1): a small k rewards the first place
+    assert fuse(dense, keyword, method="rrf", rrf_k=1)[0].chunk_id == 3
+    small = by_id(fuse(dense, keyword, method="rrf", rrf_k=1))
+    large = by_id(fuse(dense, keyword, method="rrf", rrf_k=200))
+    assert small[3].fused == pytest.approx((1 / 4 + 1 / 2) / (2 / 2))
+    assert large[3].fused == pytest.approx((1 / 203 + 1 / 201) / (2 / 201))

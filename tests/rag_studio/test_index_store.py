@@ -83,8 +83,10 @@ def test_upserted_chunks_are_found_by_vector_and_by_keyword(root):
 
 
 def test_keyword_tokens_of_mixed_chinese_and_english_text():
+    # jieba's words, then the run's overlapping character bigrams (which match however jieba splits a run)
     assert keyword_tokens("NW-7 机器人的保修期为两年") == [
-        "nw", "7", "nw-7", "机器", "机器人", "保修", "保修期", "两年"]
+        "nw", "7", "nw-7", "机器", "机器人", "保修", "保修期", "两年",
+        "机器", "器人", "人的", "的保", "保修", "修期", "期为", "为两", "两年"]
     assert keyword_tokens("The ＧＰＵ driver v1.2, of course!") == ["gpu", "driver", "v1", "2", "course", "v1.2"]
     assert keyword_tokens("，。！ ... 的了是") == []
 
