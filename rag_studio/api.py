@@ -9,7 +9,7 @@ from accounts.permissions import WorkspaceScopedMixin
 from assets.views import bundle_download
 from rag_studio import selectors, services
 from rag_studio.bundles import export_config_bundle
-from rag_studio.evals import evaluation
+from rag_studio.evals import evaluation, tuning
 from rag_studio.models import (
     Chunk,
     Document,
@@ -23,6 +23,8 @@ from rag_studio.models import (
     RagConfig,
     RagConfigVersion,
     RagTemplate,
+    RetrievalTuning,
+    TuningTrial,
 )
 from rag_studio.search.retrieval import retrieve
 
@@ -100,6 +102,8 @@ class ChunkSerializer(serializers.ModelSerializer):
 class HitTestSerializer(serializers.Serializer):
     query = serializers.CharField(allow_blank=True, trim_whitespace=False)
     retrieval = serializers.JSONField(required=False, help_text="Overrides of the knowledge base's defaults")
+    compare = serializers.JSONField(required=False, help_text="A second set of overrides (a candidate, e.g. a tuning "
+                                                              "trial's settings) to run on the same query")
 
 
 def upload_files(request) -> list:
@@ -168,13 +172,20 @@ class KnowledgeBaseViewSet(WorkspaceScopedMixin, viewsets.GenericViewSet, mixins
     @extend_schema(request=HitTestSerializer, responses=dict)
     @action(detail=True, methods=["post"], url_path="hit-test")
     def hit_test(self, request, pk=None):
-        """Retrieve for a query and return every hit with its dense, keyword, fused and rerank scores."""
+        """Retrieve for a query and return every hit with its dense, keyword, fused and rerank scores; with
+        `compare`, the same for a second set of settings, side by side."""
         data = HitTestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        result = retrieve(self.get_object(), data.validated_data["query"], data.validated_data.get("retrieval"))
-        return Response({"query": result.query, "settings": result.settings, "timings_ms": result.timings_ms,
-                         "rerank_unparseable": result.rerank_unparseable,
-                         "hits": [hit.as_dict() for hit in result.hits]})
+        kb, query = self.get_object(), data.validated_data["query"]
+        body = _retrieval_body(retrieve(kb, query, data.validated_data.get("retrieval")))
+        if "compare" in data.validated_data:
+            body["compare"] = _retrieval_body(retrieve(kb, query, data.validated_data["compare"]))
+        return Response(body)
+
+
+def _retrieval_body(result) -> dict:
+    return {"query": result.query, "settings": result.settings, "timings_ms": result.timings_ms,
+            "rerank_unparseable": result.rerank_unparseable, "hits": [hit.as_dict() for hit in result.hits]}
 
 
 class DocumentViewSet(WorkspaceScopedMixin, mixins.RetrieveModelMixin, mixins.ListModelMixin,
@@ -427,3 +438,86 @@ class EvalRunViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retriev
     @action(detail=True, methods=["get"])
     def results(self, request, pk=None):
         return Response(EvalResultSerializer(self.get_object().results.select_related("item"), many=True).data)
+
+
+class TuningTrialSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TuningTrial
+        fields = ["number", "params", "settings", "tuning_metrics", "holdout_metrics"]
+
+
+class TuningSerializer(serializers.ModelSerializer):
+    trials = TuningTrialSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = RetrievalTuning
+        fields = ["id", "knowledge_base", "eval_set", "config", "trials_requested", "top_k", "rerank_model",
+                  "rewrite_model", "seed", "status", "progress", "report", "error", "applied_to", "created_at",
+                  "finished_at", "trials"]
+
+
+class TuningCreateSerializer(serializers.Serializer):
+    knowledge_base = serializers.IntegerField()
+    eval_set = serializers.IntegerField()
+    config = serializers.IntegerField(required=False, allow_null=True, default=None,
+                                      help_text="Tune this RAG config (its settings are the baseline and receive the "
+                                                "winner); without one, the knowledge base's defaults")
+    trials = serializers.IntegerField(required=False, default=30)
+    top_k = serializers.IntegerField(required=False, default=5)
+    rerank_model = serializers.CharField(required=False, allow_blank=True, default="",
+                                         help_text="Also try rerank with this cross-encoder or chat deployment")
+    rewrite_model = serializers.CharField(required=False, allow_blank=True, default="",
+                                          help_text="Also try query rewriting with this chat deployment")
+    seed = serializers.IntegerField(required=False, default=0, min_value=0)
+
+
+class TuningApplySerializer(serializers.Serializer):
+    trial = serializers.IntegerField(required=False, help_text="Apply this trial instead of the suggested one")
+
+
+class TuningViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                    viewsets.GenericViewSet):
+    """Retrieval tuning: search a knowledge base's retrieval settings on one of its eval sets, then apply the
+    winner as a new version of the config (or of the knowledge base's defaults)."""
+
+    serializer_class = TuningSerializer
+
+    def get_queryset(self):
+        return selectors.tunings(workspace=self.workspace).prefetch_related("trials")
+
+    def get_object(self) -> RetrievalTuning:
+        return selectors.scoped(self.get_queryset(), self.kwargs["pk"], "Tuning job")
+
+    @extend_schema(request=TuningCreateSerializer, responses={201: TuningSerializer})
+    def create(self, request):
+        data = TuningCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        spec = data.validated_data
+        kb = selectors.scoped(selectors.knowledge_bases(workspace=self.workspace), spec["knowledge_base"],
+                              "Knowledge base")
+        eval_set = selectors.scoped(selectors.eval_sets(workspace=self.workspace), spec["eval_set"], "Eval set")
+        config = None if spec["config"] is None else selectors.scoped(
+            selectors.rag_configs(workspace=self.workspace), spec["config"], "RAG config")
+        job = tuning.start_tuning(actor=self.actor, kb=kb, eval_set=eval_set, config=config, trials=spec["trials"],
+                                  top_k=spec["top_k"], rerank_model=spec["rerank_model"],
+                                  rewrite_model=spec["rewrite_model"], seed=spec["seed"])
+        return Response(TuningSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=TuningSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        return Response(TuningSerializer(tuning.cancel_tuning(actor=self.actor, tuning=self.get_object())).data)
+
+    @extend_schema(request=None, responses=TuningSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        return Response(TuningSerializer(tuning.resume_tuning(actor=self.actor, tuning=self.get_object())).data)
+
+    @extend_schema(request=TuningApplySerializer, responses=TuningSerializer)
+    @action(detail=True, methods=["post"])
+    def apply(self, request, pk=None):
+        data = TuningApplySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = self.get_object()
+        tuning.apply_tuning(actor=self.actor, tuning=job, trial_number=data.validated_data.get("trial"))
+        return Response(TuningSerializer(self.get_queryset().get(pk=job.pk)).data)

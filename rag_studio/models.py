@@ -23,6 +23,9 @@ class KnowledgeBase(models.Model):
     indexed_with = models.JSONField(default=dict, help_text="The embedding model and chunking of the live index")
     building_key = models.CharField(max_length=64, blank=True)
     building_with = models.JSONField(default=dict)
+    language = models.CharField(max_length=8, blank=True,
+                                help_text="What most of its text is written in ('zh' or 'en'), read when documents "
+                                          "finish indexing; '' before any is indexed")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -195,6 +198,7 @@ class JobStatus(models.TextChoices):
     RUNNING = "running", _("Running")
     DONE = "done", _("Done")
     FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
 
 
 class EvalSet(models.Model):
@@ -264,3 +268,52 @@ class EvalResult(models.Model):
     class Meta:
         ordering = ["id"]
         constraints = [models.UniqueConstraint(fields=["run", "item"], name="unique_eval_result")]
+
+
+class RetrievalTuning(models.Model):
+    """A search over a knowledge base's retrieval settings on one of its eval sets (rag_studio/evals/tuning.py).
+    Its trials are kept as they finish, so a cancelled or killed job resumes where it stopped."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="retrieval_tunings")
+    knowledge_base = models.ForeignKey(KnowledgeBase, on_delete=models.CASCADE, related_name="tunings")
+    eval_set = models.ForeignKey(EvalSet, on_delete=models.CASCADE, related_name="tunings")
+    config = models.ForeignKey(RagConfig, on_delete=models.SET_NULL, null=True, blank=True, related_name="tunings",
+                               help_text="Whose settings are the baseline and receive the winner; without one, the "
+                                         "knowledge base's defaults")
+    trials_requested = models.PositiveSmallIntegerField(default=30)
+    top_k = models.PositiveSmallIntegerField(default=5)
+    rerank_model = models.CharField(max_length=96, blank=True,
+                                    help_text="Also try rerank with this cross-encoder or chat deployment")
+    rewrite_model = models.CharField(max_length=96, blank=True,
+                                     help_text="Also try query rewriting (multi-query) with this chat deployment")
+    seed = models.PositiveIntegerField(default=0)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    progress = models.PositiveSmallIntegerField(default=0)
+    report = models.JSONField(default=dict)
+    error = models.TextField(blank=True)
+    applied_to = models.CharField(max_length=96, blank=True, help_text="Where the winner was saved, and its version")
+    attempts = models.PositiveSmallIntegerField(default=0)
+    lease_owner = models.CharField(max_length=128, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+
+class TuningTrial(models.Model):
+    """One setting tried: number 0 is the baseline (the settings in use when the job started)."""
+
+    tuning = models.ForeignKey(RetrievalTuning, on_delete=models.CASCADE, related_name="trials")
+    number = models.PositiveSmallIntegerField()
+    params = models.JSONField(default=dict, help_text="What the sampler chose")
+    settings = models.JSONField(default=dict, help_text="The retrieval settings (and template) those params make")
+    tuning_metrics = models.JSONField(default=dict)
+    holdout_metrics = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["number"]
+        constraints = [models.UniqueConstraint(fields=["tuning", "number"], name="unique_tuning_trial")]

@@ -20,7 +20,6 @@ from rag_studio.gateway_client import chat_model
 from rag_studio.models import KnowledgeBase, RagTemplate
 from rag_studio.search.fusion import reciprocal_rank_scores
 from rag_studio.search.retrieval import Hit, retrieve
-from rag_studio.selectors import mostly_chinese
 
 DEFAULT_PROMPTS = {
     RagTemplate.BASIC: (
@@ -106,9 +105,7 @@ def _rrf(lists: list[list[Hit]], top_k: int) -> list[Hit]:
 class RagPipeline:
     def __init__(self, kb: KnowledgeBase, settings: dict):
         self.kb, self.settings = kb, settings
-        # Read here, where callers are synchronous (async views build pipelines through sync_to_async), and not
-        # with the prompt, which async answers build.
-        self.chinese = not settings.get("prompt") and mostly_chinese(kb=kb, sample=50)
+        self.chinese = not settings.get("prompt") and kb.language == "zh"
 
     # The prompt and chat models are built on first use: retrieval alone (hit testing, an app's /retrieve) needs
     # none of them.

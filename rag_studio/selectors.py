@@ -4,7 +4,16 @@ from django.db.models import Count, Q
 
 from accounts.errors import NotFound
 from accounts.models import Workspace
-from rag_studio.models import Document, EvalRun, EvalSet, KnowledgeBase, RagConfig, RagConfigVersion
+from rag_studio.models import (
+    Document,
+    EvalRun,
+    EvalSet,
+    KnowledgeBase,
+    RagConfig,
+    RagConfigVersion,
+    RetrievalTuning,
+)
+from rag_studio.search.keywords import TOKENS_VERSION
 from serving.models import RoleHint, ServingState
 from serving.selectors import deployments_visible_to
 
@@ -21,8 +30,8 @@ def documents(*, workspace: Workspace):
 
 
 def index_settings(kb: KnowledgeBase) -> dict:
-    """What the index content depends on: a change to either means every chunk must be rebuilt."""
-    return {"embedding_model": kb.embedding_model.name, "chunking": kb.chunking}
+    """What the index content depends on: a change to any means every chunk must be rebuilt."""
+    return {"embedding_model": kb.embedding_model.name, "chunking": kb.chunking, "keyword_tokens": TOKENS_VERSION}
 
 
 def needs_reindex(kb: KnowledgeBase) -> bool:
@@ -49,14 +58,22 @@ _LATIN = re.compile(r"[A-Za-z]")
 MOSTLY_CHINESE_SHARE = 0.5
 
 
-def mostly_chinese(*, kb: KnowledgeBase, sample: int = 200) -> bool:
-    """Whether most of the knowledge base's text (its first `sample` searchable chunks) is Chinese."""
-    texts = kb.chunks.filter(searchable=True).order_by("pk").values_list("text", flat=True)[:sample]
+def text_language(texts) -> str:
+    """'zh' when most of the text is Chinese, 'en' when there is other text, '' when there is none."""
     cjk = latin = 0
     for text in texts:
         cjk += len(_CJK.findall(text))
         latin += len(_LATIN.findall(text)) / 4  # about four letters carry what one character does
-    return cjk > 0 and cjk / (cjk + latin) >= MOSTLY_CHINESE_SHARE
+    if not cjk and not latin:
+        return ""
+    return "zh" if cjk / (cjk + latin) >= MOSTLY_CHINESE_SHARE else "en"
+
+
+def knowledge_base_language(*, kb: KnowledgeBase, sample: int = 200) -> str:
+    """What most of the knowledge base's text (its first `sample` searchable chunks) is written in. Ingestion
+    stores it on the knowledge base (`KnowledgeBase.language`) as documents finish, so that answers need not
+    read it."""
+    return text_language(kb.chunks.filter(searchable=True).order_by("pk").values_list("text", flat=True)[:sample])
 
 
 def rag_configs(*, workspace: Workspace):
@@ -79,6 +96,10 @@ def eval_sets(*, workspace: Workspace):
 def eval_runs(*, workspace: Workspace):
     return EvalRun.objects.filter(eval_set__workspace=workspace).select_related("eval_set",
                                                                                 "config_version__config")
+
+
+def tunings(*, workspace: Workspace):
+    return RetrievalTuning.objects.filter(workspace=workspace).select_related("knowledge_base", "eval_set", "config")
 
 
 def scoped(queryset, pk, what: str):

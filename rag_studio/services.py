@@ -2,6 +2,7 @@
 themselves live in `pipeline.ingestion` (uploaded files on disk in `pipeline.storage`), retrieval in
 `search.retrieval`, and the reads in `selectors`."""
 
+import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +72,9 @@ def _validated(validate, field: str, value: dict):
 
 
 def _index_key(model: Model, generation: int) -> str:
-    return f"{model.name}.v{generation}"
+    # A token of its own: a knowledge base that reuses a deleted one's id (SQLite reuses the last row's) must not
+    # find the old index's files, nor be served from a process's cache of them (index_store keys it by directory).
+    return f"{model.name[:40]}.{secrets.token_hex(4)}.v{generation}"
 
 
 def _next_index_key(kb: KnowledgeBase) -> str:
@@ -101,6 +104,8 @@ def create_knowledge_base(*, actor: Actor, workspace: Workspace, name: str, desc
     )
     kb.indexed_with = selectors.index_settings(kb)
     kb.save(update_fields=["indexed_with"])
+    # Files a deleted knowledge base with this id left behind (its deletion stopped halfway) go now.
+    shutil.rmtree(files.kb_dir(kb.pk), ignore_errors=True)
     register_kb_asset(kb, actor=actor)
     record_audit(actor=actor, workspace=workspace, action="rag.kb.create", target=kb, detail={"name": name})
     return kb

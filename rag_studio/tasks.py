@@ -4,7 +4,7 @@ queues and the beat schedule are set in factory/celery.py."""
 from celery import shared_task
 from celery.signals import worker_ready
 
-from rag_studio.evals import evaluation
+from rag_studio.evals import evaluation, jobs, tuning
 from rag_studio.leases import owner_name
 from rag_studio.pipeline import ingestion
 
@@ -21,7 +21,7 @@ def resume_stalled_documents() -> list[int]:
 
 @shared_task(name="rag_studio.tasks.sweep_overdue_evaluations", ignore_result=True)
 def sweep_overdue_evaluations() -> dict[str, list[int]]:
-    return evaluation.sweep_overdue()
+    return jobs.sweep_overdue()
 
 
 @shared_task(name="rag_studio.tasks.generate_eval_set", bind=True, ignore_result=True)
@@ -32,6 +32,11 @@ def generate_eval_set(self, eval_set_id: int) -> str:
 @shared_task(name="rag_studio.tasks.run_eval", bind=True, ignore_result=True)
 def run_eval(self, run_id: int) -> str:
     return evaluation.execute_run(run_id, owner_name(self.request.hostname, self.request.id))
+
+
+@shared_task(name="rag_studio.tasks.tune_retrieval", bind=True, ignore_result=True)
+def tune_retrieval(self, tuning_id: int) -> str:
+    return tuning.execute_tuning(tuning_id, owner_name(self.request.hostname, self.request.id))
 
 
 @worker_ready.connect

@@ -9,6 +9,7 @@ router.register("rag/documents", api.DocumentViewSet, basename="rag-document")
 router.register("rag/configs", api.RagConfigViewSet, basename="rag-config")
 router.register("rag/eval-sets", api.EvalSetViewSet, basename="eval-set")
 router.register("rag/eval-runs", api.EvalRunViewSet, basename="eval-run")
+router.register("rag/tunings", api.TuningViewSet, basename="rag-tuning")
 api_urlpatterns = router.urls
 
 urlpatterns = [
@@ -27,4 +28,5 @@ urlpatterns = [
     path("rag/configs/<int:config_id>/chat/stream", views.config_chat_stream, name="rag-config-chat-stream"),
     path("rag/evals/", views.evals_page, name="rag-evals"),
     path("rag/evals/runs/<int:run_id>/", views.eval_run_page, name="rag-eval-run"),
+    path("rag/evals/tunings/<int:tuning_id>/", views.tuning_page, name="rag-tuning"),
 ]

@@ -24,7 +24,7 @@ from cluster import deadlines, inventory
 from cluster.models import Job, JobState
 from cluster.services import register_node
 from rag_studio import selectors, services
-from rag_studio.evals import evaluation
+from rag_studio.evals import evaluation, jobs
 from rag_studio.models import Document, DocumentStatus, EvalRun, JobStatus, Stage
 from rag_studio.pipeline import ingestion
 from rag_studio.pipeline.storage import StorageFull, UploadedFile
@@ -178,7 +178,7 @@ def test_a_worker_killed_mid_eval_run_resumes_and_scores_each_question_once(plat
 
     def finished() -> bool:
         with override_settings(RAG_QUEUED_REDISPATCH_S=5):
-            evaluation.sweep_overdue()  # what beat does every few seconds
+            jobs.sweep_overdue()  # what beat does every few seconds
         return EvalRun.objects.get(pk=run.pk).status in (JobStatus.DONE, JobStatus.FAILED)
 
     wait_for(finished, timeout=400, interval=2, what="the run to finish")

@@ -1,9 +1,7 @@
 """Eval sets (uploaded, or generated from the corpus by an LLM) and eval runs of a RAG config version over them.
 
-Generation and runs are Celery tasks that hold their row by a lease (`leases`), like ingestion: a redelivered task
-message finds the work held and leaves it, and beat (`sweep_overdue`) dispatches again the work whose worker died
-or whose message was lost, failing it with the reason after RAG_EVAL_MAX_ATTEMPTS. Both are resumable: each item
-is saved as it completes, and a resumed task skips what is done.
+Generation and runs are Celery tasks that hold their row by a lease, as `jobs` describes: each item is saved as it
+completes, and a task that takes over skips what is done.
 """
 
 import json
@@ -12,23 +10,17 @@ import random
 import re
 import time
 from collections import defaultdict
-from datetime import timedelta
 from itertools import zip_longest
 
-from celery import current_app
 from celery.exceptions import SoftTimeLimitExceeded
-from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
-from django.utils import timezone
 
 from accounts.errors import Conflict, ValidationFailed
 from accounts.models import Role
 from accounts.services import Actor, record_audit, require_role
-from rag_studio.evals import eval_metrics
+from rag_studio.evals import eval_metrics, jobs
 from rag_studio.evals.eval_files import EvalFileError, parse_eval_file
 from rag_studio.gateway_client import openai_client
-from rag_studio.leases import LeaseKeeper, lease_until
 from rag_studio.models import (
     Chunk,
     DocumentStatus,
@@ -46,7 +38,6 @@ from rag_studio.services import _chat_deployment, pipeline_for
 
 logger = logging.getLogger(__name__)
 MAX_GENERATED_ITEMS = 200
-GENERATE_TASK, RUN_TASK = "rag_studio.tasks.generate_eval_set", "rag_studio.tasks.run_eval"
 GENERATE_PROMPT = (
     "Read the passage and write one question that it answers, and the answer, taken from the passage. "
     "Reply in JSON: {{\"question\": \"...\", \"answer\": \"...\"}}\n\nPassage:\n{passage}\n")
@@ -136,73 +127,8 @@ def start_generation(*, actor: Actor, kb: KnowledgeBase, name: str, generator: s
             source=EvalSetSource.GENERATED, status=JobStatus.QUEUED, generator=generator, requested_items=count)
         record_audit(actor=actor, workspace=kb.workspace, action="rag.evalset.generate", target=eval_set,
                      detail={"generator": generator, "count": count})
-        transaction.on_commit(lambda: _dispatch(EvalSet, GENERATE_TASK, eval_set.pk))
+        transaction.on_commit(lambda: jobs.dispatch(EvalSet, jobs.GENERATE_TASK, eval_set.pk))
     return eval_set
-
-
-def _dispatch(model, task: str, pk: int) -> None:
-    model.objects.filter(pk=pk).update(dispatched_at=timezone.now())
-    current_app.send_task(task, args=[pk])
-
-
-class _Held(Exception):
-    """Another worker holds the run or set now: stop without touching it."""
-
-
-def _claim(model, pk: int, owner: str):
-    """Take an eval set's generation or an eval run (as `leases` describes), or None when it is finished or held
-    by a live worker. Past RAG_EVAL_MAX_ATTEMPTS takeovers it fails with the reason instead."""
-    now = timezone.now()
-    claimed = model.objects.filter(
-        Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner),
-        pk=pk, status__in=[JobStatus.QUEUED, JobStatus.RUNNING],
-    ).update(status=JobStatus.RUNNING, lease_owner=owner, lease_until=lease_until(settings.RAG_EVAL_LEASE_S),
-             attempts=F("attempts") + 1)
-    if not claimed:
-        return None
-    row = model.objects.get(pk=pk)
-    if row.attempts > settings.RAG_EVAL_MAX_ATTEMPTS:
-        _finish(model, pk, owner, status=JobStatus.FAILED,
-                error=f"Stopped {row.attempts - 1} times without finishing (its worker died or ran out of time "
-                      f"each time); the items done so far are kept.")
-        return None
-    return row
-
-
-def _finish(model, pk: int, owner: str, **fields) -> bool:
-    """Record the outcome, but only while `owner` still holds the row."""
-    if fields.get("status") in (JobStatus.DONE, JobStatus.FAILED) and model is EvalRun:
-        fields.setdefault("finished_at", timezone.now())
-    return bool(model.objects.filter(pk=pk, lease_owner=owner, status=JobStatus.RUNNING).update(
-        lease_owner="", lease_until=None, **fields))
-
-
-def _still_held(model, pk: int, owner: str) -> None:
-    if not model.objects.filter(pk=pk, lease_owner=owner, status=JobStatus.RUNNING).exists():
-        raise _Held()
-
-
-def _release(model, pk: int, owner: str) -> None:
-    """Let the lease run out now (a time limit stopped the task): beat dispatches it again to resume."""
-    model.objects.filter(pk=pk, lease_owner=owner, status=JobStatus.RUNNING).update(lease_until=timezone.now())
-
-
-def sweep_overdue() -> dict[str, list[int]]:
-    """Beat: dispatch again every generation or run whose worker stopped renewing its lease, or whose task
-    message was sent RAG_QUEUED_REDISPATCH_S ago and never taken. A claim past the attempts fails it."""
-    now = timezone.now()
-    overdue = now - timedelta(seconds=settings.RAG_QUEUED_REDISPATCH_S)
-    # Queued (or running with no lease at all: left by a version without leases) and sent long ago, or never.
-    never_held = Q(status__in=[JobStatus.QUEUED, JobStatus.RUNNING], lease_until__isnull=True)
-    stalled = (Q(status=JobStatus.RUNNING, lease_until__lt=now)
-               | never_held & Q(dispatched_at__lt=overdue)
-               | never_held & Q(dispatched_at__isnull=True, created_at__lt=overdue))
-    swept = {}
-    for model, task in ((EvalSet, GENERATE_TASK), (EvalRun, RUN_TASK)):
-        swept[task] = list(model.objects.filter(stalled).order_by("pk").values_list("pk", flat=True))
-        for pk in swept[task]:
-            _dispatch(model, task, pk)
-    return swept
 
 
 def _sample_chunks(eval_set: EvalSet) -> list[Chunk]:
@@ -233,23 +159,8 @@ def parse_generated(text: str) -> tuple[str, str] | None:
 def generate_items(eval_set_id: int, owner: str) -> str:
     """Ask the generator for one question and answer per sampled chunk, held to QA_SCHEMA. Returns the set's
     status. A set that ends with no items fails, saying why."""
-    eval_set = _claim(EvalSet, eval_set_id, owner)
-    if eval_set is None:
-        return EvalSet.objects.filter(pk=eval_set_id).values_list("status", flat=True).first() or "deleted"
-    with LeaseKeeper(EvalSet.objects.filter(status=JobStatus.RUNNING), owner, lease_s=settings.RAG_EVAL_LEASE_S):
-        try:
-            outcome = _generate(eval_set, owner)
-        except SoftTimeLimitExceeded:
-            _release(EvalSet, eval_set_id, owner)
-            return "timed out"
-        except _Held:
-            return "skipped"
-        except Exception as exc:
-            logger.exception("Generating eval set %s failed", eval_set_id)
-            _finish(EvalSet, eval_set_id, owner, status=JobStatus.FAILED, error=f"Generation failed: {exc}")
-            return JobStatus.FAILED
-    _finish(EvalSet, eval_set_id, owner, **outcome)
-    return outcome["status"]
+    return jobs.run_held(EvalSet, eval_set_id, owner, lambda eval_set: _generate(eval_set, owner),
+                         failure="Generation failed: ")
 
 
 def _generate(eval_set: EvalSet, owner: str) -> dict:
@@ -271,7 +182,7 @@ def _generate(eval_set: EvalSet, owner: str) -> dict:
         if parsed is None:
             unparseable += 1
             continue
-        _still_held(EvalSet, eval_set.pk, owner)
+        jobs.still_held(EvalSet, eval_set.pk, owner)
         EvalItem.objects.create(eval_set=eval_set, question=parsed[0], expected_answer=parsed[1],
                                 expected_sources=[f"chunk:{chunk.pk}", chunk.document.filename],
                                 source_chunk=chunk)
@@ -297,7 +208,7 @@ def start_run(*, actor: Actor, eval_set: EvalSet, version: RagConfigVersion, jud
         run = EvalRun.objects.create(eval_set=eval_set, config_version=version, judge=judge, top_k=top_k)
         record_audit(actor=actor, workspace=eval_set.workspace, action="rag.eval.run", target=run,
                      detail={"config": str(version), "set": eval_set.name, "judge": judge})
-        transaction.on_commit(lambda: _dispatch(EvalRun, RUN_TASK, run.pk))
+        transaction.on_commit(lambda: jobs.dispatch(EvalRun, jobs.RUN_TASK, run.pk))
     return run
 
 
@@ -357,26 +268,14 @@ def _evaluate_item(run: EvalRun, pipeline, item: EvalItem, client) -> EvalResult
 
 def execute_run(run_id: int, owner: str) -> str:
     """Evaluate every item not done yet, saving each result as it completes. Returns the run's status."""
-    run = _claim(EvalRun, run_id, owner)
-    if run is None:
-        return EvalRun.objects.filter(pk=run_id).values_list("status", flat=True).first() or "deleted"
+    return jobs.run_held(EvalRun, run_id, owner, lambda run: _execute(run.pk, owner))
+
+
+def _execute(run_id: int, owner: str) -> dict:
     run = EvalRun.objects.select_related("eval_set", "config_version").get(pk=run_id)
-    with LeaseKeeper(EvalRun.objects.filter(status=JobStatus.RUNNING), owner, lease_s=settings.RAG_EVAL_LEASE_S):
-        try:
-            _evaluate_items(run, owner)
-        except SoftTimeLimitExceeded:
-            _release(EvalRun, run_id, owner)
-            return "timed out"
-        except _Held:
-            return "skipped"
-        except Exception as exc:
-            logger.exception("Eval run %s failed", run_id)
-            _finish(EvalRun, run_id, owner, status=JobStatus.FAILED, error=str(exc)[:2000])
-            return JobStatus.FAILED
+    _evaluate_items(run, owner)
     summary, unparseable = summarise(run)
-    _finish(EvalRun, run_id, owner, status=JobStatus.DONE, progress=100, metrics=summary,
-            judge_unparseable=unparseable)
-    return JobStatus.DONE
+    return {"status": JobStatus.DONE, "progress": 100, "metrics": summary, "judge_unparseable": unparseable}
 
 
 def _evaluate_items(run: EvalRun, owner: str) -> None:
@@ -394,7 +293,7 @@ def _evaluate_items(run: EvalRun, owner: str) -> None:
         except Exception as exc:  # one failing question is recorded and the run goes on
             logger.warning("Eval run %s item %s failed: %s", run.pk, item.pk, exc)
             result = EvalResult(run=run, item=item, error=str(exc)[:2000])
-        _still_held(EvalRun, run.pk, owner)
+        jobs.still_held(EvalRun, run.pk, owner)
         try:
             with transaction.atomic():
                 result.save()

@@ -32,7 +32,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from rag_studio import files
+from rag_studio import files, selectors
 from rag_studio.embedding import Embedder, EmbeddingFailed
 from rag_studio.leases import LeaseKeeper, lease_until
 from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, Stage
@@ -42,6 +42,7 @@ from rag_studio.pipeline.parsing import ParsedPage, ParseError, parse_document
 from rag_studio.pipeline.screening import screen_text
 from rag_studio.pipeline.storage import DISK_FULL
 from rag_studio.search.index_store import store_for
+from rag_studio.search.retrieval_config import follows_language, language_defaults
 
 logger = logging.getLogger(__name__)
 INGEST_TASK = "rag_studio.tasks.ingest_document"
@@ -486,6 +487,19 @@ def finish_documents(documents: list[Document], worker: str) -> None:
         _clear_vectors(document)
     if finished:
         switch_to_built_index(finished[0].knowledge_base_id)
+        record_language(finished[0].knowledge_base_id)
+
+
+def record_language(kb_id: int) -> None:
+    """Store what the knowledge base's text is mostly written in, for its answers' instructions and its
+    retrieval defaults, which follow the language while the user has not changed them."""
+    kb = KnowledgeBase.objects.get(pk=kb_id)
+    language = selectors.knowledge_base_language(kb=kb)
+    if language != kb.language:
+        fields = {"language": language}
+        if follows_language(kb.retrieval):
+            fields["retrieval"] = language_defaults(language)
+        KnowledgeBase.objects.filter(pk=kb_id).update(**fields)
 
 
 def switch_to_built_index(kb_id: int) -> bool:

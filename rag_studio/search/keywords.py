@@ -24,6 +24,10 @@ _WORD = re.compile(f"[^\\W_{_CJK}]+")
 # naming one ranks chunks with the exact identifier above chunks that merely share its parts.
 _COMPOUND = re.compile(f"[^\\W_{_CJK}]+(?:[-_./][^\\W_{_CJK}]+)+")
 
+# Stored with each index (selectors.index_settings): an index built with other tokens must be rebuilt, since a
+# query's tokens would not match them.
+TOKENS_VERSION = "jieba-search+cjk-bigrams"
+
 STOPWORDS = frozenset(
     {
         # English

@@ -13,9 +13,8 @@ from rag_studio.pipeline.ingestion import ingest
 from rag_studio.pipeline.parsing import parse_document
 from rag_studio.rag import CHINESE_PROMPTS, DEFAULT_PROMPTS, RagPipeline
 from rag_studio.search.retrieval import retrieve
-from rag_studio.search.retrieval_config import KEYWORD_FIRST
+from rag_studio.search.retrieval_config import language_defaults
 from serving import presets
-from serving.models import Model
 from tests.rag_studio.conftest import SAMPLES, upload
 
 pytestmark = pytest.mark.django_db
@@ -30,6 +29,7 @@ def plant_kb(acme, ann):
         upload(name, (SAMPLES / name).read_bytes()) for name in CHINESE_SAMPLES])
     for outcome in outcomes:
         assert ingest(outcome.document.pk, "pytest") == "indexed", Document.objects.get(pk=outcome.document.pk).error
+    kb.refresh_from_db()  # as ingestion left it: its language, and the retrieval defaults that follow it
     return kb
 
 
@@ -97,19 +97,26 @@ def test_a_mostly_chinese_knowledge_base_is_offered_the_multilingual_embedding_m
     assert 'id="multilingual-embedding"' not in client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
 
 
-def test_without_the_multilingual_model_a_chinese_knowledge_base_is_offered_keyword_first_search(plant_kb, ann):
-    Model.objects.filter(name=presets.MULTILINGUAL_E5).delete()
+def test_retrieval_defaults_follow_the_language_until_the_user_chooses_their_own(plant_kb, indexed_kb, ann):
+    assert (plant_kb.language, indexed_kb.language) == ("zh", "en")
+    assert plant_kb.retrieval == language_defaults("zh") and plant_kb.retrieval["normalisation"] == "zscore"
+    assert indexed_kb.retrieval == language_defaults("en") and indexed_kb.retrieval["fusion"] == "rrf"
     client = chinese_client(ann)
-    assert "以关键词为主检索" in client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
+    page = client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
+    assert 'id="retrieval-defaults"' in page and "中文文本的默认设置" in page
 
-    client.post(f"/rag/kb/{plant_kb.pk}/settings/", {"action": "keyword_first"})
-
+    # Settings of the user's own are theirs: more documents do not reset them, and the page no longer claims them.
+    services.update_knowledge_base(actor=ann, kb=plant_kb,
+                                   retrieval={**plant_kb.retrieval, "dense_weight": 0.8, "keyword_weight": 0.2})
+    outcome, = services.upload_documents(actor=ann, kb=plant_kb,
+                                         uploads=[upload("班组.txt", "班组长负责交接班记录。".encode())])
+    assert ingest(outcome.document.pk, "pytest") == "indexed"
     plant_kb.refresh_from_db()
-    assert plant_kb.retrieval | KEYWORD_FIRST == plant_kb.retrieval
-    assert "以关键词为主检索" not in client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
+    assert plant_kb.retrieval["dense_weight"] == 0.8
+    assert 'id="retrieval-defaults"' not in client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
 
 
-def test_the_chinese_gui_offers_the_multilingual_model_and_searches_keywords_first_on_the_english_one(acme, ann):
+def test_the_chinese_gui_offers_the_multilingual_model_and_every_new_base_starts_on_the_same_defaults(acme, ann):
     chinese, english = chinese_client(ann), Client(HTTP_ACCEPT_LANGUAGE="en")
     english.force_login(ann.user)
     assert f'<option value="{presets.MULTILINGUAL_E5}" selected>' in chinese.get("/rag/").content.decode()
@@ -119,10 +126,9 @@ def test_the_chinese_gui_offers_the_multilingual_model_and_searches_keywords_fir
     chinese.post("/rag/", {"name": "交接班", "chunk_mode": "recursive", "embedding_model": presets.MULTILINGUAL_E5})
     english.post("/rag/", {"name": "Shift logs", "chunk_mode": "recursive", "embedding_model": presets.MINILM})
 
-    keyword_first = KnowledgeBase.objects.get(name="巡检记录").retrieval
-    assert keyword_first | KEYWORD_FIRST == keyword_first
-    assert KnowledgeBase.objects.get(name="交接班").retrieval["keyword_weight"] == 0.5
-    assert KnowledgeBase.objects.get(name="Shift logs").retrieval["keyword_weight"] == 0.5
+    # Until documents are indexed, nobody knows their language: each starts on the default, which then follows it.
+    assert {kb.name: kb.retrieval == language_defaults("") for kb in KnowledgeBase.objects.all()} == {
+        "巡检记录": True, "交接班": True, "Shift logs": True}
 
 
 def test_the_multilingual_embedding_preset_finds_chinese_passages_by_meaning(acme, ann):

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from rag_studio import selectors, services
-from rag_studio.evals import evaluation
+from rag_studio.evals import evaluation, jobs
 from rag_studio.models import Document, EvalResult, EvalRun, EvalSet, JobStatus
 from serving.models import Deployment
 
@@ -19,7 +19,7 @@ CHAT = "smollm2-135m-instruct"
 @pytest.fixture
 def dispatched(monkeypatch) -> list[tuple[str, int]]:
     sent = []
-    monkeypatch.setattr(evaluation.current_app, "send_task", lambda task, args: sent.append((task, args[0])))
+    monkeypatch.setattr(jobs.current_app, "send_task", lambda task, args: sent.append((task, args[0])))
     return sent
 
 
@@ -66,7 +66,7 @@ def _run(acme, ann, eval_set, dispatched, django_capture_on_commit_callbacks) ->
 def test_a_second_message_for_a_running_run_leaves_it_running(acme, ann, eval_set, dispatched,
                                                                django_capture_on_commit_callbacks):
     run = _run(acme, ann, eval_set, dispatched, django_capture_on_commit_callbacks)
-    assert (evaluation.RUN_TASK, run.pk) in dispatched
+    assert (jobs.RUN_TASK, run.pk) in dispatched
     # Worker A is running it (its lease is fresh); Redis hands the message to worker B after the visibility timeout.
     EvalRun.objects.filter(pk=run.pk).update(status=JobStatus.RUNNING, lease_owner="worker@a/1/t1",
                                              lease_until=timezone.now() + timedelta(seconds=60))
@@ -88,12 +88,12 @@ def test_beat_dispatches_lost_and_abandoned_eval_work_again_and_fails_it_after_t
                                                   lease_until=long_ago, attempts=2)
     dispatched.clear()
 
-    swept = evaluation.sweep_overdue()
+    swept = jobs.sweep_overdue()
 
-    assert swept == {evaluation.GENERATE_TASK: [eval_set.pk], evaluation.RUN_TASK: [run.pk]}
-    assert sorted(dispatched) == sorted([(evaluation.GENERATE_TASK, eval_set.pk), (evaluation.RUN_TASK, run.pk)])
+    assert swept == {jobs.GENERATE_TASK: [eval_set.pk], jobs.RUN_TASK: [run.pk], jobs.TUNE_TASK: []}
+    assert sorted(dispatched) == sorted([(jobs.GENERATE_TASK, eval_set.pk), (jobs.RUN_TASK, run.pk)])
     # Taken over a third time, past RAG_EVAL_MAX_ATTEMPTS: it fails, saying why.
     assert evaluation.generate_items(eval_set.pk, "worker@b/2/t2") == JobStatus.FAILED
     eval_set.refresh_from_db()
     assert eval_set.status == JobStatus.FAILED and eval_set.error.startswith("Stopped 2 times without finishing")
-    assert evaluation.sweep_overdue() == {evaluation.GENERATE_TASK: [], evaluation.RUN_TASK: []}
+    assert jobs.sweep_overdue() == {jobs.GENERATE_TASK: [], jobs.RUN_TASK: [], jobs.TUNE_TASK: []}

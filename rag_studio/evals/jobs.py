@@ -1,0 +1,112 @@
+"""Background evaluation work held by a lease: generating an eval set, an eval run, a retrieval tuning.
+
+Each is a row with `status`, `attempts`, `lease_owner`, `lease_until` and `dispatched_at`, worked on by a Celery
+task. A redelivered task message finds the work held and leaves it; beat (`sweep_overdue`) dispatches again the work
+whose worker died or whose message was lost, and a claim past RAG_EVAL_MAX_ATTEMPTS fails it with the reason. The
+work saves each piece as it completes, so a task that takes over resumes rather than starts again.
+"""
+
+import logging
+from datetime import timedelta
+
+from celery import current_app
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.db.models import F, Q
+from django.utils import timezone
+
+from rag_studio.leases import LeaseKeeper, lease_until
+from rag_studio.models import EvalRun, EvalSet, JobStatus, RetrievalTuning
+
+GENERATE_TASK, RUN_TASK, TUNE_TASK = ("rag_studio.tasks.generate_eval_set", "rag_studio.tasks.run_eval",
+                                      "rag_studio.tasks.tune_retrieval")
+TASKS = ((EvalSet, GENERATE_TASK), (EvalRun, RUN_TASK), (RetrievalTuning, TUNE_TASK))
+logger = logging.getLogger(__name__)
+
+
+def dispatch(model, task: str, pk: int) -> None:
+    model.objects.filter(pk=pk).update(dispatched_at=timezone.now())
+    current_app.send_task(task, args=[pk])
+
+
+class Held(Exception):
+    """Another worker holds the work now, or a user cancelled it: stop without touching it."""
+
+
+def claim(model, pk: int, owner: str):
+    """Take the work, or None when it is finished, cancelled or held by a live worker. Past RAG_EVAL_MAX_ATTEMPTS
+    takeovers it fails with the reason instead."""
+    now = timezone.now()
+    claimed = model.objects.filter(
+        Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner),
+        pk=pk, status__in=[JobStatus.QUEUED, JobStatus.RUNNING],
+    ).update(status=JobStatus.RUNNING, lease_owner=owner, lease_until=lease_until(settings.RAG_EVAL_LEASE_S),
+             attempts=F("attempts") + 1)
+    if not claimed:
+        return None
+    row = model.objects.get(pk=pk)
+    if row.attempts > settings.RAG_EVAL_MAX_ATTEMPTS:
+        finish(model, pk, owner, status=JobStatus.FAILED,
+               error=f"Stopped {row.attempts - 1} times without finishing (its worker died or ran out of time "
+                     f"each time); the work done so far is kept.")
+        return None
+    return row
+
+
+def finish(model, pk: int, owner: str, **fields) -> bool:
+    """Record the outcome, but only while `owner` still holds the work."""
+    if fields.get("status") in (JobStatus.DONE, JobStatus.FAILED) and hasattr(model, "finished_at"):
+        fields.setdefault("finished_at", timezone.now())
+    return bool(model.objects.filter(pk=pk, lease_owner=owner, status=JobStatus.RUNNING).update(
+        lease_owner="", lease_until=None, **fields))
+
+
+def still_held(model, pk: int, owner: str) -> None:
+    if not model.objects.filter(pk=pk, lease_owner=owner, status=JobStatus.RUNNING).exists():
+        raise Held()
+
+
+def release(model, pk: int, owner: str) -> None:
+    """Let the lease run out now (a time limit stopped the task): beat dispatches it again to resume."""
+    model.objects.filter(pk=pk, lease_owner=owner, status=JobStatus.RUNNING).update(lease_until=timezone.now())
+
+
+def run_held(model, pk: int, owner: str, work, *, failure: str = "") -> str:
+    """Claim the work, run `work(row)` while a thread renews the lease, and record the fields it returns (with
+    the final `status`). A time limit lets the lease run out so that beat resumes it; work taken over or cancelled
+    meanwhile is left alone; an error fails it, `failure` and the error as the reason. Returns the status."""
+    row = claim(model, pk, owner)
+    if row is None:
+        return model.objects.filter(pk=pk).values_list("status", flat=True).first() or "deleted"
+    with LeaseKeeper(model.objects.filter(status=JobStatus.RUNNING), owner, lease_s=settings.RAG_EVAL_LEASE_S):
+        try:
+            outcome = work(row)
+        except SoftTimeLimitExceeded:
+            release(model, pk, owner)
+            return "timed out"
+        except Held:
+            return "skipped"
+        except Exception as exc:
+            logger.exception("%s %s failed", model.__name__, pk)
+            finish(model, pk, owner, status=JobStatus.FAILED, error=f"{failure}{exc}"[:2000])
+            return JobStatus.FAILED
+    finish(model, pk, owner, **outcome)
+    return outcome["status"]
+
+
+def sweep_overdue() -> dict[str, list[int]]:
+    """Beat: dispatch again every piece of work whose worker stopped renewing its lease, or whose task message was
+    sent RAG_QUEUED_REDISPATCH_S ago and never taken. A claim past the attempts fails it."""
+    now = timezone.now()
+    overdue = now - timedelta(seconds=settings.RAG_QUEUED_REDISPATCH_S)
+    # Queued (or running with no lease at all: left by a version without leases) and sent long ago, or never.
+    never_held = Q(status__in=[JobStatus.QUEUED, JobStatus.RUNNING], lease_until__isnull=True)
+    stalled = (Q(status=JobStatus.RUNNING, lease_until__lt=now)
+               | never_held & Q(dispatched_at__lt=overdue)
+               | never_held & Q(dispatched_at__isnull=True, created_at__lt=overdue))
+    swept = {}
+    for model, task in TASKS:
+        swept[task] = list(model.objects.filter(stalled).order_by("pk").values_list("pk", flat=True))
+        for pk in swept[task]:
+            dispatch(model, task, pk)
+    return swept

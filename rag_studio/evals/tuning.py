@@ -1,0 +1,365 @@
+"""Retrieval tuning: search a knowledge base's retrieval settings on one of its eval sets, and suggest the winner.
+
+The eval set's usable questions (those whose expected chunks or documents are still in the knowledge base) are
+split, with a fixed seed, into a tuning half and a held-back half. Trial 0 measures the settings in use; Optuna's
+TPE sampler then proposes settings (mode, fusion with its normalisation and weights, RRF k, candidate depth,
+per-document cap, and where the job names the models, rerank with its threshold and query rewriting), each scored
+on the tuning half by (hit@k + MRR) / 2 and measured on the held-back half for the report. The best trial on the
+tuning half is suggested only when it beats the settings in use on both halves: a setting that wins only on the
+questions it was chosen on has learnt those questions, not the corpus.
+
+The job runs as a lease-held Celery task (`jobs`). Every trial is saved as it finishes, so a cancelled or killed job
+resumes with its trials: they are told to a fresh study before it proposes more. Trials never write to the
+knowledge base or its index; only `apply_tuning` does, through the config or knowledge base's own versioned save.
+The search never tunes `top_k`, which sets how much the answer model reads: a retrieval-only score would always
+prefer more; the job's `top_k` is both the k of its metrics and the tuned settings' top_k.
+"""
+
+import json
+import logging
+import random
+import time
+
+import optuna
+from django.db import IntegrityError, transaction
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+from accounts.errors import Conflict, ValidationFailed
+from accounts.models import Role
+from accounts.services import Actor, record_audit, require_role
+from rag_studio import services
+from rag_studio.evals import eval_metrics, jobs
+from rag_studio.evals.evaluation import hit_keys
+from rag_studio.models import (
+    Chunk,
+    EvalItem,
+    EvalSet,
+    JobStatus,
+    KnowledgeBase,
+    RagConfig,
+    RagTemplate,
+    RetrievalTuning,
+    TuningTrial,
+)
+from rag_studio.rag import RagPipeline
+from rag_studio.search.fusion import NORMALISATIONS
+from rag_studio.search.retrieval import retrieve
+from rag_studio.search.retrieval_config import validate_retrieval
+from serving.metrics import percentile
+from serving.models import RoleHint
+from serving.selectors import models_visible_to
+
+logger = logging.getLogger(__name__)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+MIN_QUESTIONS = 10
+MIN_TRIALS, MAX_TRIALS = 5, 200
+ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+def _usable_items(eval_set: EvalSet, kb: KnowledgeBase) -> tuple[list[tuple[EvalItem, set[str]]], int]:
+    """Each question with the keys a hit must match to count (its chunks still in the knowledge base, else its
+    documents), and how many were skipped because none of their expected sources is left."""
+    items = list(eval_set.items.order_by("pk"))
+    chunk_ids = {int(source[6:]) for item in items for source in item.expected_sources
+                 if source.startswith("chunk:") and source[6:].isdigit()}
+    live_chunks = {f"chunk:{pk}" for pk in Chunk.objects.filter(knowledge_base=kb, pk__in=chunk_ids)
+                   .values_list("pk", flat=True)}
+    live_files = set(kb.documents.values_list("filename", flat=True))
+    usable, skipped = [], 0
+    for item in items:
+        relevant = {s for s in item.expected_sources if s in live_chunks} or \
+                   {s for s in item.expected_sources if s in live_files}
+        if relevant:
+            usable.append((item, relevant))
+        elif item.expected_sources:
+            skipped += 1
+    return usable, skipped
+
+
+def _split(usable: list, seed: int) -> tuple[list, list]:
+    """The tuning half and the held-back half, the same for the same set and seed."""
+    shuffled = list(usable)
+    random.Random(seed).shuffle(shuffled)
+    half = (len(shuffled) + 1) // 2
+    return shuffled[:half], shuffled[half:]
+
+
+def _too_few(eval_set: EvalSet, usable: int, skipped: int) -> str:
+    return (f"Eval set '{eval_set.name}' has {usable} question(s) whose expected sources are in this knowledge "
+            f"base; tuning needs at least {MIN_QUESTIONS} (half to tune on, half held back to check the winner)."
+            + (f" {skipped} were skipped because their documents were deleted." if skipped else "")
+            + " Add questions with expected sources, or generate a larger set.")
+
+
+def _rerank_kind(workspace, name: str) -> str:
+    """'cross_encoder' for a registered local cross-encoder, else 'llm' for a chat deployment (or a 4xx)."""
+    if models_visible_to(workspace=workspace).filter(name=name, kind="hf").exclude(
+            role_hint=RoleHint.EMBEDDING).exists():
+        return "cross_encoder"
+    services._chat_deployment(workspace, name, "rerank_model")
+    return "llm"
+
+
+def start_tuning(*, actor: Actor, kb: KnowledgeBase, eval_set: EvalSet, config: RagConfig | None = None,
+                 trials: int = 30, top_k: int = 5, rerank_model: str = "", rewrite_model: str = "",
+                 seed: int = 0) -> RetrievalTuning:
+    require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
+    if eval_set.knowledge_base_id != kb.pk:
+        raise ValidationFailed(f"Eval set '{eval_set.name}' belongs to another knowledge base.",
+                               fields={"eval_set": ["another knowledge base"]})
+    if config is not None and config.knowledge_base_id != kb.pk:
+        raise ValidationFailed(f"RAG config '{config.name}' uses another knowledge base.",
+                               fields={"config": ["another knowledge base"]})
+    if eval_set.status != JobStatus.DONE:
+        raise Conflict(f"Eval set '{eval_set.name}' is {eval_set.status}; tune on a finished set.")
+    if not MIN_TRIALS <= trials <= MAX_TRIALS:
+        raise ValidationFailed(f"trials must be between {MIN_TRIALS} and {MAX_TRIALS}, not {trials}.",
+                               fields={"trials": ["range"]})
+    if not 1 <= top_k <= 50:
+        raise ValidationFailed(f"top_k must be between 1 and 50, not {top_k}.", fields={"top_k": ["range"]})
+    if rerank_model:
+        _rerank_kind(kb.workspace, rerank_model)
+    if rewrite_model:
+        services._chat_deployment(kb.workspace, rewrite_model, "rewrite_model")
+    usable, skipped = _usable_items(eval_set, kb)
+    if len(usable) < MIN_QUESTIONS:
+        raise ValidationFailed(_too_few(eval_set, len(usable), skipped), fields={"eval_set": ["too few questions"]})
+    with transaction.atomic():
+        KnowledgeBase.objects.select_for_update().filter(pk=kb.pk).first()  # one start at a time per base
+        running = RetrievalTuning.objects.filter(knowledge_base=kb, status__in=ACTIVE).first()
+        if running is not None:
+            raise Conflict(f"Tuning job {running.pk} is still {running.status} on '{kb.name}'; wait for it or "
+                           f"cancel it first.")
+        tuning = RetrievalTuning.objects.create(
+            workspace=kb.workspace, knowledge_base=kb, eval_set=eval_set, config=config, trials_requested=trials,
+            top_k=top_k, rerank_model=rerank_model, rewrite_model=rewrite_model, seed=seed)
+        record_audit(actor=actor, workspace=kb.workspace, action="rag.tuning.start", target=tuning,
+                     detail={"eval_set": eval_set.name, "config": config.name if config else "", "trials": trials})
+        transaction.on_commit(lambda: jobs.dispatch(RetrievalTuning, jobs.TUNE_TASK, tuning.pk))
+    return tuning
+
+
+def cancel_tuning(*, actor: Actor, tuning: RetrievalTuning) -> RetrievalTuning:
+    """Stop the job after the trial it is on; the trials so far are kept and it can be resumed."""
+    require_role(actor=actor, workspace=tuning.workspace, role=Role.DEVELOPER)
+    if not RetrievalTuning.objects.filter(pk=tuning.pk, status__in=ACTIVE).update(
+            status=JobStatus.CANCELLED, lease_owner="", lease_until=None):
+        raise Conflict(f"Tuning job {tuning.pk} is {tuning.status}; only a queued or running job can be cancelled.")
+    record_audit(actor=actor, workspace=tuning.workspace, action="rag.tuning.cancel", target=tuning, detail={})
+    tuning.refresh_from_db()
+    return tuning
+
+
+def resume_tuning(*, actor: Actor, tuning: RetrievalTuning) -> RetrievalTuning:
+    """Queue a cancelled or failed job again: it keeps its trials and runs the rest."""
+    require_role(actor=actor, workspace=tuning.workspace, role=Role.DEVELOPER)
+    with transaction.atomic():
+        KnowledgeBase.objects.select_for_update().filter(pk=tuning.knowledge_base_id).first()
+        running = RetrievalTuning.objects.filter(knowledge_base_id=tuning.knowledge_base_id,
+                                                 status__in=ACTIVE).exclude(pk=tuning.pk).first()
+        if running is not None:
+            raise Conflict(f"Tuning job {running.pk} is still {running.status} on this knowledge base.")
+        if not RetrievalTuning.objects.filter(pk=tuning.pk, status__in=[JobStatus.CANCELLED, JobStatus.FAILED]) \
+                .update(status=JobStatus.QUEUED, attempts=0, error="", finished_at=None):
+            raise Conflict(f"Tuning job {tuning.pk} is {tuning.status}; only a cancelled or failed job resumes.")
+        record_audit(actor=actor, workspace=tuning.workspace, action="rag.tuning.resume", target=tuning,
+                     detail={"trials_kept": tuning.trials.count()})
+        transaction.on_commit(lambda: jobs.dispatch(RetrievalTuning, jobs.TUNE_TASK, tuning.pk))
+    tuning.refresh_from_db()
+    return tuning
+
+
+# ---- the search ----
+
+
+def search_space(tuning: RetrievalTuning) -> dict:
+    """Every setting the sampler chooses; those a mode does not use (fusion for dense-only) are ignored."""
+    space = {
+        "mode": CategoricalDistribution(["dense", "keyword", "hybrid"]),
+        "fusion": CategoricalDistribution(["weighted", "rrf"]),
+        "normalisation": CategoricalDistribution(list(NORMALISATIONS)),
+        "dense_weight": FloatDistribution(0.0, 1.0, step=0.1),
+        "rrf_k": CategoricalDistribution([10, 30, 60, 100]),
+        "candidates": CategoricalDistribution([10, 20, 30, 50, 100]),
+        "max_per_document": CategoricalDistribution([0, 1, 2, 3]),
+    }
+    if tuning.rerank_model:
+        space["rerank"] = CategoricalDistribution([False, True])
+        space["rerank_threshold"] = CategoricalDistribution([0.0, 0.2, 0.4])
+    if tuning.rewrite_model:
+        space["rewrite"] = CategoricalDistribution([False, True])
+    return space
+
+
+def baseline_settings(tuning: RetrievalTuning) -> dict:
+    """The settings in use: the knowledge base's defaults under the config's overrides, and whether the config
+    rewrites the question."""
+    kb, config = tuning.knowledge_base, tuning.config
+    retrieval = validate_retrieval({**kb.retrieval, **(config.retrieval if config else {}), "top_k": tuning.top_k})
+    rewrite = config is not None and config.template == RagTemplate.MULTI_QUERY
+    return {"retrieval": retrieval, "rewrite_model": config.model if rewrite else ""}
+
+
+def settings_for(params: dict, tuning: RetrievalTuning, baseline: dict) -> dict:
+    chosen = {"mode": params["mode"], "candidates": params["candidates"],
+              "max_per_document": params["max_per_document"], "top_k": tuning.top_k}
+    if params["mode"] == "hybrid":
+        chosen["fusion"] = params["fusion"]
+        if params["fusion"] == "weighted":
+            chosen["normalisation"] = params["normalisation"]
+            chosen["dense_weight"] = round(params["dense_weight"], 1)
+            chosen["keyword_weight"] = round(1 - params["dense_weight"], 1)
+        else:
+            chosen["rrf_k"] = params["rrf_k"]
+    if params.get("rerank"):
+        chosen["rerank"] = {"kind": _rerank_kind(tuning.workspace, tuning.rerank_model), "model": tuning.rerank_model,
+                            "top_k": tuning.top_k, "threshold": params["rerank_threshold"]}
+    elif "rerank" in params:
+        chosen["rerank"] = {"kind": "none", "model": "", "top_k": tuning.top_k, "threshold": 0.0}
+    rewrite_model = baseline["rewrite_model"]
+    if "rewrite" in params:
+        rewrite_model = tuning.rewrite_model if params["rewrite"] else ""
+    return {"retrieval": validate_retrieval({**baseline["retrieval"], **chosen}), "rewrite_model": rewrite_model}
+
+
+def _hits(kb: KnowledgeBase, settings: dict, question: str):
+    if settings["rewrite_model"]:
+        pipeline = RagPipeline(kb, {"template": RagTemplate.MULTI_QUERY, "model": settings["rewrite_model"],
+                                    "prompt": "", "retrieval": settings["retrieval"], "generation": {}})
+        return pipeline.retrieve(question).hits
+    return retrieve(kb, question, settings["retrieval"]).hits
+
+
+def measure(kb: KnowledgeBase, settings: dict, items: list[tuple[EvalItem, set[str]]], k: int) -> dict:
+    """hit@k, MRR (within the top k) and their mean, the score, over `items`; and the p95 of query latency."""
+    hits_found, reciprocal_ranks, latencies = [], [], []
+    for item, relevant in items:
+        started = time.perf_counter()
+        keys = hit_keys(_hits(kb, settings, item.question), relevant)[:k]
+        latencies.append((time.perf_counter() - started) * 1000)
+        hits_found.append(eval_metrics.hit_at_k(keys, relevant, k))
+        reciprocal_ranks.append(eval_metrics.reciprocal_rank(keys, relevant))
+    hit, mrr = sum(hits_found) / len(items), sum(reciprocal_ranks) / len(items)
+    return {"hit@k": round(hit, 4), "mrr": round(mrr, 4), "score": round((hit + mrr) / 2, 4),
+            "p95_ms": round(percentile(latencies, 95), 1), "n": len(items)}
+
+
+def execute_tuning(tuning_id: int, owner: str) -> str:
+    """Run the trials not run yet, saving each as it finishes. Returns the job's status."""
+    return jobs.run_held(RetrievalTuning, tuning_id, owner, lambda tuning: _tune(tuning.pk, owner),
+                         failure="Tuning failed: ")
+
+
+def _tune(tuning_id: int, owner: str) -> dict:
+    tuning = RetrievalTuning.objects.select_related("knowledge_base", "eval_set", "config", "workspace") \
+        .get(pk=tuning_id)
+    kb, k = tuning.knowledge_base, tuning.top_k
+    usable, skipped = _usable_items(tuning.eval_set, kb)
+    if len(usable) < MIN_QUESTIONS:  # documents deleted since the job was queued
+        return {"status": JobStatus.FAILED, "error": _too_few(tuning.eval_set, len(usable), skipped)}
+    tune_half, held_back = _split(usable, tuning.seed)
+    space, baseline = search_space(tuning), baseline_settings(tuning)
+    trials = {trial.number: trial for trial in tuning.trials.all()}
+    measured = {_key(trial.settings): trial for trial in trials.values()}
+
+    def record(number: int, params: dict, settings: dict) -> TuningTrial:
+        same = measured.get(_key(settings))
+        tuning_metrics = same.tuning_metrics if same else measure(kb, settings, tune_half, k)
+        holdout_metrics = same.holdout_metrics if same else measure(kb, settings, held_back, k)
+        jobs.still_held(RetrievalTuning, tuning.pk, owner)  # cancelled meanwhile: stop, keeping what is saved
+        trial = TuningTrial(tuning=tuning, number=number, params=params, settings=settings,
+                            tuning_metrics=tuning_metrics, holdout_metrics=holdout_metrics)
+        try:
+            with transaction.atomic():
+                trial.save()
+        except IntegrityError:  # a worker that held the job before this one saved it; its trial stands
+            trial = TuningTrial.objects.get(tuning=tuning, number=number)
+        measured.setdefault(_key(trial.settings), trial)
+        RetrievalTuning.objects.filter(pk=tuning.pk).update(
+            progress=100 * number // (tuning.trials_requested + 1))
+        return trial
+
+    if 0 not in trials:
+        trials[0] = record(0, {}, baseline)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=tuning.seed))
+    for number in sorted(trials):
+        if number:
+            study.add_trial(optuna.trial.create_trial(params=trials[number].params, distributions=space,
+                                                      value=trials[number].tuning_metrics["score"]))
+    for number in range(1, tuning.trials_requested + 1):
+        if number in trials:
+            continue
+        proposal = study.ask(space)
+        trial = record(number, proposal.params, settings_for(proposal.params, tuning, baseline))
+        study.tell(proposal, trial.tuning_metrics["score"])
+    report = build_report(tuning, questions={"tuning": len(tune_half), "held_back": len(held_back),
+                                             "skipped": skipped})
+    return {"status": JobStatus.DONE, "progress": 100, "report": report}
+
+
+def _key(settings: dict) -> str:
+    return json.dumps(settings, sort_keys=True)
+
+
+def build_report(tuning: RetrievalTuning, *, questions: dict) -> dict:
+    """The baseline, the best trial on the tuning half, and whether it is suggested (and why)."""
+    trials = list(tuning.trials.all())
+    baseline = trials[0]
+    # The settings in use stay best unless a trial scores higher; among equals the faster, then the earlier, wins.
+    best = max(trials, key=lambda t: (t.tuning_metrics["score"], t.number == 0, -t.tuning_metrics["p95_ms"],
+                                      -t.number))
+    tuned = best.tuning_metrics["score"] - baseline.tuning_metrics["score"]
+    held = best.holdout_metrics["score"] - baseline.holdout_metrics["score"]
+    if best.number == 0 or tuned <= 0:
+        why = "No trial beat the settings in use on the tuning half; keep them."
+    elif held <= 0:
+        why = (f"Trial {best.number} beat the settings in use on the tuning half (+{tuned:.3f}) but not on the "
+               f"held-back half ({held:+.3f}): it fits those questions, not the corpus. Keep the settings in use.")
+    else:
+        why = (f"Trial {best.number} beats the settings in use on the tuning half (+{tuned:.3f}) and on the "
+               f"held-back half (+{held:.3f}).")
+    return {"questions": questions, "k": tuning.top_k, "baseline": 0, "best": best.number,
+            "suggested": best.number != 0 and tuned > 0 and held > 0, "why": why,
+            "trials": len(trials) - 1}
+
+
+# ---- applying the winner ----
+
+
+def apply_tuning(*, actor: Actor, tuning: RetrievalTuning, trial_number: int | None = None) -> str:
+    """Save a trial's settings (the suggested one by default) as a new version of the config, or of the knowledge
+    base's defaults when the job has no config: both are versioned in the asset registry, so it can be rolled
+    back. Returns where it went."""
+    require_role(actor=actor, workspace=tuning.workspace, role=Role.DEVELOPER)
+    if tuning.status != JobStatus.DONE:
+        raise Conflict(f"Tuning job {tuning.pk} is {tuning.status}; apply a finished job's result.")
+    if trial_number is None:
+        if not tuning.report.get("suggested"):
+            raise Conflict(f"{tuning.report.get('why', '')} Name a trial to apply it anyway.".strip())
+        trial_number = tuning.report["best"]
+    trial = tuning.trials.filter(number=trial_number).first()
+    if trial is None:
+        raise ValidationFailed(f"Tuning job {tuning.pk} has no trial {trial_number}.", fields={"trial": ["unknown"]})
+    retrieval, config = trial.settings["retrieval"], tuning.config
+    with transaction.atomic():
+        if config is not None:
+            template = config.template
+            if "rewrite" in trial.params:
+                template = RagTemplate.MULTI_QUERY if trial.settings["rewrite_model"] else (
+                    RagTemplate.CITATIONS if template == RagTemplate.MULTI_QUERY else template)
+            config = services.save_rag_config(
+                actor=actor, workspace=config.workspace, config=config, name=config.name,
+                knowledge_base=config.knowledge_base, template=template, model=config.model, prompt=config.prompt,
+                retrieval=retrieval, generation=config.generation)
+            applied = f"config '{config.name}' v{config.version}"
+        else:
+            kb = tuning.knowledge_base
+            services.update_knowledge_base(actor=actor, kb=kb, retrieval=retrieval)
+            applied = f"knowledge base '{kb.name}' defaults"
+        RetrievalTuning.objects.filter(pk=tuning.pk).update(applied_to=f"trial {trial.number} → {applied}")
+        record_audit(actor=actor, workspace=tuning.workspace, action="rag.tuning.apply", target=tuning,
+                     detail={"trial": trial.number, "applied_to": applied, "retrieval": retrieval})
+    tuning.refresh_from_db()
+    return applied
+

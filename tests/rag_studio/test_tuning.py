@@ -1,0 +1,199 @@
+"""Retrieval tuning, in one process: an eval set uploaded the way a user uploads one, trials searched on its tuning
+half and checked on its held-back half, a refusal for a set too small to tune on, one job per knowledge base at a
+time, a cancelled job that resumes with its trials, and the winner applied as a new, versioned setting."""
+
+import json
+
+import pytest
+
+from accounts.errors import Conflict, ValidationFailed
+from assets.models import AssetKind, AssetVersion
+from rag_studio import services
+from rag_studio.evals import evaluation, jobs, tuning
+from rag_studio.models import Chunk, JobStatus, RetrievalTuning
+from serving.models import Deployment
+
+CHAT = "smollm2-135m-instruct"
+# (question, a phrase of the chunk that answers it): paraphrased, so that no single setting wins on wording alone.
+QUESTIONS = [
+    ("How long must the power button be held to restart the robot?", "Hold the power button"),
+    ("When does Northwind publish new firmware?", "first Tuesday of each month"),
+    ("What does a blinking red light on the robot tell me?", "emergency stop button is pressed"),
+    ("Is the robot approved for freezer warehouses?", "approved for ambient warehouses only"),
+    ("How quickly does support reply to a ticket?", "within one business day"),
+    ("Where is the serial number printed?", "under the charging contacts"),
+    ("保修期是多久？", "保修期为两年"),
+    ("退货要在多少天内申请？", "退货需在30天内申请"),
+    ("客服电话是多少？", "400-800-1234"),
+    ("How many days of annual leave do employees get?", "annual leave"),
+    ("Can staff work from home?", "remote"),
+    ("What does error code E204 mean?", "E204"),
+]
+
+
+@pytest.fixture
+def dispatched(monkeypatch) -> list[tuple[str, int]]:
+    sent = []
+    monkeypatch.setattr(jobs.current_app, "send_task", lambda task, args: sent.append((task, args[0])))
+    return sent
+
+
+def _eval_file(kb, questions) -> bytes:
+    lines = []
+    for question, phrase in questions:
+        chunk = Chunk.objects.filter(knowledge_base=kb, searchable=True, text__icontains=phrase).order_by("pk").first()
+        assert chunk is not None, phrase
+        lines.append(json.dumps({"question": question, "expected_answer": phrase,
+                                 "expected_sources": [f"chunk:{chunk.pk}", chunk.document.filename]}))
+    return "\n".join(lines).encode()
+
+
+@pytest.fixture
+def eval_set(ann, indexed_kb):
+    return evaluation.upload_eval_set(actor=ann, kb=indexed_kb, name="Northwind questions", filename="qa.jsonl",
+                                      content=_eval_file(indexed_kb, QUESTIONS))
+
+
+def _start(ann, kb, eval_set, capture, **options) -> RetrievalTuning:
+    with capture(execute=True):
+        return tuning.start_tuning(actor=ann, kb=kb, eval_set=eval_set, **{"trials": 6, **options})
+
+
+def test_a_tuning_job_searches_on_one_half_checks_on_the_other_and_applies_the_winner_as_a_version(
+        ann, indexed_kb, eval_set, dispatched, django_capture_on_commit_callbacks):
+    job = _start(ann, indexed_kb, eval_set, django_capture_on_commit_callbacks)
+    assert dispatched == [(jobs.TUNE_TASK, job.pk)]
+
+    assert tuning.execute_tuning(job.pk, "worker@a/1/t1") == JobStatus.DONE
+    job.refresh_from_db()
+    trials = list(job.trials.all())
+    assert [t.number for t in trials] == list(range(7))  # the baseline and six searched
+    assert job.report["questions"] == {"tuning": 6, "held_back": 6, "skipped": 0}
+    for trial in trials:
+        for metrics in (trial.tuning_metrics, trial.holdout_metrics):
+            assert 0 <= metrics["hit@k"] <= 1 and 0 <= metrics["mrr"] <= metrics["hit@k"] and metrics["n"] == 6
+            assert metrics["p95_ms"] > 0
+    assert trials[0].settings["retrieval"] == {**trials[0].settings["retrieval"], **indexed_kb.retrieval}
+    best = trials[job.report["best"]]
+    assert all(best.tuning_metrics["score"] >= t.tuning_metrics["score"] for t in trials)
+    assert job.report["suggested"] == (best.tuning_metrics["score"] > trials[0].tuning_metrics["score"]
+                                       and best.holdout_metrics["score"] > trials[0].holdout_metrics["score"])
+
+    # Apply a trial (the suggested one, or any named one) to the knowledge base's defaults: a new asset version.
+    versions = AssetVersion.objects.filter(asset__kind=AssetKind.KNOWLEDGE_BASE, asset__ref_id=str(indexed_kb.pk))
+    before = versions.count()
+    chosen = trials[3]
+    applied = tuning.apply_tuning(actor=ann, tuning=job, trial_number=chosen.number)
+    indexed_kb.refresh_from_db()
+    assert applied == f"knowledge base '{indexed_kb.name}' defaults"
+    assert indexed_kb.retrieval == chosen.settings["retrieval"] and versions.count() == before + 1
+    assert job.applied_to.startswith("trial 3")
+
+
+def test_applying_to_a_config_writes_its_next_version(ann, acme, indexed_kb, eval_set, presets, dispatched,
+                                                      django_capture_on_commit_callbacks):
+    Deployment.objects.create(workspace=None, name=CHAT, model=presets[CHAT], engine="llamacpp")
+    config = services.save_rag_config(actor=ann, workspace=acme, name="Support", knowledge_base=indexed_kb,
+                                      template="citations", model=CHAT, retrieval={"top_k": 4})
+    job = _start(ann, indexed_kb, eval_set, django_capture_on_commit_callbacks, config=config, trials=5)
+    tuning.execute_tuning(job.pk, "worker@a/1/t1")
+    job.refresh_from_db()
+    chosen = job.trials.get(number=2)
+    tuning.apply_tuning(actor=ann, tuning=job, trial_number=2)
+    config.refresh_from_db()
+    assert config.version == 2 and config.retrieval == chosen.settings["retrieval"]
+    assert config.versions.get(number=1).settings["retrieval"] == {"top_k": 4}  # the old version stays, to roll back
+
+
+def test_a_set_too_small_or_whose_documents_are_gone_is_refused_with_the_count(ann, indexed_kb):
+    small = evaluation.upload_eval_set(actor=ann, kb=indexed_kb, name="Few", filename="few.jsonl",
+                                       content=_eval_file(indexed_kb, QUESTIONS[:6]))
+    with pytest.raises(ValidationFailed, match=r"has 6 question\(s\).*at least 10"):
+        tuning.start_tuning(actor=ann, kb=indexed_kb, eval_set=small)
+
+    full = evaluation.upload_eval_set(actor=ann, kb=indexed_kb, name="All", filename="all.jsonl",
+                                      content=_eval_file(indexed_kb, QUESTIONS))
+    services.delete_document(actor=ann, document=indexed_kb.documents.get(filename="northwind-support-faq.md"))
+    with pytest.raises(ValidationFailed, match=r"has 3 question\(s\).*9 were skipped because their documents"):
+        tuning.start_tuning(actor=ann, kb=indexed_kb, eval_set=full)
+
+
+def test_one_job_per_knowledge_base_and_a_cancelled_job_resumes_with_its_trials(
+        ann, indexed_kb, eval_set, dispatched, django_capture_on_commit_callbacks, monkeypatch):
+    job = _start(ann, indexed_kb, eval_set, django_capture_on_commit_callbacks, trials=6)
+    with pytest.raises(Conflict, match=f"Tuning job {job.pk} is still queued"):
+        _start(ann, indexed_kb, eval_set, django_capture_on_commit_callbacks)
+
+    # The user cancels while trial 2 is being measured: the job stops there, keeping what it saved.
+    measured, real_measure = [], tuning.measure
+
+    def measure_then_cancel(kb, settings, items, k):
+        measured.append(settings)
+        if len(measured) == 5:  # trial 2's tuning half (the baseline and trial 1 took two each)
+            tuning.cancel_tuning(actor=ann, tuning=job)
+        return real_measure(kb, settings, items, k)
+
+    monkeypatch.setattr(tuning, "measure", measure_then_cancel)
+    assert tuning.execute_tuning(job.pk, "worker@a/1/t1") == "skipped"
+    job.refresh_from_db()
+    assert job.status == JobStatus.CANCELLED and not job.lease_owner
+    kept = sorted(job.trials.values_list("number", flat=True))
+    assert kept[:2] == [0, 1] and len(kept) <= 2 + 1
+    with pytest.raises(Conflict, match="apply a finished job"):
+        tuning.apply_tuning(actor=ann, tuning=job, trial_number=0)  # nothing half-applied
+
+    with django_capture_on_commit_callbacks(execute=True):
+        tuning.resume_tuning(actor=ann, tuning=job)
+    assert dispatched[-1] == (jobs.TUNE_TASK, job.pk)
+    measured.clear()
+    monkeypatch.setattr(tuning, "measure", lambda *args: (measured.append(args[1]), real_measure(*args))[1])
+    assert tuning.execute_tuning(job.pk, "worker@b/2/t1") == JobStatus.DONE
+    job.refresh_from_db()
+    assert sorted(job.trials.values_list("number", flat=True)) == list(range(7))
+    # The kept trials were not measured again: each new trial costs at most its two halves.
+    assert len(measured) <= 2 * (7 - len(kept))
+
+
+def test_the_api_starts_reports_and_refuses_with_clear_errors(acme, key_client, indexed_kb, eval_set, dispatched):
+    client = key_client("ann", acme)
+    body = {"knowledge_base": indexed_kb.pk, "eval_set": eval_set.pk, "trials": 5}
+    created = client.post("/api/rag/tunings/", body, format="json")
+    assert created.status_code == 201, created.json()
+    job_id = created.json()["id"]
+    assert created.json()["status"] == "queued"
+    assert client.post("/api/rag/tunings/", body, format="json").status_code == 409
+    bad = client.post("/api/rag/tunings/", {**body, "trials": 1000}, format="json")
+    assert bad.status_code == 400 and "trials must be between" in bad.json()["error"]["message"]
+
+    tuning.execute_tuning(job_id, "worker@a/1/t1")
+    report = client.get(f"/api/rag/tunings/{job_id}/").json()
+    assert report["status"] == "done" and len(report["trials"]) == 6 and report["report"]["why"]
+    applied = client.post(f"/api/rag/tunings/{job_id}/apply/", {"trial": 1}, format="json")
+    assert applied.status_code == 200 and applied.json()["applied_to"].startswith("trial 1")
+    assert client.post(f"/api/rag/tunings/{job_id}/apply/", {"trial": 99}, format="json").status_code == 400
+    assert client.post(f"/api/rag/tunings/{job_id}/cancel/").status_code == 409
+
+
+def test_the_report_page_applies_a_trial_and_the_hit_test_shows_it_beside_the_settings_in_use(
+        ann, acme, key_client, indexed_kb, eval_set, dispatched, django_capture_on_commit_callbacks, client):
+    job = _start(ann, indexed_kb, eval_set, django_capture_on_commit_callbacks, trials=5)
+    tuning.execute_tuning(job.pk, "worker@a/1/t1")
+    client.force_login(ann.user)
+    page = client.get(f"/rag/evals/tunings/{job.pk}/").content.decode()
+    assert 'id="tuning-report"' in page and page.count("data-trial=") == 6
+
+    query = {"query": "How do I reset the robot?", "tuning": job.pk, "trial": 2}
+    compared = client.get(f"/rag/kb/{indexed_kb.pk}/hit-test/", query).content.decode()
+    assert 'id="compare-hits"' in compared and "Trial 2 of tuning job" in compared and "data-other-rank" in compared
+    assert client.get(f"/rag/kb/{indexed_kb.pk}/hit-test/", {**query, "trial": 42}).status_code == 404
+    # The API does the same with a second set of settings.
+    trial = job.trials.get(number=2)
+    body = key_client("ann", acme).post(f"/api/rag/knowledge-bases/{indexed_kb.pk}/hit-test/",
+                                        {"query": query["query"], "compare": trial.settings["retrieval"]},
+                                        format="json").json()
+    assert body["compare"]["settings"] == trial.settings["retrieval"] and body["compare"]["hits"] and body["hits"]
+
+    response = client.post(f"/rag/evals/tunings/{job.pk}/", {"action": "apply", "trial": 2}, follow=True)
+    assert "saved as a new version of knowledge base" in response.content.decode()
+    indexed_kb.refresh_from_db()
+    assert indexed_kb.retrieval == trial.settings["retrieval"]
