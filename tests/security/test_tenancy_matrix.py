@@ -107,6 +107,8 @@ MATRIX: dict[str, object] = {
     "eval-set-list": LIST, "eval-set-detail": _pk("eval_set"), "eval-set-items": _pk("eval_set"),
     "eval-run-list": LIST, "eval-run-detail": _pk("eval_run"), "eval-run-results": _pk("eval_run"),
     "rag-eval-run": _pk("eval_run", "run_id"),
+    "rag-tuning-list": LIST, "rag-tuning-detail": _pk("tuning"), "rag-tuning-apply": _pk("tuning"),
+    "rag-tuning-cancel": _pk("tuning"), "rag-tuning-resume": _pk("tuning"), "rag-tuning": _pk("tuning", "tuning_id"),
     # runtime
     "apps": LIST, "app-list": LIST,
     **{name: Scoped("app", lambda o: {"slug": o["app"].slug}) for name in (
@@ -196,7 +198,7 @@ def tenancy(make_workspace, presets, settings):  # noqa: F811
     from enhancement import services as enhancement_services
     from enhancement.models import EnhancementJob
     from rag_studio import services as rag_services
-    from rag_studio.models import EvalRun, EvalSet
+    from rag_studio.models import EvalRun, EvalSet, RetrievalTuning
     from rag_studio.pipeline.ingestion import ingest
     from runtime import services as runtime_services
     from runtime.models import Channel, Trace
@@ -245,6 +247,8 @@ def tenancy(make_workspace, presets, settings):  # noqa: F811
                                                template="citations", model="smollm2-135m-instruct")
     o["eval_set"] = EvalSet.objects.create(workspace=acme, knowledge_base=o["kb"], name="acme-set", source="upload")
     o["eval_run"] = EvalRun.objects.create(eval_set=o["eval_set"], config_version=o["config"].versions.first())
+    o["tuning"] = RetrievalTuning.objects.create(workspace=acme, knowledge_base=o["kb"], eval_set=o["eval_set"],
+                                                 status="done")
     o["app"] = runtime_services.publish_app(actor=ann, config=o["config"], slug="acme-app")
     o["app_key"] = runtime_services.create_app_key(actor=ann, app=o["app"], name="acme-app-key").app_key
     o["trace"] = Trace.objects.create(app=o["app"], release=o["app"].current_release, channel=Channel.CHAT,
