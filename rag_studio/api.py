@@ -39,8 +39,9 @@ class KnowledgeBaseSerializer(serializers.ModelSerializer):
     class Meta:
         model = KnowledgeBase
         fields = ["id", "name", "description", "embedding_model", "embedding_deployment", "embedding_dimensions",
-                  "chunking", "screening", "retrieval", "index_key", "building_key", "needs_reindex",
+                  "chunking", "screening", "retrieval", "language", "index_key", "building_key", "needs_reindex",
                   "document_count", "indexed_count", "created_at", "updated_at"]
+        read_only_fields = ["language"]
 
     def get_needs_reindex(self, obj) -> bool:
         return selectors.needs_reindex(obj)
@@ -321,7 +322,7 @@ class RagConfigViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
 class EvalItemSerializer(serializers.ModelSerializer):
     class Meta:
         model = EvalItem
-        fields = ["id", "question", "expected_answer", "expected_sources", "source_chunk"]
+        fields = ["id", "question", "expected_answer", "expected_sources", "evidence", "source_chunk"]
 
 
 class EvalSetSerializer(serializers.ModelSerializer):

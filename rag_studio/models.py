@@ -228,6 +228,7 @@ class EvalItem(models.Model):
     question = models.TextField()
     expected_answer = models.TextField(blank=True)
     expected_sources = models.JSONField(default=list, help_text="Document filenames or chunk ids")
+    evidence = models.TextField(blank=True, help_text="Words of the answering passage: a hit holding them is relevant")
     source_chunk = models.ForeignKey(Chunk, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
 
     class Meta:

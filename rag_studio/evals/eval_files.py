@@ -5,6 +5,9 @@ Fields, matched case-insensitively (spaces and hyphens count as "_"):
 - expected_answer (or answer, ground_truth): optional.
 - expected_sources (or expected_source, sources, source, expected_document): optional document file names or chunk
   ids. Several are separated by "|" in one string (CSV cell or JSON string); JSON may also give a list of strings.
+- evidence (or evidence_phrase): optional words of the answering passage. A hit counts as relevant when its text
+  holds them (within the expected documents, when those are named): a question is then judged by its passage, not
+  only its document, without anyone knowing chunk ids.
 Other columns and keys are ignored. Errors name the line (1-based; a CSV header is line 1, a CSV record its first
 line).
 """
@@ -23,6 +26,7 @@ FIELD_ALIASES = {
     "question": ("question", "query"),
     "expected_answer": ("expected_answer", "answer", "ground_truth"),
     "expected_sources": ("expected_sources", "expected_source", "sources", "source", "expected_document"),
+    "evidence": ("evidence", "evidence_phrase"),
 }
 FIELD_BY_ALIAS = {alias: field for field, aliases in FIELD_ALIASES.items() for alias in aliases}
 
@@ -32,6 +36,7 @@ class EvalItemDraft:
     question: str
     expected_answer: str
     expected_sources: list[str]
+    evidence: str = ""
 
 
 class EvalFileError(ValueError):
@@ -126,7 +131,8 @@ def _item(fields: dict, line: int) -> EvalItemDraft:
     if not question:
         raise EvalFileError(line, "missing 'question'")
     return EvalItemDraft(question=question, expected_answer=_text_field(fields, "expected_answer", line),
-                         expected_sources=_sources(fields.get("expected_sources"), line))
+                         expected_sources=_sources(fields.get("expected_sources"), line),
+                         evidence=_text_field(fields, "evidence", line))
 
 
 def _text_field(fields: dict, field: str, line: int) -> str:

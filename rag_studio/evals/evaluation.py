@@ -75,7 +75,8 @@ def upload_eval_set(*, actor: Actor, kb: KnowledgeBase, name: str, filename: str
                                           source=EvalSetSource.UPLOADED)
         EvalItem.objects.bulk_create([EvalItem(eval_set=eval_set, question=d.question,
                                                expected_answer=d.expected_answer,
-                                               expected_sources=d.expected_sources) for d in drafts])
+                                               expected_sources=d.expected_sources, evidence=d.evidence)
+                                      for d in drafts])
         record_audit(actor=actor, workspace=kb.workspace, action="rag.evalset.upload", target=eval_set,
                      detail={"items": len(drafts)})
     return eval_set
@@ -221,6 +222,20 @@ def hit_keys(hits, relevant: set[str]) -> list[str]:
     return keys
 
 
+def evidence_chunks(item: EvalItem, kb: KnowledgeBase) -> list[str]:
+    """The chunks holding the item's evidence words ("chunk:<id>"), within its expected documents when it names
+    any; none without evidence."""
+    if not item.evidence:
+        return []
+    # Any whitespace between the words: a PDF's text breaks lines where the writer's phrase has spaces.
+    pattern = r"\s+".join(re.escape(word) for word in item.evidence.split())
+    chunks = Chunk.objects.filter(knowledge_base=kb, text__iregex=pattern)
+    files = [source for source in item.expected_sources if not source.startswith("chunk:")]
+    if files:
+        chunks = chunks.filter(document__filename__in=files)
+    return [f"chunk:{pk}" for pk in chunks.order_by("pk").values_list("pk", flat=True)]
+
+
 def score_retrieval(hits, expected_sources: list[str], k: int) -> dict:
     if not expected_sources:
         return {}
@@ -244,7 +259,7 @@ def _judge(client, judge: str, prompt: str) -> tuple[float | None, str]:
 def _evaluate_item(run: EvalRun, pipeline, item: EvalItem, client) -> EvalResult:
     started = time.perf_counter()
     outcome = pipeline.run(item.question)
-    metrics = score_retrieval(outcome.hits, item.expected_sources, run.top_k)
+    metrics = score_retrieval(outcome.hits, item.expected_sources + evidence_chunks(item, pipeline.kb), run.top_k)
     if item.expected_answer:
         metrics["token_f1"] = eval_metrics.token_f1(outcome.answer, item.expected_answer)
         metrics["exact_match"] = eval_metrics.exact_match(outcome.answer, item.expected_answer)

@@ -29,7 +29,7 @@ from accounts.models import Role
 from accounts.services import Actor, record_audit, require_role
 from rag_studio import services
 from rag_studio.evals import eval_metrics, jobs
-from rag_studio.evals.evaluation import hit_keys
+from rag_studio.evals.evaluation import evidence_chunks, hit_keys
 from rag_studio.models import (
     Chunk,
     EvalItem,
@@ -58,8 +58,9 @@ ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
 def _usable_items(eval_set: EvalSet, kb: KnowledgeBase) -> tuple[list[tuple[EvalItem, set[str]]], int]:
-    """Each question with the keys a hit must match to count (its chunks still in the knowledge base, else its
-    documents), and how many were skipped because none of their expected sources is left."""
+    """Each question with the keys a hit must match to count (its chunks still in the knowledge base and those
+    holding its evidence words, else its documents), and how many were skipped because none of their expected
+    sources is left."""
     items = list(eval_set.items.order_by("pk"))
     chunk_ids = {int(source[6:]) for item in items for source in item.expected_sources
                  if source.startswith("chunk:") and source[6:].isdigit()}
@@ -68,11 +69,11 @@ def _usable_items(eval_set: EvalSet, kb: KnowledgeBase) -> tuple[list[tuple[Eval
     live_files = set(kb.documents.values_list("filename", flat=True))
     usable, skipped = [], 0
     for item in items:
-        relevant = {s for s in item.expected_sources if s in live_chunks} or \
+        relevant = {s for s in item.expected_sources if s in live_chunks} | set(evidence_chunks(item, kb)) or \
                    {s for s in item.expected_sources if s in live_files}
         if relevant:
             usable.append((item, relevant))
-        elif item.expected_sources:
+        elif item.expected_sources or item.evidence:
             skipped += 1
     return usable, skipped
 

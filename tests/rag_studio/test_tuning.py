@@ -11,9 +11,12 @@ from assets.models import AssetKind, AssetVersion
 from rag_studio import services
 from rag_studio.evals import evaluation, jobs, tuning
 from rag_studio.models import Chunk, JobStatus, RetrievalTuning
+from rag_studio.pipeline.ingestion import ingest
 from serving.models import Deployment
+from tests.rag_studio.conftest import SAMPLES, sample
 
 CHAT = "smollm2-135m-instruct"
+CHINESE_SAMPLES = ["huadong-plant-handbook.md", "huadong-maintenance-rules.docx", "huadong-shift-handover.txt"]
 # (question, a phrase of the chunk that answers it): paraphrased, so that no single setting wins on wording alone.
 QUESTIONS = [
     ("How long must the power button be held to restart the robot?", "Hold the power button"),
@@ -197,3 +200,25 @@ def test_the_report_page_applies_a_trial_and_the_hit_test_shows_it_beside_the_se
     assert "saved as a new version of knowledge base" in response.content.decode()
     indexed_kb.refresh_from_db()
     assert indexed_kb.retrieval == trial.settings["retrieval"]
+
+
+def test_the_shipped_chinese_eval_set_judges_hits_by_their_passage_and_tunes(ann, acme, dispatched,
+                                                                             django_capture_on_commit_callbacks):
+    kb = services.create_knowledge_base(actor=ann, workspace=acme, name="华东",
+                                        chunking={"mode": "recursive", "chunk_size": 240, "chunk_overlap": 40})
+    outcomes = services.upload_documents(actor=ann, kb=kb, uploads=[sample(name) for name in CHINESE_SAMPLES])
+    assert all(ingest(outcome.document.pk, "pytest") == "indexed" for outcome in outcomes)
+    eval_set = evaluation.upload_eval_set(actor=ann, kb=kb, name="华东问题", filename="huadong-eval.jsonl",
+                                          content=(SAMPLES / "huadong-eval.jsonl").read_bytes())
+    usable, skipped = tuning._usable_items(eval_set, kb)
+    # Each question's relevant hits are the chunks holding its evidence, not any chunk of its document.
+    assert len(usable) == 28 and skipped == 0
+    assert all(relevant and all(key.startswith("chunk:") for key in relevant) for _item, relevant in usable)
+    documents = dict(kb.documents.values_list("filename", "chunk_count"))
+    assert all(len(relevant) < documents[item.expected_sources[0]] for item, relevant in usable)
+
+    job = _start(ann, kb, eval_set, django_capture_on_commit_callbacks, trials=8)
+    assert tuning.execute_tuning(job.pk, "worker@a/1/t1") == JobStatus.DONE
+    job.refresh_from_db()
+    assert job.report["questions"] == {"tuning": 14, "held_back": 14, "skipped": 0}
+    assert job.trials.get(number=0).holdout_metrics["hit@k"] >= 0.9  # the Chinese defaults find the passages
