@@ -282,6 +282,7 @@ def _tune(tuning_id: int, owner: str) -> dict:
         return trial
 
     if 0 not in trials:
+        _hits(kb, baseline, tune_half[0][0].question)  # loads the embedding model and the index: not trial 0's p95
         trials[0] = record(0, {}, baseline)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=tuning.seed))
     for number in sorted(trials):
@@ -303,13 +304,20 @@ def _key(settings: dict) -> str:
     return json.dumps(settings, sort_keys=True)
 
 
+def _changes(settings: dict, baseline: dict) -> int:
+    retrieval, before = settings["retrieval"], baseline["retrieval"]
+    return sum(retrieval[key] != before[key] for key in retrieval) + (
+        settings["rewrite_model"] != baseline["rewrite_model"])
+
+
 def build_report(tuning: RetrievalTuning, *, questions: dict) -> dict:
     """The baseline, the best trial on the tuning half, and whether it is suggested (and why)."""
     trials = list(tuning.trials.all())
     baseline = trials[0]
-    # The settings in use stay best unless a trial scores higher; among equals the faster, then the earlier, wins.
-    best = max(trials, key=lambda t: (t.tuning_metrics["score"], t.number == 0, -t.tuning_metrics["p95_ms"],
-                                      -t.number))
+    # The settings in use stay best unless a trial scores higher. Among equals, the one that changes the fewest
+    # settings wins (what the score cannot tell apart is better left as it was), then the faster, then the earlier.
+    best = max(trials, key=lambda t: (t.tuning_metrics["score"], -_changes(t.settings, baseline.settings),
+                                      -t.tuning_metrics["p95_ms"], -t.number))
     tuned = best.tuning_metrics["score"] - baseline.tuning_metrics["score"]
     held = best.holdout_metrics["score"] - baseline.holdout_metrics["score"]
     if best.number == 0 or tuned <= 0:

@@ -222,3 +222,24 @@ def test_the_shipped_chinese_eval_set_judges_hits_by_their_passage_and_tunes(ann
     job.refresh_from_db()
     assert job.report["questions"] == {"tuning": 14, "held_back": 14, "skipped": 0}
     assert job.trials.get(number=0).holdout_metrics["hit@k"] >= 0.9  # the Chinese defaults find the passages
+
+
+def test_among_equal_scores_the_trial_that_changes_least_is_best_and_no_gain_keeps_the_settings(ann, indexed_kb,
+                                                                                               eval_set):
+    job = RetrievalTuning.objects.create(workspace=indexed_kb.workspace, knowledge_base=indexed_kb,
+                                         eval_set=eval_set, status=JobStatus.RUNNING)
+    baseline = tuning.baseline_settings(job)
+    metrics = {"hit@k": 1.0, "mrr": 0.9, "score": 0.95, "p95_ms": 12.0, "n": 6}
+    candidates = [{}, {"mode": "keyword", "candidates": 20, "max_per_document": 1}, {"mode": "keyword"},
+                  {"mode": "keyword", "candidates": 20}]
+    for number, changes in enumerate(candidates):
+        settings = {**baseline, "retrieval": {**baseline["retrieval"], **changes}}
+        gain = 0.0 if number == 0 else 0.05
+        job.trials.create(number=number, settings=settings, tuning_metrics={**metrics, "score": 0.95 + gain},
+                          holdout_metrics={**metrics, "score": 0.95 + gain, "p95_ms": 20.0 - number})
+    report = tuning.build_report(job, questions={})
+    assert report["best"] == 2 and report["suggested"]  # one change, though trial 3 is faster
+
+    job.trials.exclude(number=0).delete()
+    report = tuning.build_report(job, questions={})
+    assert (report["best"], report["suggested"]) == (0, False) and report["why"].startswith("No trial beat")
