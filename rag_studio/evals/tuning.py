@@ -321,16 +321,18 @@ def build_report(tuning: RetrievalTuning, *, questions: dict) -> dict:
     tuned = best.tuning_metrics["score"] - baseline.tuning_metrics["score"]
     held = best.holdout_metrics["score"] - baseline.holdout_metrics["score"]
     if best.number == 0 or tuned <= 0:
-        why = "No trial beat the settings in use on the tuning half; keep them."
+        reason, why = "no_gain", "No trial beat the settings in use on the tuning half; keep them."
     elif held <= 0:
+        reason = "overfit"
         why = (f"Trial {best.number} beat the settings in use on the tuning half (+{tuned:.3f}) but not on the "
                f"held-back half ({held:+.3f}): it fits those questions, not the corpus. Keep the settings in use.")
     else:
+        reason = "wins"
         why = (f"Trial {best.number} beats the settings in use on the tuning half (+{tuned:.3f}) and on the "
                f"held-back half (+{held:.3f}).")
     return {"questions": questions, "k": tuning.top_k, "baseline": 0, "best": best.number,
-            "suggested": best.number != 0 and tuned > 0 and held > 0, "why": why,
-            "trials": len(trials) - 1}
+            "suggested": reason == "wins", "reason": reason, "why": why,
+            "gain": {"tuning": round(tuned, 4), "held_back": round(held, 4)}, "trials": len(trials) - 1}
 
 
 # ---- applying the winner ----
