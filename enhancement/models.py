@@ -1,5 +1,6 @@
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from accounts.models import Workspace
 from cluster.models import Job, Node
@@ -7,10 +8,10 @@ from serving.models import Model
 
 
 class DatasetFormat(models.TextChoices):
-    ALPACA = "alpaca", "Alpaca (instruction, input, output)"
-    SHAREGPT = "sharegpt", "ShareGPT (conversations: from/value)"
-    MESSAGES = "messages", "OpenAI messages (role/content)"
-    CSV = "csv", "CSV with a column mapping"
+    ALPACA = "alpaca", _("Alpaca (instruction, input, output)")
+    SHAREGPT = "sharegpt", _("ShareGPT (conversations: from/value)")
+    MESSAGES = "messages", _("OpenAI messages (role/content)")
+    CSV = "csv", _("CSV with a column mapping")
 
 
 class Dataset(models.Model):
@@ -44,36 +45,36 @@ class Dataset(models.Model):
 
 
 class JobKind(models.TextChoices):
-    FINETUNE = "finetune", "Fine-tune"
-    QUANTIZE = "quantize", "Quantize"
-    PRUNE = "prune", "Prune"
-    DISTILL = "distill", "Distill"
+    FINETUNE = "finetune", _("Fine-tune")
+    QUANTIZE = "quantize", _("Quantize")
+    PRUNE = "prune", _("Prune")
+    DISTILL = "distill", _("Distill")
 
 
 class DistillMode(models.TextChoices):
-    SEQUENCE = "sequence", "Sequence-level (the teacher deployment's answers)"
-    LOGITS = "logits", "Logits (the teacher's token distributions; same tokenizer)"
+    SEQUENCE = "sequence", _("Sequence-level (the teacher deployment's answers)")
+    LOGITS = "logits", _("Logits (the teacher's token distributions; same tokenizer)")
 
 
 class Method(models.TextChoices):
     LORA = "lora", "LoRA"
-    FULL = "full", "Full"
+    FULL = "full", _("Full")
 
 
 class Stage(models.TextChoices):
     """Where a job's process stands; each stage's output is written whole before the next starts, so a job that
     runs again continues after the last finished stage."""
 
-    QUEUED = "queued", "Queued"
-    TEACH = "teach", "Teacher answering the prompts"
-    PRUNE = "prune", "Pruning"
-    TRAIN = "train", "Training"
-    MERGE = "merge", "Merging"
-    CONVERT = "convert", "Converting to GGUF"
-    QUANTIZE = "quantize", "Quantizing"
-    EVALUATE = "evaluate", "Evaluating"
-    REGISTER = "register", "Registering"
-    DONE = "done", "Done"
+    QUEUED = "queued", _("Queued")
+    TEACH = "teach", _("Teacher answering the prompts")
+    PRUNE = "prune", _("Pruning")
+    TRAIN = "train", _("Training")
+    MERGE = "merge", _("Merging")
+    CONVERT = "convert", _("Converting to GGUF")
+    QUANTIZE = "quantize", _("Quantizing")
+    EVALUATE = "evaluate", _("Evaluating")
+    REGISTER = "register", _("Registering")
+    DONE = "done", _("Done")
 
 
 class EnhancementJob(models.Model):

@@ -2,6 +2,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _, gettext_lazy
 
 from accounts.errors import ValidationFailed
 from accounts.gui import gui_actor, workspace_page
@@ -18,6 +19,9 @@ from serving.selectors import deployments_visible_to, models_visible_to
 # The new-job form's numeric settings, in the order shown.
 HYPER_FIELDS = ["max_steps", "epochs", "learning_rate", "warmup_steps", "batch_size", "micro_batch_size", "cutoff",
                 "lora_rank", "lora_alpha", "lora_dropout", "seed", "save_steps", "eval_steps"]
+# The prune form's methods: the value enhancement.services takes, and what the form shows.
+PRUNE_METHODS = [("mlp_channels", gettext_lazy("MLP channels (structured)")),
+                 ("magnitude", gettext_lazy("Magnitude (unstructured)"))]
 
 
 def _trainable_models(workspace):
@@ -28,14 +32,14 @@ def _trainable_models(workspace):
 def _model(request, name: str):
     model = models_visible_to(workspace=request.workspace).filter(name=name).first()
     if model is None:
-        raise ValidationFailed(f"Choose a model (no model called '{name}').")
+        raise ValidationFailed(_("Choose a model (no model called '%(name)s').") % {"name": name})
     return model
 
 
 def _node(request) -> Node:
     node = Node.objects.filter(name=request.POST.get("node") or settings.NODE_NAME).first()
     if node is None:
-        raise ValidationFailed("Choose a node of the pool.")
+        raise ValidationFailed(_("Choose a node of the pool."))
     return node
 
 
@@ -43,7 +47,7 @@ def _number(value: str, field: str, kind=float):
     try:
         return kind(value)
     except (TypeError, ValueError):
-        raise ValidationFailed(f"{field} must be a number, not '{value}'.")
+        raise ValidationFailed(_("%(field)s must be a number, not '%(value)s'.") % {"field": field, "value": value})
 
 
 @workspace_page
@@ -53,22 +57,24 @@ def home(request):
         action = request.POST.get("action")
         if action == "sample":
             dataset = services.import_sample_dataset(actor=actor, workspace=request.workspace)
-            messages.success(request, f"Added the sample dataset '{dataset.name}' ({dataset.sample_count} samples).")
+            messages.success(request, _("Added the sample dataset '%(name)s' (%(count)s samples).")
+                             % {"name": dataset.name, "count": dataset.sample_count})
             return redirect("enhancement-dataset", dataset_id=dataset.pk)
         if action == "upload":
             upload = request.FILES.get("file")
             if upload is None:
-                raise ValidationFailed("Choose a file to upload.")
+                raise ValidationFailed(_("Choose a file to upload."))
             dataset = services.upload_dataset(
                 actor=actor, workspace=request.workspace, name=request.POST.get("name", ""),
                 filename=upload.name, content=upload.read(), source_format=request.POST.get("format", ""),
-                validation_share=_number(request.POST.get("validation_share") or 0.1, "Validation share"),
+                validation_share=_number(request.POST.get("validation_share") or 0.1, _("Validation share")),
                 mapping=ColumnMapping(instruction=request.POST.get("instruction_column") or "instruction",
                                       output=request.POST.get("output_column") or "output",
                                       input=request.POST.get("input_column", ""),
                                       system=request.POST.get("system_column", "")))
-            messages.success(request, f"Stored '{dataset.name}': {dataset.sample_count} samples, "
-                                      f"{dataset.validation_count} held out for validation.")
+            messages.success(request, _("Stored '%(name)s': %(count)s samples, %(held)s held out for validation.")
+                             % {"name": dataset.name, "count": dataset.sample_count,
+                                "held": dataset.validation_count})
             return redirect("enhancement-dataset", dataset_id=dataset.pk)
         if action == "quantize":
             base = _model(request, request.POST.get("base_model", ""))
@@ -86,8 +92,8 @@ def home(request):
                 actor=actor, workspace=request.workspace, name=request.POST.get("name", ""),
                 base_model=_model(request, request.POST.get("base_model", "")), node=_node(request),
                 method=request.POST.get("method", ""),
-                sparsity=_number(request.POST.get("sparsity") or 0, "Sparsity"),
-                recovery_steps=_number(request.POST.get("recovery_steps") or 0, "Recovery steps", int),
+                sparsity=_number(request.POST.get("sparsity") or 0, _("Sparsity")),
+                recovery_steps=_number(request.POST.get("recovery_steps") or 0, _("Recovery steps"), int),
                 dataset=selectors.scoped(selectors.datasets(workspace=request.workspace), dataset_id, "Dataset")
                 if dataset_id else None, quantizations=request.POST.getlist("quantizations"))
             return redirect("enhancement-job", job_id=job.pk)
@@ -96,8 +102,8 @@ def home(request):
             teacher = request.POST.get("teacher", "")
             deployment = deployments_visible_to(workspace=request.workspace).filter(name=teacher).first()
             if mode == DistillMode.SEQUENCE and deployment is None:
-                raise ValidationFailed(f"Sequence-level distillation needs a teacher deployment; '{teacher}' is not "
-                                       f"one.")
+                raise ValidationFailed(_("Sequence-level distillation needs a teacher deployment; '%(teacher)s' is "
+                                         "not one.") % {"teacher": teacher})
             job = services.create_distill_job(
                 actor=actor, workspace=request.workspace, name=request.POST.get("name", ""),
                 student=_model(request, request.POST.get("student", "")),
@@ -106,7 +112,7 @@ def home(request):
                 node=_node(request), mode=mode, teacher_deployment=deployment,
                 teacher_model=_model(request, teacher) if mode == DistillMode.LOGITS else None,
                 hyperparameters={"max_steps": request.POST.get("max_steps") or 50},
-                max_prompts=_number(request.POST.get("max_prompts") or 200, "Prompts", int))
+                max_prompts=_number(request.POST.get("max_prompts") or 200, _("Prompts"), int))
             return redirect("enhancement-job", job_id=job.pk)
         return redirect("enhancement")
     return render(request, "enhancement/home.html", {
@@ -114,7 +120,7 @@ def home(request):
         "jobs": selectors.jobs(workspace=request.workspace)[:50],
         "formats": DatasetFormat.choices, "models": _trainable_models(request.workspace),
         "nodes": Node.objects.all(), "quantizations": QUANTIZATIONS, "this_node": settings.NODE_NAME,
-        "prune_methods": [("mlp_channels", "MLP channels (structured)"), ("magnitude", "Magnitude (unstructured)")],
+        "prune_methods": PRUNE_METHODS,
         "distill_modes": DistillMode.choices,
         "deployments": [d for d in deployments_visible_to(workspace=request.workspace) if d.state == "ready"],
     })
@@ -125,7 +131,7 @@ def dataset_page(request, dataset_id: int):
     dataset = selectors.scoped(selectors.datasets(workspace=request.workspace), dataset_id, "Dataset")
     models = _trainable_models(request.workspace)
     chosen = request.GET.get("model") or next((m.name for m in models if m.chat_template), "")
-    cutoff = _number(request.GET.get("cutoff") or 512, "Cutoff", int)
+    cutoff = _number(request.GET.get("cutoff") or 512, _("Cutoff"), int)
     preview, problem = None, ""
     if chosen:
         try:
@@ -160,7 +166,7 @@ def new_job(request):
                 actor=actor, workspace=request.workspace, name=post.get("name", ""), base_model=base,
                 dataset=dataset, node=_node(request), method=post.get("method", Method.LORA),
                 hyperparameters=_hyper_from(post), quantizations=post.getlist("quantizations"))
-            messages.success(request, f"Queued '{job.name}' on {job.node.name}.")
+            messages.success(request, _("Queued '%(job)s' on %(node)s.") % {"job": job.name, "node": job.node.name})
             return redirect("enhancement-job", job_id=job.pk)
         hyper = checked(_hyper_from(post))
         try:
@@ -190,13 +196,13 @@ def job_page(request, job_id: int):
         actor = gui_actor(request)
         if request.POST.get("action") == "cancel":
             services.cancel_job(actor=actor, job=job)
-            messages.success(request, f"Cancelled '{job.name}'; its training process was stopped.")
+            messages.success(request, _("Cancelled '%(job)s'; its training process was stopped.") % {"job": job.name})
         elif request.POST.get("action") == "deploy":
             model = job.output_models.filter(pk=request.POST.get("model") or 0).first()
             if model is None:
-                raise ValidationFailed("Choose one of the job's outputs to deploy.")
+                raise ValidationFailed(_("Choose one of the job's outputs to deploy."))
             deployment = services.deploy_output(actor=actor, job=job, model=model)
-            messages.success(request, f"Deploying {deployment.name}: its replica is starting.")
+            messages.success(request, _("Deploying %(name)s: its replica is starting.") % {"name": deployment.name})
             return redirect("deployment", name=deployment.name)
         return redirect("enhancement-job", job_id=job.pk)
     base_deployment = job.base_model.deployments.filter(state="ready").first()

@@ -7,7 +7,7 @@ import json
 from django.contrib import messages
 from django.http import Http404
 from django.shortcuts import redirect, render
-from django.utils.translation import gettext as _
+from django.utils.translation import gettext as _, gettext_lazy, pgettext_lazy
 from django.views.decorators.http import require_POST
 
 from accounts.errors import ValidationFailed
@@ -16,6 +16,14 @@ from accounts.models import Role
 from workbridge import sandbox, selectors, services
 from workbridge.http_tools import AUTH_TYPES, BODIES, METHODS
 from workbridge.models import Binding, InvocationStatus, McpTransport
+
+# What the HTTP form shows for each body and auth kind (the value is what the tool's config stores).
+BODY_LABELS = {"json": "JSON", "form": pgettext_lazy("HTTP request body", "form fields"),
+               "none": gettext_lazy("none")}
+AUTH_LABELS = {"none": gettext_lazy("none"), "bearer": pgettext_lazy("HTTP auth", "bearer token"),
+               "header": pgettext_lazy("HTTP auth", "key in a header"),
+               "query": pgettext_lazy("HTTP auth", "key in the query"),
+               "basic": pgettext_lazy("HTTP auth", "basic (user and password)")}
 
 
 def _tool(request, tool_id: int):
@@ -120,7 +128,9 @@ def tools_home(request):
 def _form_context(request, binding: str, tool=None, post=None) -> dict:
     available, reason = sandbox.availability()
     return {"binding": binding, "binding_label": Binding(binding).label, "tool": tool, "post": post,
-            "methods": sorted(METHODS), "bodies": sorted(BODIES), "auth_types": sorted(AUTH_TYPES),
+            "methods": sorted(METHODS),
+            "bodies": [(body, BODY_LABELS.get(body, body)) for body in sorted(BODIES)],
+            "auth_types": [(kind, AUTH_LABELS.get(kind, kind)) for kind in sorted(AUTH_TYPES)],
             "secret_names": selectors.secrets(workspace=request.workspace).values_list("name", flat=True),
             "sandbox_available": available, "sandbox_reason": reason,
             "sandbox_unsafe": sandbox.mode() != sandbox.BWRAP}

@@ -3,9 +3,8 @@ rest of the platform (each list page and a detail page of each kind that exists 
 left: product names, formats, code and the user's own data aside (tests/i18n/english.py). Then the choice follows
 the user into a new session of another browser that asks for English.
 
-Left out, each with its reason: the messages of event logs (.log-message: written in English by the services when the
-event happens, like every service message but accounts'), and the pages another change is rewriting right now
-(PENDING_PAGES; templates/enhancement/home.html is pending in the template check for the same reason)."""
+Left out, with its reason: the messages of event logs (.log-message: written in English by the services when the
+event happens, like every service message but accounts')."""
 
 import os
 
@@ -36,16 +35,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 CHINESE_DOCUMENTS = ["huadong-plant-handbook.md", "huadong-maintenance-rules.docx", "huadong-shift-handover.txt"]
 # Every page without an object in its address; detail pages are reached by following the first link of their kind
 # on a list page.
-ALL_PAGES = ["/dashboard/", "/rag/", "/rag/evals/", "/rag/configs/new/", "/agents/", "/tools/", "/tools/new/http/",
-             "/tools/import/openapi/", "/tools/import/curl/", "/serving/", "/serving/playground/", "/enhancement/",
-             "/enhancement/jobs/new/", "/apps/", "/assets/", "/cluster/", "/keys/", "/settings/", "/no-such-page/"]
+PAGES = ["/dashboard/", "/rag/", "/rag/evals/", "/rag/configs/new/", "/agents/", "/tools/", "/tools/new/http/",
+         "/tools/import/openapi/", "/tools/import/curl/", "/serving/", "/serving/playground/", "/enhancement/",
+         "/enhancement/jobs/new/", "/apps/", "/assets/", "/cluster/", "/keys/", "/settings/", "/no-such-page/"]
 DETAIL_LINKS = {"/rag/": ["main a[href^='/rag/kb/']", "main a[href^='/rag/configs/']:not([href$='/new/'])"],
                 "/serving/": ["main a[href^='/serving/deployments/']:not([href$='/new/'])"],
                 "/apps/": ["main a[href^='/apps/'][href$='/']:not([href='/apps/'])"],
                 "/tools/": ["main a[href^='/tools/'][href$='/']:not([href*='new']):not([href*='import'])"]}
-PENDING_PAGES = {"/tools/new/http/": "Work Bridge's tool form is gaining an output schema in another change",
-                 "/enhancement/": "the prune and distill forms of the compression work in another change"}
-PAGES = [path for path in ALL_PAGES if path not in PENDING_PAGES]
 # What the browser shows a person, attributes people read included; event log messages and code aside.
 VISIBLE_TEXT = """() => {
   for (const el of document.querySelectorAll(".log-message, pre, code")) el.remove();
