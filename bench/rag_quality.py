@@ -250,7 +250,9 @@ def build_knowledge_base(actor, workspace, corpus: str, chunking: str, embedding
         document_ids = [store_document(kb, page, (DOCS / page).read_bytes()) for page in corpus_pages()]
     else:
         document_ids = [store_document(kb, name, (SAMPLES / name).read_bytes()) for name in CHINESE_DOCUMENTS]
-    return kb, ingest_all(document_ids)
+    ingest_s = ingest_all(document_ids)
+    kb.refresh_from_db()  # ingestion set its language, and the retrieval defaults that follow it
+    return kb, ingest_s
 
 
 def spread(questions: list[Question], count: int) -> list[Question]:
