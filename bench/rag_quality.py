@@ -73,7 +73,7 @@ TOP_K = 5
 RETRIEVALS = {
     "dense": {"mode": "dense"},
     "keyword": {"mode": "keyword"},
-    "hybrid": {"mode": "hybrid"},  # the knowledge base default: z-score weighted fusion, dense 0.5 / keyword 0.5
+    "hybrid": {"mode": "hybrid"},  # the knowledge base's default, which follows its language
     "hybrid-rrf": {"mode": "hybrid", "fusion": "rrf"},
     "hybrid-kw": {"mode": "hybrid", "dense_weight": 0.3, "keyword_weight": 0.7},
     # the default before issue 22: clamped cosine and BM25 / best, dense 0.7 / keyword 0.3

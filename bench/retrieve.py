@@ -23,6 +23,7 @@ from rag_studio.models import Chunk, Document, DocumentStatus, KnowledgeBase, St
 from rag_studio.pipeline.parsing import file_kind
 from rag_studio.search.index_store import store_for
 from rag_studio.search.retrieval import retrieve
+from rag_studio.search.retrieval_config import DEFAULT_RETRIEVAL
 from rag_studio.vectors import normalised
 from serving.metrics import percentile
 
@@ -114,9 +115,10 @@ def main() -> None:
 
 
 def run(sizes: list[int], runs: int) -> None:
-    print_header("retrieve", f"Latency of rag_studio.search.retrieval.retrieve per mode (default settings: 30 "
-                             f"candidates, weighted fusion 0.7/0.3, top 5, no rerank), {QUERIES} queries, modes "
-                             f"taking turns, {runs} measured runs per mode and size after one warm-up pass. Indexes "
+    print_header("retrieve", f"Latency of rag_studio.search.retrieval.retrieve per mode (a new knowledge base's "
+                             f"settings: {DEFAULT_RETRIEVAL['candidates']} candidates, {DEFAULT_RETRIEVAL['fusion']} "
+                             f"fusion ({DEFAULT_RETRIEVAL['normalisation']}), top 5, no rerank), {QUERIES} queries, "
+                             f"modes taking turns, {runs} measured runs per mode and size after one warm-up pass. Indexes "
                              f"of random unit vectors and generated 60-120-word chunk texts.")
     actor, workspace = bench_workspace()
     prose = Prose(seed=11)
