@@ -118,8 +118,8 @@ def run(sizes: list[int], runs: int) -> None:
     print_header("retrieve", f"Latency of rag_studio.search.retrieval.retrieve per mode (a new knowledge base's "
                              f"settings: {DEFAULT_RETRIEVAL['candidates']} candidates, {DEFAULT_RETRIEVAL['fusion']} "
                              f"fusion ({DEFAULT_RETRIEVAL['normalisation']}), top 5, no rerank), {QUERIES} queries, "
-                             f"modes taking turns, {runs} measured runs per mode and size after one warm-up pass. Indexes "
-                             f"of random unit vectors and generated 60-120-word chunk texts.")
+                             f"modes taking turns, {runs} measured runs per mode and size after one warm-up pass. "
+                             f"Indexes of random unit vectors and generated 60-120-word chunk texts.")
     actor, workspace = bench_workspace()
     prose = Prose(seed=11)
     questions = queries(prose)
