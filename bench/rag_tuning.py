@@ -40,7 +40,7 @@ from rag_studio.models import Chunk, RetrievalTuning
 from serving import presets
 
 TOP_K = 5
-# The knowledge base's default hybrid follows its language; the other fusions are there to compare with it.
+# A new knowledge base's default hybrid, and the other fusions to compare with it.
 ROWS = {"dense": {"mode": "dense"}, "keyword": {"mode": "keyword"}, "hybrid (default)": {},
         "hybrid z-score 0.5/0.5": {"fusion": "weighted", "normalisation": "zscore", "dense_weight": 0.5,
                                    "keyword_weight": 0.5},

@@ -27,7 +27,7 @@ from rag_studio.search.retrieval_config import (
     FUSION_METHODS,
     RERANK_KINDS,
     RETRIEVAL_MODES,
-    follows_language,
+    is_default,
 )
 from serving.models import RoleHint
 from serving.presets import MULTILINGUAL_E5
@@ -138,7 +138,7 @@ def kb_page(request, kb_id):
         "kb": kb, "documents": selectors.document_progress(kb=kb), "needs_reindex": selectors.needs_reindex(kb),
         "policy": [(category, kb.screening.get(category)) for category in CATEGORIES],
         "chinese_suggestion": _chinese_suggestion(kb),
-        "automatic_defaults": follows_language(kb.retrieval),
+        "automatic_defaults": is_default(kb.retrieval),
         **_form_choices(request.workspace),
     })
 

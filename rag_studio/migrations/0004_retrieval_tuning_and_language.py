@@ -9,19 +9,18 @@ CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 LATIN = re.compile(r"[A-Za-z]")
 
 
-# The defaults before this change (weighted fusion of max-normalised scores, 0.7/0.3), and after it (language_defaults
+# The defaults before this change (weighted fusion of max-normalised scores, 0.7/0.3), and after it (DEFAULT_RETRIEVAL
 # in rag_studio/search/retrieval_config.py), copied: a migration must not change with the code.
 OLD_DEFAULTS = {"mode": "hybrid", "top_k": 5, "candidates": 30, "fusion": "weighted", "dense_weight": 0.7,
                 "keyword_weight": 0.3, "score_threshold": 0.0,
                 "rerank": {"kind": "none", "model": "", "top_k": 5, "threshold": 0.0}}
 NEW_DEFAULTS = {**OLD_DEFAULTS, "normalisation": "zscore", "dense_weight": 0.5, "keyword_weight": 0.5, "rrf_k": 60,
                 "max_per_document": 0}
-LANGUAGE_DEFAULTS = {"en": {"fusion": "rrf", "rrf_k": 30}}
 
 
 def record_languages(apps, schema_editor):
     """Each knowledge base's language, as rag_studio.selectors.text_language reads it; and one still on the old
-    untouched defaults moves to the new defaults for its language."""
+    untouched defaults moves to the new ones."""
     KnowledgeBase = apps.get_model("rag_studio", "KnowledgeBase")
     Chunk = apps.get_model("rag_studio", "Chunk")
     for kb in KnowledgeBase.objects.all():
@@ -33,7 +32,7 @@ def record_languages(apps, schema_editor):
         language = ("zh" if cjk / (cjk + latin) >= 0.5 else "en") if cjk or latin else ""
         fields = {"language": language}
         if kb.retrieval == OLD_DEFAULTS:
-            fields["retrieval"] = {**NEW_DEFAULTS, **LANGUAGE_DEFAULTS.get(language, {})}
+            fields["retrieval"] = NEW_DEFAULTS
         KnowledgeBase.objects.filter(pk=kb.pk).update(**fields)
 
 

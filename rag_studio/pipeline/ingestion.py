@@ -42,7 +42,6 @@ from rag_studio.pipeline.parsing import ParsedPage, ParseError, parse_document
 from rag_studio.pipeline.screening import screen_text
 from rag_studio.pipeline.storage import DISK_FULL
 from rag_studio.search.index_store import store_for
-from rag_studio.search.retrieval_config import follows_language, language_defaults
 
 logger = logging.getLogger(__name__)
 INGEST_TASK = "rag_studio.tasks.ingest_document"
@@ -491,15 +490,10 @@ def finish_documents(documents: list[Document], worker: str) -> None:
 
 
 def record_language(kb_id: int) -> None:
-    """Store what the knowledge base's text is mostly written in, for its answers' instructions and its
-    retrieval defaults, which follow the language while the user has not changed them."""
-    kb = KnowledgeBase.objects.get(pk=kb_id)
-    language = selectors.knowledge_base_language(kb=kb)
-    if language != kb.language:
-        fields = {"language": language}
-        if follows_language(kb.retrieval):
-            fields["retrieval"] = language_defaults(language)
-        KnowledgeBase.objects.filter(pk=kb_id).update(**fields)
+    """Store what the knowledge base's text is mostly written in: its answers' instructions follow it, and its
+    page suggests an embedding model that reads it."""
+    language = selectors.knowledge_base_language(kb=KnowledgeBase.objects.get(pk=kb_id))
+    KnowledgeBase.objects.filter(pk=kb_id).exclude(language=language).update(language=language)
 
 
 def switch_to_built_index(kb_id: int) -> bool:

@@ -67,7 +67,7 @@ def instance(transactional_db):
     kb = services.create_knowledge_base(actor=owner, workspace=workspace, name="Northwind")
     for outcome in services.upload_documents(actor=owner, kb=kb, uploads=[sample(n) for n in SAMPLE_FILES]):
         assert ingest(outcome.document.pk, "pytest") == "indexed"
-    kb.refresh_from_db()  # as ingestion left it: its language, and the retrieval defaults that follow it
+    kb.refresh_from_db()  # as ingestion left it: its language recorded
     from serving.models import Deployment, Model
 
     Deployment.objects.create(workspace=None, name="smollm2-135m-instruct", engine="llamacpp",

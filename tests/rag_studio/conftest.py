@@ -45,5 +45,5 @@ def indexed_kb(acme, ann):
     outcomes = services.upload_documents(actor=ann, kb=kb, uploads=[sample(name) for name in SAMPLE_FILES])
     for outcome in outcomes:
         assert ingest(outcome.document.pk, "pytest") == "indexed", Document.objects.get(pk=outcome.document.pk).error
-    kb.refresh_from_db()  # as ingestion left it: its language, and the retrieval defaults that follow it
+    kb.refresh_from_db()  # as ingestion left it: its language recorded
     return kb
