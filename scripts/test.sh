@@ -27,9 +27,9 @@ export REDIS_URL="redis://127.0.0.1:$port/0" FACTORY_DATA_DIR="$scratch/data" FA
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
 if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then
-  # The test worker's and web server's logs are removed with the scratch dir: show their ends, which say why a live
-  # test's answer failed.
-  for log in "$scratch"/data/worker-*.log "$scratch"/data/web-*.log; do
+  # The test worker's, web server's and engines' logs are removed with the scratch dir: show their ends, which say
+  # why a live test's answer failed.
+  for log in "$scratch"/data/worker-*.log "$scratch"/data/web-*.log "$scratch"/data/engines/*.log; do
     [ -f "$log" ] || continue
     echo "==> the last lines of $(basename "$log")"
     grep -v "^\s*$" "$log" | tail -n 80 || true
