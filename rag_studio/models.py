@@ -201,20 +201,30 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled", _("Cancelled")
 
 
-class EvalSet(models.Model):
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="eval_sets")
-    knowledge_base = models.ForeignKey(KnowledgeBase, on_delete=models.CASCADE, related_name="eval_sets")
-    name = models.CharField(max_length=96)
-    source = models.CharField(max_length=16, choices=EvalSetSource.choices)
-    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.DONE)
-    generator = models.CharField(max_length=96, blank=True)
-    requested_items = models.PositiveIntegerField(default=0)
+class LeasedJob(models.Model):
+    """What the lease-held runner (evals/jobs.py) reads and writes on each of its jobs."""
+
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
     error = models.TextField(blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
     lease_owner = models.CharField(max_length=128, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        abstract = True
+
+
+class EvalSet(LeasedJob):
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="eval_sets")
+    knowledge_base = models.ForeignKey(KnowledgeBase, on_delete=models.CASCADE, related_name="eval_sets")
+    name = models.CharField(max_length=96)
+    source = models.CharField(max_length=16, choices=EvalSetSource.choices)
+    # An uploaded set is done when saved; a generated one is queued (services.generate_eval_set).
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.DONE)
+    generator = models.CharField(max_length=96, blank=True)
+    requested_items = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -235,21 +245,14 @@ class EvalItem(models.Model):
         ordering = ["id"]
 
 
-class EvalRun(models.Model):
+class EvalRun(LeasedJob):
     eval_set = models.ForeignKey(EvalSet, on_delete=models.CASCADE, related_name="runs")
     config_version = models.ForeignKey(RagConfigVersion, on_delete=models.CASCADE, related_name="eval_runs")
     judge = models.CharField(max_length=96, blank=True)
     top_k = models.PositiveSmallIntegerField(default=5)
-    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
     progress = models.PositiveSmallIntegerField(default=0)
     metrics = models.JSONField(default=dict)
     judge_unparseable = models.PositiveIntegerField(default=0)
-    error = models.TextField(blank=True)
-    attempts = models.PositiveSmallIntegerField(default=0)
-    lease_owner = models.CharField(max_length=128, blank=True)
-    lease_until = models.DateTimeField(null=True, blank=True)
-    dispatched_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -271,7 +274,7 @@ class EvalResult(models.Model):
         constraints = [models.UniqueConstraint(fields=["run", "item"], name="unique_eval_result")]
 
 
-class RetrievalTuning(models.Model):
+class RetrievalTuning(LeasedJob):
     """A search over a knowledge base's retrieval settings on one of its eval sets (rag_studio/evals/tuning.py).
     Its trials are kept as they finish, so a cancelled or killed job resumes where it stopped."""
 
@@ -288,16 +291,9 @@ class RetrievalTuning(models.Model):
     rewrite_model = models.CharField(max_length=96, blank=True,
                                      help_text="Also try query rewriting (multi-query) with this chat deployment")
     seed = models.PositiveIntegerField(default=0)
-    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
     progress = models.PositiveSmallIntegerField(default=0)
     report = models.JSONField(default=dict)
-    error = models.TextField(blank=True)
     applied_to = models.CharField(max_length=96, blank=True, help_text="Where the winner was saved, and its version")
-    attempts = models.PositiveSmallIntegerField(default=0)
-    lease_owner = models.CharField(max_length=128, blank=True)
-    lease_until = models.DateTimeField(null=True, blank=True)
-    dispatched_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
