@@ -293,6 +293,8 @@ BUNDLE_MAX_BYTES = int(os.environ.get("FACTORY_BUNDLE_MAX_BYTES", str(4 * 1024 *
 # Rate limits (limits' notation: "600/minute", "10 per 15 minutes"), each a sliding window counted in Redis so that
 # every web process agrees. The gateway counts per API key and per workspace (the platform's own calls for a
 # workspace count against the workspace); the web chat per client address (at the app's rate) and per conversation.
+# How long a request to a deployment whose replicas are starting (or restarting after a crash) waits for one.
+GATEWAY_START_WAIT_S = float(os.environ.get("FACTORY_GATEWAY_START_WAIT_S", "30"))
 GATEWAY_RATE_PER_KEY = os.environ.get("FACTORY_GATEWAY_RATE_PER_KEY", "1200/minute")
 GATEWAY_RATE_PER_WORKSPACE = os.environ.get("FACTORY_GATEWAY_RATE_PER_WORKSPACE", "3000/minute")
 WIDGET_RATE_PER_CONVERSATION = os.environ.get("FACTORY_WIDGET_RATE_PER_CONVERSATION", "20/minute")

@@ -32,7 +32,7 @@ from serving import metrics, toolcalls
 from serving.chat_messages import InvalidMessages, check_messages
 from serving.engines.base import CHAT, COMPLETION, EMBEDDING
 from serving.models import GroupMember, GroupRequest, RequestRecord, ServingState, ToolStrategy
-from serving.router import GroupTarget, Route, Target, router
+from serving.router import TABLE_TTL_S, GroupTarget, Route, Target, router
 from serving.sse import SSEParser
 from workbridge import egress
 
@@ -212,6 +212,23 @@ async def _resolve(body: dict, caller: Caller) -> Target | GroupTarget:
         raise GatewayError(404, f"The model '{body['model']}' does not exist; /v1/models lists the deployments "
                                 f"and model groups you can use.", code="model_not_found", param="model")
     return target
+
+
+async def _wait_while_starting(target: Target) -> Target:
+    """A deployment whose replicas are starting (the first start, or a restart after its engine died) holds the
+    request for up to GATEWAY_START_WAIT_S rather than failing it, as Knative's activator does: a replica that
+    crashed mid-conversation costs the caller a pause, not an error. Past the wait: 503 with Retry-After."""
+    if target.state != ServingState.STARTING:
+        return target
+    deadline = time.monotonic() + settings.GATEWAY_START_WAIT_S
+    while time.monotonic() < deadline:
+        await asyncio.sleep(TABLE_TTL_S / 2)
+        latest = await router.resolve(target.name)
+        if not isinstance(latest, Target) or latest.state != ServingState.STARTING:
+            return latest or target
+    raise GatewayError(503, f"The deployment '{target.name}' is still starting after "
+                            f"{settings.GATEWAY_START_WAIT_S:.0f}s; try again shortly.", code="model_starting",
+                       kind="server_error", retry_after=5)
 
 
 def check_usable(target: Target, capability: str) -> Target:
@@ -440,6 +457,7 @@ async def serve(endpoint: str, *, method: str, content: bytes, caller: Caller,
             check_group_capability(target, capability)
             return await serve_group(target, endpoint=endpoint, body=body, caller=caller, timing=timing,
                                      request_id=request_id)
+        target = await _wait_while_starting(target)
         check_usable(target, capability)
         return await serve_target(target, endpoint=endpoint, body=body, content=content, caller=caller,
                                   timing=timing, request_id=request_id)

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
+from asgiref.sync import sync_to_async
 from django.core.signals import request_started
 from django.test import AsyncClient
 
@@ -239,6 +240,40 @@ def test_a_deployment_stopped_while_in_use_is_refused_within_the_routing_tables_
     served, refused = asyncio.run(use_stop_and_use_again())
     assert served.status_code == 200
     assert refused.status_code == 409 and _error_code(refused) == "model_not_ready"
+
+
+def _set_state(deployment: Deployment, state: str) -> None:
+    Replica.objects.filter(deployment=deployment).update(state=state)
+    Deployment.objects.filter(pk=deployment.pk).update(state=state)
+
+
+def test_a_request_to_a_restarting_deployment_waits_for_its_replica_instead_of_failing(deploy, api_key):
+    deployment = deploy()
+    _set_state(deployment, ServingState.STARTING)  # its engine died and beat is starting it again
+    content = json.dumps(_chat(deployment.name, stream=False)).encode()
+
+    async def ask_while_it_restarts() -> tuple[httpx.Response, float]:
+        started = time.monotonic()
+        asked = asyncio.create_task(_request("POST", "/v1/chat/completions", key=api_key, content=content))
+        await asyncio.sleep(TABLE_TTL_S * 2)
+        assert not asked.done()
+        await sync_to_async(_set_state)(deployment, ServingState.READY)
+        answered, _ = await asked
+        return answered, time.monotonic() - started
+
+    answered, waited = asyncio.run(ask_while_it_restarts())
+    assert answered.status_code == 200 and answered.json()["choices"][0]["message"]["content"]
+    assert waited >= TABLE_TTL_S * 2
+
+
+def test_a_deployment_still_starting_after_the_wait_is_503_with_retry_after(deploy, api_key, settings):
+    settings.GATEWAY_START_WAIT_S = TABLE_TTL_S * 2
+    deployment = deploy()
+    _set_state(deployment, ServingState.STARTING)
+    refused, _ = _call("POST", "/v1/chat/completions", key=api_key,
+                       content=json.dumps(_chat(deployment.name)).encode())
+    assert refused.status_code == 503 and _error_code(refused) == "model_starting"
+    assert int(refused.headers["Retry-After"]) > 0 and "still starting" in refused.json()["error"]["message"]
 
 
 def test_a_stream_is_relayed_byte_for_byte_and_recorded(deploy, api_key, workspace):
