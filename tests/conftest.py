@@ -35,6 +35,27 @@ def pytest_collection_modifyitems(config, items):
         items[:] = kept
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A live test that fails shows the deployments' recent state changes (who stopped or restarted an engine)."""
+    report = yield
+    if report.failed and call.when == "call" and "celery_worker_process" in item.fixturenames:
+        report.sections.append(("serving events", _serving_events(item._request.getfixturevalue("django_db_blocker"))))
+    return report
+
+
+def _serving_events(django_db_blocker) -> str:
+    from serving.models import ServingEvent
+
+    with django_db_blocker.unblock():
+        try:
+            events = list(ServingEvent.objects.select_related("deployment")[:30])
+        except Exception as exc:  # the report must still show the test's own failure
+            return f"(could not be read: {exc})"
+    return "\n".join(f"{e.at:%H:%M:%S.%f} {e.deployment.name} replica {e.replica_id}: {e.from_state} -> "
+                     f"{e.to_state} {e.message}" for e in reversed(events))
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_test_environment, django_db_blocker):
     """Always create the test database: pytest-django creates it only when a collected test is marked django_db,
@@ -251,12 +272,22 @@ def deploy_presets(replicas: dict[str, int], *, cooldown_s: float = 30.0) -> Non
 
 
 def stop_engines_and_flush() -> None:
-    """Stop every engine process the tests started and empty the database for the next module."""
-    from django.core.management import call_command
+    """Stop every engine process the tests started and empty the database for the next module.
+
+    Unlike `manage.py flush`, ids are not reset: as in production, an id is never given twice, so a task message
+    or a worker still busy with the last module's rows can never act on the next module's (a job, a replica or a
+    run that happens to get the same number). Content types and permissions stay, since the worker and web
+    processes cache them by id."""
+    from django.core.management.color import no_style
+    from django.db import connection
 
     from serving.engines import process
     from serving.models import Replica
 
     for replica in Replica.objects.exclude(pid=None):
         process.terminate(replica.pid)
-    call_command("flush", interactive=False, verbosity=0)
+    kept = {"django_content_type", "auth_permission"}
+    tables = [name for name in connection.introspection.django_table_names(only_existing=True, include_views=False)
+              if name not in kept]
+    connection.ops.execute_sql_flush(connection.ops.sql_flush(no_style(), tables, reset_sequences=False,
+                                                              allow_cascade=True))
