@@ -154,6 +154,9 @@ class FinetuneSerializer(serializers.Serializer):
     base_model = serializers.CharField(help_text="Name of a registered GGUF or Hugging Face model")
     dataset = serializers.IntegerField(help_text="Dataset id")
     node = serializers.CharField(required=False, default="", help_text="This node when blank")
+    more_nodes = serializers.ListField(child=serializers.CharField(), required=False, default=list,
+                                       help_text="Further nodes to train across, data-parallel on a Ray cluster "
+                                                 "that spans them (RAY_ADDRESS on the first node's worker)")
     method = serializers.ChoiceField(choices=Method.choices, default=Method.LORA)
     hyperparameters = serializers.DictField(required=False, default=dict)
     quantizations = serializers.ListField(child=serializers.ChoiceField(choices=list(QUANTIZATIONS)),
@@ -216,7 +219,8 @@ class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
 
     @extend_schema(request=FinetuneSerializer, responses={201: JobSerializer})
     def create(self, request):
-        """A fine-tune job: the planner's first plan on the node decides the micro-batch; the job records it."""
+        """A fine-tune job: the best data-parallel plan on the nodes' devices decides the workers and the
+        micro-batch; the job records it."""
         data = FinetuneSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         spec = data.validated_data
@@ -225,7 +229,7 @@ class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
             actor=self.actor, workspace=self.workspace, name=spec["name"],
             base_model=_model_named(self.workspace, spec["base_model"]), dataset=dataset,
             node=_node_named(spec["node"]), method=spec["method"], hyperparameters=spec["hyperparameters"],
-            quantizations=spec["quantizations"])
+            quantizations=spec["quantizations"], more_nodes=[_node_named(name) for name in spec["more_nodes"]])
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=QuantizeSerializer, responses={201: JobSerializer})

@@ -72,6 +72,8 @@ def build_spec(job: EnhancementJob, directory: Path) -> dict:
         "dataset_path": str(files.dataset_path(job.dataset_sha256)) if job.dataset_sha256 else "",
         "validation_count": job.dataset.validation_count if job.dataset_sha256 else 0,
         "eval_dataset_path": str(eval_path), "eval_validation_count": eval_validation,
+        # The nodes a plan spans: more than one means a Ray cluster across them (training/distributed.py).
+        "plan_nodes": job.plan.get("nodes", []) if job.plan.get("chosen", {}).get("nodes", 1) > 1 else [],
     }
     if job.kind == JobKind.DISTILL and job.compression["mode"] == DistillMode.SEQUENCE:
         spec["dataset_path"] = str(directory / TEACHER_DATA)

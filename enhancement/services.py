@@ -210,17 +210,35 @@ def _check_training(*, workspace: Workspace, base_model: Model, dataset: Dataset
                                fields={"base_model": ["No chat template."]})
 
 
-def _planned_settings(*, base_model: Model, node: Node, method: str, hyperparameters: dict | None
-                      ) -> tuple[dict, dict]:
-    """The checked training settings, with the micro-batch and accumulation of the planner's first plan on the
-    node, and the plan as the job records it."""
-    hyper = checked(hyperparameters or {})
+def _planned_settings(*, base_model: Model, node: Node, method: str, hyperparameters: dict | None,
+                      more_nodes: list[Node] | None = None) -> tuple[dict, dict]:
+    """The checked training settings and the plan the job records. The plan is made over the devices of `node`
+    and `more_nodes`; the job runs the best plan its trainer can run (data-parallel: the HF Trainer on each
+    worker, joined by torch.distributed), whose data-parallel degree sets the workers (Ray when more than one)
+    and whose micro-batch and recompute the settings take, unless they were given."""
+    given = hyperparameters or {}
+    hyper = checked(given)
+    nodes = [node, *[extra for extra in more_nodes or [] if extra.pk != node.pk]]
     result = plan_training(model=base_model, method=method, sequence_length=hyper["cutoff"],
-                           batch_size=hyper["batch_size"], devices=plan_devices(nodes=[node]),
+                           batch_size=hyper["batch_size"], devices=plan_devices(nodes=nodes),
                            lora_rank=hyper["lora_rank"], lora_targets=tuple(hyper["lora_targets"]))
-    chosen = result.plans[0]
-    if chosen.nodes > 1:
-        raise ValidationFailed("The plan spans nodes; choose one node for the job.", fields={"node": ["One node."]})
+    runnable = [p for p in result.plans if p.tensor_parallel == p.pipeline_parallel == 1 and not p.zero_stage]
+    if not runnable:
+        first = result.plans[0]
+        raise ValidationFailed(
+            f"Every layout that fits needs tensor or pipeline parallelism or ZeRO (the best: TP {first.tensor_parallel}"
+            f", PP {first.pipeline_parallel}, ZeRO {first.zero_stage}), and this trainer runs data-parallel only. "
+            f"Use LoRA, a shorter cutoff, a smaller batch or devices with more memory.",
+            fields={"plan": ["No data-parallel layout fits."]})
+    chosen = runnable[0]
+    if "workers" not in given:
+        hyper["workers"] = chosen.data_parallel
+    if "recompute" not in given:
+        hyper["recompute"] = chosen.recompute
+    if chosen.nodes > 1 and hyper["workers"] != chosen.data_parallel:
+        raise ValidationFailed(f"Across {chosen.nodes} nodes the plan trains on {chosen.data_parallel} data-parallel "
+                               f"workers (one per device); leave 'workers' out or set it to that.",
+                               fields={"workers": [f"Must be {chosen.data_parallel} across these nodes."]})
     per_worker = hyper["batch_size"] // hyper["workers"]
     if hyper["micro_batch_size"] and per_worker % hyper["micro_batch_size"]:
         raise ValidationFailed(f"Each of the {hyper['workers']} workers takes {per_worker} samples a step, which the "
@@ -228,8 +246,15 @@ def _planned_settings(*, base_model: Model, node: Node, method: str, hyperparame
                                fields={"micro_batch_size": ["Must divide each worker's share of the batch."]})
     hyper["micro_batch_size"] = hyper["micro_batch_size"] or math.gcd(per_worker, chosen.micro_batch)
     hyper["gradient_accumulation"] = per_worker // hyper["micro_batch_size"]
-    return hyper, {"chosen": chosen.as_dict(), "alternatives": [p.as_dict() for p in result.plans[1:6]],
-                   "discarded": result.discarded}
+    plan = {"chosen": chosen.as_dict(), "alternatives": [p.as_dict() for p in result.plans if p is not chosen][:5],
+            "discarded": result.discarded, "nodes": [n.name for n in nodes]}
+    if chosen is not result.plans[0]:
+        best = result.plans[0]
+        plan["note"] = (f"The planner's first plan (TP {best.tensor_parallel}, PP {best.pipeline_parallel}, ZeRO "
+                        f"{best.zero_stage}, {best.step_time_s:.3g} s a step) needs model or pipeline parallelism, "
+                        f"which this trainer does not run; the job runs the best data-parallel plan "
+                        f"({chosen.step_time_s:.3g} s a step).")
+    return hyper, plan
 
 
 def _create_job(*, actor: Actor, workspace: Workspace, kind: str, audit: dict, **fields) -> EnhancementJob:
@@ -242,11 +267,14 @@ def _create_job(*, actor: Actor, workspace: Workspace, kind: str, audit: dict, *
 
 def create_finetune_job(*, actor: Actor, workspace: Workspace, name: str, base_model: Model, dataset: Dataset,
                         node: Node, method: str = Method.LORA, hyperparameters: dict | None = None,
-                        quantizations: list[str] | None = None) -> EnhancementJob:
-    """Check the settings, plan the layout on the node's devices, and queue the job on the node's worker."""
+                        quantizations: list[str] | None = None, more_nodes: list[Node] | None = None
+                        ) -> EnhancementJob:
+    """Check the settings, plan the layout on the devices of `node` (and `more_nodes`, to train across them on
+    a Ray cluster), and queue the job on the node's worker, which submits the training."""
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
     _check_training(workspace=workspace, base_model=base_model, dataset=dataset, method=method)
-    hyper, plan = _planned_settings(base_model=base_model, node=node, method=method, hyperparameters=hyperparameters)
+    hyper, plan = _planned_settings(base_model=base_model, node=node, method=method, hyperparameters=hyperparameters,
+                                    more_nodes=more_nodes)
     quantizations = _check_quantizations(quantizations or ["q4_k_m"])
     return _create_job(actor=actor, workspace=workspace, kind=JobKind.FINETUNE, name=_unique_name(workspace, name),
                        base_model=base_model, dataset=dataset, dataset_sha256=dataset.sha256, method=method,

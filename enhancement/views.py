@@ -148,8 +148,13 @@ def _hyper_from(post) -> dict:
     values = {name: post.get(name) for name in HYPER_FIELDS if post.get(name, "") != ""}
     values["lr_scheduler"] = post.get("lr_scheduler") or "linear"
     values["lora_targets"] = post.getlist("lora_targets") or ["q_proj", "v_proj"]
-    values["recompute"] = post.get("recompute") == "on"
+    if post.get("recompute") == "on":  # unticked, the plan decides
+        values["recompute"] = True
     return values
+
+
+def _more_nodes(request) -> list[Node]:
+    return list(Node.objects.filter(name__in=request.POST.getlist("more_nodes")))
 
 
 @workspace_page
@@ -165,18 +170,20 @@ def new_job(request):
             job = services.create_finetune_job(
                 actor=actor, workspace=request.workspace, name=post.get("name", ""), base_model=base,
                 dataset=dataset, node=_node(request), method=post.get("method", Method.LORA),
-                hyperparameters=_hyper_from(post), quantizations=post.getlist("quantizations"))
+                hyperparameters=_hyper_from(post), quantizations=post.getlist("quantizations"),
+                more_nodes=_more_nodes(request))
             messages.success(request, _("Queued '%(job)s' on %(node)s.") % {"job": job.name, "node": job.node.name})
             return redirect("enhancement-job", job_id=job.pk)
         hyper = checked(_hyper_from(post))
         try:
             plan = services.plan_training(model=base, method=post.get("method", Method.LORA),
                                           sequence_length=hyper["cutoff"], batch_size=hyper["batch_size"],
-                                          devices=services.plan_devices(nodes=[_node(request)]),
+                                          devices=services.plan_devices(nodes=[_node(request),
+                                                                               *_more_nodes(request)]),
                                           lora_rank=hyper["lora_rank"], lora_targets=tuple(hyper["lora_targets"]))
         except ValidationFailed as exc:
             problem = exc.message
-    defaults = {name: RANGES[name][0] for name in HYPER_FIELDS}
+    defaults = {name: RANGES[name][0] for name in HYPER_FIELDS} | {"workers": ""}  # blank: the plan's
     return render(request, "enhancement/new_job.html", {
         "datasets": selectors.datasets(workspace=request.workspace), "models": _trainable_models(request.workspace),
         "nodes": Node.objects.all(), "this_node": settings.NODE_NAME, "quantizations": QUANTIZATIONS,
@@ -186,6 +193,7 @@ def new_job(request):
         "problem": problem,
         "chosen_targets": post.getlist("lora_targets") if post else ["q_proj", "v_proj"],
         "chosen_quantizations": post.getlist("quantizations") if post else ["q4_k_m"],
+        "chosen_more_nodes": post.getlist("more_nodes") if post else [],
     })
 
 

@@ -3,7 +3,9 @@ Trainer as a single-process job (`run.fit`), joined by torch.distributed (gloo o
 up; rank 0 writes the checkpoints, metrics and the trained weights into the run directory.
 
 The Ray cluster is the one at RAY_ADDRESS (Ray's own variable, from the worker's environment) when set; otherwise
-a local Ray cluster is started inside the job's process, on its node, and goes with it. The run directory must be
+a local Ray cluster is started inside the job's process, on its node, and goes with it. A job whose plan spans
+nodes (services._planned_settings: one data-parallel worker per node's device) needs RAY_ADDRESS, and its workers
+are placed on distinct Ray nodes (STRICT_SPREAD). The run directory must be
 on storage every Ray node sees (it holds the spec, the data and the checkpoints); the workers import this project
 from the same path, as every node has the same install.
 
@@ -13,6 +15,7 @@ node without it fails with that reason.
 
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -29,6 +32,8 @@ def _train_loop(config: dict) -> None:
     from enhancement.training.run import Run, fit
 
     rank = ray.train.get_context().get_world_rank()
+    print(f"Rank {rank} runs on Ray node {ray.get_runtime_context().get_node_id()} ({socket.gethostname()})",
+          flush=True)
     run = Run(Path(config["run_dir"]), writer=rank == 0)
     if config["threads"]:
         import torch
@@ -48,9 +53,17 @@ def train_on_ray(run, resume: Path | None) -> None:
     import torch
 
     workers = int(run.hyper["workers"])
+    spans = run.spec.get("plan_nodes") or []
+    if spans and not os.environ.get("RAY_ADDRESS"):
+        raise RayMissing(f"The plan trains across the nodes {', '.join(spans)}, which needs a Ray cluster that spans "
+                         f"them: start one (`ray start --head` on one node, `ray start --address` on the others) "
+                         f"and set RAY_ADDRESS in the environment of {spans[0]}'s worker.")
     cuda = torch.cuda.is_available()
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    env = {"PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
+    # Workers spread over nodes each use their own node's cores; on one node they share its cores.
+    threads = 0 if spans else max(1, (os.cpu_count() or 1) // workers)
+    env = {"PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     # A local cluster's sockets and logs go to a directory of this process's own (short: Unix socket paths are
     # limited), removed when it is done.
     local_dir = None
@@ -69,7 +82,8 @@ def train_on_ray(run, resume: Path | None) -> None:
             train_loop_config={"run_dir": str(run.dir), "resume": str(resume) if resume else "",
                                "threads": 0 if cuda else threads},
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=cuda,
-                                         resources_per_worker=None if cuda else {"CPU": 1}),
+                                         resources_per_worker=None if cuda else {"CPU": 1},
+                                         placement_strategy="STRICT_SPREAD" if spans else "PACK"),
             torch_config=TorchConfig(backend="nccl" if cuda else "gloo"),
             run_config=RunConfig(name="train", storage_path=str(run.dir / "ray")))
         trainer.fit()

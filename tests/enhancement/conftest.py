@@ -1,3 +1,8 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -10,7 +15,7 @@ from enhancement.models import EnhancementJob
 from enhancement.services import import_sample_dataset
 from serving.engines import process
 from serving.services import register_model
-from tests.conftest import stop_engines_and_flush
+from tests.conftest import ROOT, stop_engines_and_flush
 
 
 @pytest.fixture
@@ -61,3 +66,14 @@ def start(client, node: str, *, base_model: str = "smollm2-135m-instruct", name:
 def finished(job: EnhancementJob | int) -> EnhancementJob | None:
     job = EnhancementJob.objects.select_related("cluster_job").get(pk=getattr(job, "pk", job))
     return job if job.state in ("succeeded", "failed", "cancelled") else None
+
+
+def node_worker(node: str, env: dict) -> subprocess.Popen:
+    """A Celery worker of its own for `node`'s queue, in its own process group (so a test can kill it whole)."""
+    data_dir = Path(os.environ["FACTORY_DATA_DIR"])
+    log = data_dir / f"{node}-{len(list(data_dir.glob(node + '*')))}.log"
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "factory", "worker", "--queues", f"node.{node}", "--hostname",
+         f"w@{node}", "--concurrency", "1", "--without-gossip", "--without-mingle"],
+        cwd=ROOT, env={**os.environ, **env, "FACTORY_NODE_NAME": node}, stdout=log.open("wb"),
+        stderr=subprocess.STDOUT, start_new_session=True)

@@ -126,3 +126,62 @@ def test_sequence_distillation_needs_a_teacher_deployment(client, smollm2):
         "teacher": "no-such-deployment"}, format="json")
     assert answer.status_code == 400
     assert "No deployment called 'no-such-deployment'" in answer.json()["error"]["message"]
+
+
+def test_a_job_across_two_nodes_trains_one_data_parallel_worker_per_node_on_ray(client, smollm2, this_node,
+                                                                                  tmp_path):
+    from cluster import inventory
+    from cluster.services import register_node
+    from enhancement.models import EnhancementJob
+    from enhancement.runner import build_spec
+
+    register_node(name="node-b", resources=inventory.probe())
+    answer = finetune(client, more_nodes=["node-b"], hyperparameters={"max_steps": 4, "batch_size": 4})
+    assert answer.status_code == 201, answer.json()
+    job = answer.json()
+    chosen = job["plan"]["chosen"]
+    assert (chosen["data_parallel"], chosen["tensor_parallel"], chosen["pipeline_parallel"]) == (2, 1, 1)
+    assert chosen["nodes"] == 2 and job["plan"]["nodes"] == [this_node.name, "node-b"]
+    assert job["hyperparameters"]["workers"] == 2 and job["node"] == this_node.name
+    spec = build_spec(EnhancementJob.objects.get(pk=job["id"]), tmp_path)
+    assert spec["plan_nodes"] == [this_node.name, "node-b"]
+
+    one_worker = finetune(client, name="tune-2", more_nodes=["node-b"],
+                          hyperparameters={"max_steps": 4, "batch_size": 4, "workers": 1})
+    assert one_worker.status_code == 400
+    assert "Across 2 nodes the plan trains on 2 data-parallel workers" in one_worker.json()["error"]["message"]
+
+
+def test_a_job_across_nodes_without_a_ray_cluster_fails_with_what_to_start(monkeypatch):
+    from types import SimpleNamespace
+
+    from enhancement.training import distributed
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    run = SimpleNamespace(hyper={"workers": 2}, spec={"plan_nodes": ["node-a", "node-b"]})
+    with pytest.raises(distributed.RayMissing, match="set RAY_ADDRESS in the environment of node-a's worker"):
+        distributed.train_on_ray(run, None)
+
+
+def test_the_new_job_page_plans_across_the_ticked_nodes_and_queues_one_worker_per_node(client, smollm2, this_node):
+    from django.test import Client
+
+    from cluster import inventory
+    from cluster.services import register_node
+    from enhancement.models import EnhancementJob
+
+    register_node(name="node-b", resources=inventory.probe())
+    browser = Client()
+    browser.login(username="tuner", password="correct-horse-battery")
+    form = {"name": "across", "base_model": "smollm2-135m-instruct", "dataset": client.dataset.pk,
+            "node": this_node.name, "more_nodes": ["node-b"], "method": "lora", "batch_size": "4", "max_steps": "4",
+            "quantizations": ["q8_0"]}
+    page = browser.post("/enhancement/jobs/new/", {**form, "action": "plan"})
+    assert page.status_code == 200 and page.context["plan"]
+    assert b"Train across more nodes" in page.content
+    assert {p.data_parallel for p in page.context["plan"]} >= {2}
+
+    started = browser.post("/enhancement/jobs/new/", {**form, "action": "start"})
+    job = EnhancementJob.objects.get(name="across")
+    assert started.status_code == 302 and job.hyperparameters["workers"] == 2
+    assert job.plan["nodes"] == [this_node.name, "node-b"]

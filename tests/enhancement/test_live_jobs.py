@@ -3,8 +3,6 @@ process are killed (and trains each step once), and a cancel that kills the trai
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,27 +14,17 @@ from enhancement.models import EnhancementJob, MetricSample
 from enhancement.runner import is_running, run_dir
 from serving.engines import process
 from serving.gguf_info import read_gguf
-from tests.conftest import ROOT, platform_env, wait_for
-from tests.enhancement.conftest import finished, start
+from tests.conftest import platform_env, wait_for
+from tests.enhancement.conftest import finished, node_worker, start
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 KILL_NODE = "enh-kill-node"
 
 
-def _worker(node: str, env: dict) -> subprocess.Popen:
-    data_dir = Path(os.environ["FACTORY_DATA_DIR"])
-    log = data_dir / f"{node}-{len(list(data_dir.glob(node + '*')))}.log"
-    return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "factory", "worker", "--queues", f"node.{node}", "--hostname",
-         f"w@{node}", "--concurrency", "1", "--without-gossip", "--without-mingle"],
-        cwd=ROOT, env={**os.environ, **env, "FACTORY_NODE_NAME": node}, stdout=log.open("wb"),
-        stderr=subprocess.STDOUT, start_new_session=True)
-
-
 def test_a_job_killed_with_its_worker_resumes_from_its_checkpoint_and_trains_each_step_once(tuner, web_port):
     register_node(name=KILL_NODE, resources=inventory.probe())
     env = {**platform_env(web_port), "FACTORY_JOB_HEARTBEAT_S": "2"}
-    worker = _worker(KILL_NODE, env)
+    worker = node_worker(KILL_NODE, env)
     job = start(tuner, KILL_NODE, max_steps=8)
     wait_for(lambda: EnhancementJob.objects.get(pk=job.pk).step >= 3, timeout=240, interval=0.5,
              what="training to pass its first checkpoint")
@@ -52,7 +40,7 @@ def test_a_job_killed_with_its_worker_resumes_from_its_checkpoint_and_trains_eac
     checkpoints = sorted(p.name for p in (run_dir(job) / "checkpoints").glob("checkpoint-*"))
     assert checkpoints, "a checkpoint was written every 2 steps"
 
-    replacement = _worker(KILL_NODE, env)
+    replacement = node_worker(KILL_NODE, env)
     try:
         # What Redis (or beat's sweep of jobs whose worker stopped its heartbeat) does with a job whose worker is
         # gone: its message is delivered again, until a worker takes it up.
