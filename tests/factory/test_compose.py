@@ -57,3 +57,15 @@ def test_the_gpu_worker_is_documented_but_off():
     text = (ROOT / "docker-compose.yml").read_text()
     assert "# gpu-worker:" in text
     assert "#           - driver: nvidia" in text
+
+
+def test_every_container_starts_in_prod_and_reaches_the_others_by_their_service_names():
+    services = _compose()["services"]
+    for name in FACTORY_ROLES:
+        env = services[name]["environment"]
+        # Settings refuse to start in prod without the hosts; the gateway is called as "web" by the other containers.
+        assert "web" in env["FACTORY_ALLOWED_HOSTS"].split(","), name
+        assert env["FACTORY_GATEWAY_URL"] == "http://web:8000/v1", name
+        assert env["FACTORY_NODE_NAME"] == "appliance", name
+    # The node's engines listen where the gateway in another container reaches them.
+    assert services["node"]["environment"]["FACTORY_NODE_ADDRESS"] == "node"
