@@ -4,16 +4,13 @@ import re
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
 from playwright.sync_api import expect
 
 from accounts.services import Actor, create_workspace
 from cluster import inventory
 from cluster.services import register_node
-from serving.engines import process
-from serving.models import Replica
 from serving.presets import SMOLLM2, register_presets
-from tests.conftest import WORKER_NODE
+from tests.conftest import WORKER_NODE, stop_engines_and_flush
 from tests.e2e.conftest import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.worker]
@@ -27,9 +24,7 @@ def platform(celery_worker_process, web_server, django_db_blocker):
         ann = get_user_model().objects.create_user(username="ann", password="correct-horse-battery")
         create_workspace(actor=Actor(user=ann), name="Acme")
         yield web_server
-        for replica in Replica.objects.exclude(pid=None):
-            process.terminate(replica.pid)
-        call_command("flush", interactive=False, verbosity=0)
+        stop_engines_and_flush()
 
 
 def test_deploy_chat_in_the_playground_and_see_the_metrics(platform, open_page):

@@ -8,7 +8,6 @@ import signal
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
 from openai import OpenAI
 
 from accounts.services import SYSTEM, Actor, create_api_key, create_workspace
@@ -19,7 +18,7 @@ from serving import services
 from serving.engines import process
 from serving.models import Deployment, Replica, RequestRecord, ServingState
 from serving.presets import GEMMA3, MINILM, SMOLLM2, register_presets
-from tests.conftest import METRICS_TOKEN, wait_for
+from tests.conftest import METRICS_TOKEN, stop_engines_and_flush, wait_for
 
 pytestmark = pytest.mark.worker
 
@@ -46,9 +45,7 @@ def stack(celery_worker_process, web_server, django_db_blocker):
         workspace = create_workspace(actor=Actor(user=owner), name="Gateway users")
         key = create_api_key(actor=Actor(user=owner), workspace=workspace, name="gw").secret
         yield {"url": web_server, "key": key, "workspace": workspace}
-        for replica in Replica.objects.exclude(pid=None):
-            process.terminate(replica.pid)
-        call_command("flush", interactive=False, verbosity=0)
+        stop_engines_and_flush()
 
 
 @pytest.fixture
