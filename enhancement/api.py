@@ -206,6 +206,7 @@ class DistillSerializer(serializers.Serializer):
 
 class DeploySerializer(serializers.Serializer):
     model = serializers.CharField(help_text="Name of one of the job's output models")
+    node = serializers.CharField(required=False, default="", help_text="This server's node when blank")
 
 
 class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -313,7 +314,7 @@ class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
     @extend_schema(request=DeploySerializer, responses={201: DeploymentSerializer})
     @action(detail=True, methods=["post"])
     def deploy(self, request, pk=None):
-        """One click: serve one of the job's output models on this node."""
+        """One click: serve one of the job's output models, on the named node or this server's."""
         data = DeploySerializer(data=request.data)
         data.is_valid(raise_exception=True)
         job = self.get_object()
@@ -321,5 +322,6 @@ class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
         if model is None:
             raise serializers.ValidationError({"model": [f"'{data.validated_data['model']}' is not an output of "
                                                          f"job '{job.name}'."]})
-        deployment = services.deploy_output(actor=request_actor(request), job=job, model=model)
+        node = _node_named(data.validated_data["node"]) if data.validated_data["node"] else None
+        deployment = services.deploy_output(actor=request_actor(request), job=job, model=model, node=node)
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)

@@ -401,10 +401,10 @@ def cancel_job(*, actor: Actor, job: EnhancementJob) -> EnhancementJob:
     return job
 
 
-def deploy_output(*, actor: Actor, job: EnhancementJob, model: Model) -> Deployment:
-    """One click: serve one of the job's outputs on this node."""
+def deploy_output(*, actor: Actor, job: EnhancementJob, model: Model, node: Node | None = None) -> Deployment:
+    """One click: serve one of the job's outputs, on `node` (this server's node by default)."""
     require_role(actor=actor, workspace=job.workspace, role=Role.DEVELOPER)
     if not job.output_models.filter(pk=model.pk).exists():
         raise ValidationFailed(f"'{model.name}' is not an output of job '{job.name}'.",
                                fields={"model": ["Not this job's output."]})
-    return deploy_model(actor=actor, workspace=job.workspace, model=model)
+    return deploy_model(actor=actor, workspace=job.workspace, model=model, node=node)

@@ -119,7 +119,7 @@ def home(request):
         "datasets": selectors.datasets(workspace=request.workspace),
         "jobs": selectors.jobs(workspace=request.workspace)[:50],
         "formats": DatasetFormat.choices, "models": _trainable_models(request.workspace),
-        "nodes": Node.objects.all(), "quantizations": QUANTIZATIONS, "this_node": settings.NODE_NAME,
+        "nodes": Node.objects.all(), "quantizations": _quantization_labels(), "this_node": settings.NODE_NAME,
         "prune_methods": PRUNE_METHODS,
         "distill_modes": DistillMode.choices,
         "deployments": [d for d in deployments_visible_to(workspace=request.workspace) if d.state == "ready"],
@@ -151,6 +151,10 @@ def _hyper_from(post) -> dict:
     if post.get("recompute") == "on":  # unticked, the plan decides
         values["recompute"] = True
     return values
+
+
+def _quantization_labels() -> dict[str, str]:
+    return {key: _(label) for key, label in QUANTIZATIONS.items()}
 
 
 def _more_nodes(request) -> list[Node]:
@@ -186,7 +190,7 @@ def new_job(request):
     defaults = {name: RANGES[name][0] for name in HYPER_FIELDS} | {"workers": ""}  # blank: the plan's
     return render(request, "enhancement/new_job.html", {
         "datasets": selectors.datasets(workspace=request.workspace), "models": _trainable_models(request.workspace),
-        "nodes": Node.objects.all(), "this_node": settings.NODE_NAME, "quantizations": QUANTIZATIONS,
+        "nodes": Node.objects.all(), "this_node": settings.NODE_NAME, "quantizations": _quantization_labels(),
         "schedulers": SCHEDULERS, "lora_targets": LORA_TARGETS, "methods": Method.choices,
         "fields": [(name, post.get(name, "") if post else defaults[name]) for name in HYPER_FIELDS],
         "form": post, "plan": plan.plans[:10] if plan else None, "discarded": plan.discarded if plan else None,

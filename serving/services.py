@@ -237,6 +237,8 @@ def default_engine_for(model: Model) -> str:
         return Engine.EXTERNAL
     if model.is_embedding:
         return Engine.EMBEDDING
+    if model.kind == ModelKind.HF:
+        return Engine.VLLM  # llama.cpp reads GGUF files only
     return Engine.LLAMACPP
 
 
@@ -322,11 +324,16 @@ def stop_deployment(*, actor: Actor, deployment: Deployment) -> Deployment:
     return deployment
 
 
-def deploy_model(*, actor: Actor, workspace: Workspace | None, model: Model, replicas: int = 1) -> Deployment:
-    """One click: a deployment of the model on this node with its default engine, started."""
+def deploy_model(*, actor: Actor, workspace: Workspace | None, model: Model, replicas: int = 1,
+                 node: Node | None = None) -> Deployment:
+    """One click: a deployment of the model on `node` (this server's node by default) with its default engine,
+    started."""
     if replicas < 1:
         raise ValidationFailed("A deployment needs at least one replica.", fields={"replicas": ["Must be >= 1."]})
-    node = Node.objects.get(name=settings.NODE_NAME)
+    node = node or Node.objects.filter(name=settings.NODE_NAME).first()
+    if node is None:
+        raise ValidationFailed(f"This server's node '{settings.NODE_NAME}' is not in the pool (its worker has not "
+                               f"started); choose a node to deploy on.", fields={"node": ["Choose a node."]})
     name = model.name
     suffix = 2
     while Deployment.objects.filter(name=name).exists() or ModelGroup.objects.filter(name=name).exists():

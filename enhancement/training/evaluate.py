@@ -1,7 +1,7 @@
-"""The before/after report: the base model and every output GGUF measured on this node with the same held-out
-conversations and the same prompts, through llama.cpp (the engine that serves them): file size, prefill and decode
-tokens/s, perplexity of the held-out answers given their prompts, and token-F1 of greedy answers against the expected
-ones.
+"""The before/after report: the base model and every output measured on this node with the same held-out
+conversations and the same prompts, through the runtime that serves it (llama.cpp for a GGUF, transformers for int8
+Hugging Face weights): file size, prefill and decode tokens/s, perplexity of the held-out answers given their prompts,
+and token-F1 of greedy answers against the expected ones.
 
 Perplexity counts the answer tokens only, as the training's validation loss does: over whole rendered
 conversations, an instruction-tuned model scored worse than its base (the prompts' tokens, on which it was never
@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from enhancement.training import data
+from enhancement.training.export import size_on_disk
 
 # Enough to compare models on this node in seconds, not minutes.
 HELDOUT_TOKENS = 512
@@ -108,8 +109,65 @@ def measure(path: str, heldout: list[tuple[str, str]], prompts: list[tuple[str, 
         answer = llm.detokenize(produced).decode("utf-8", errors="replace")
         answers.append(answer)
         f1s.append(token_f1(answer, expected))
+    return _figures(path, nll, count, prefill_tokens, prefill_s, decode_tokens, decode_s, f1s, answers)
+
+
+def measure_hf(path: str, heldout: list[tuple[str, str]], prompts: list[tuple[str, str]], *,
+               heldout_tokens: int = HELDOUT_TOKENS) -> dict:
+    """`measure` through transformers, for Hugging Face weights (int8 by torchao)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    class StepClock(LogitsProcessor):
+        """Called once per generated token, after the forward pass that produced its logits."""
+
+        def __init__(self):
+            self.times = []
+
+        def __call__(self, input_ids, scores):
+            self.times.append(time.perf_counter())
+            return scores
+
+    nll, count, prefill_tokens, prefill_s = 0.0, 0, 0, 0.0
+    f1s, decode_tokens, decode_s, answers = [], 0, 0.0, []
+    with torch.inference_mode():
+        for prompt, whole in heldout:
+            if count >= heldout_tokens:
+                break
+            tokens = ids(whole)[:WINDOW]
+            start = len(ids(prompt))
+            if not 0 < start < len(tokens):
+                continue
+            began = time.perf_counter()
+            logits = model(torch.tensor([tokens])).logits[0]
+            prefill_s += time.perf_counter() - began
+            prefill_tokens += len(tokens)
+            logprobs = torch.log_softmax(logits[start - 1:len(tokens) - 1].double(), dim=-1)
+            nll -= float(logprobs[torch.arange(len(tokens) - start), torch.tensor(tokens[start:])].sum())
+            count += len(tokens) - start
+        for prompt, expected in prompts:
+            clock = StepClock()
+            prompt_ids = torch.tensor([ids(prompt)])
+            produced = model.generate(prompt_ids, max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False,
+                                      logits_processor=LogitsProcessorList([clock]))[0][prompt_ids.shape[1]:]
+            decode_s += clock.times[-1] - clock.times[0] if len(clock.times) > 1 else 0.0
+            decode_tokens += max(0, len(clock.times) - 1)
+            answer = tokenizer.decode(produced, skip_special_tokens=True)
+            answers.append(answer)
+            f1s.append(token_f1(answer, expected))
+    return _figures(path, nll, count, prefill_tokens, prefill_s, decode_tokens, decode_s, f1s, answers)
+
+
+def _figures(path: str, nll: float, count: int, prefill_tokens: int, prefill_s: float, decode_tokens: int,
+             decode_s: float, f1s: list[float], answers: list[str]) -> dict:
     return {
-        "size_bytes": Path(path).stat().st_size,
+        "size_bytes": size_on_disk(Path(path)),
         "perplexity": math.exp(nll / count) if count else None,
         "heldout_tokens": count,
         "prefill_tokens_per_s": prefill_tokens / prefill_s if prefill_s else None,
@@ -133,8 +191,9 @@ def evaluate(run, outputs: list[dict]) -> dict:
         rows.append({"model": "base", "quantization": run.spec.get("base_quantization", ""),
                      **measure(base_gguf, heldout, prompts)})
     for output in outputs:
+        measured = measure_hf if Path(output["path"]).is_dir() else measure
         rows.append({"model": "output", "quantization": output["quantization"],
-                     **measure(output["path"], heldout, prompts)})
+                     **measured(output["path"], heldout, prompts)})
     base = rows[0] if rows and rows[0]["model"] == "base" else None
     for row in rows:
         if base and row is not base and base["perplexity"] and row["perplexity"]:

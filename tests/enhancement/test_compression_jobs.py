@@ -73,3 +73,35 @@ def test_sequence_distillation_trains_the_student_on_the_teacher_deployments_ans
     assert all(messages[-1]["role"] == "assistant" and messages[-1]["content"] for messages in taught)
     rows, detail = report_rows(tuner, done.pk)
     assert detail["outputs"][0]["name"] == "pupil-q8-0" and rows["output"]["perplexity"] > 1
+
+
+@pytest.mark.timeout(600)
+def test_int8_quantization_makes_hugging_face_weights_measured_through_transformers(tuner, celery_worker_process):
+    answer = tuner.post("/api/enhancement/jobs/quantize/", {
+        "name": "int8", "base_model": "smollm2-135m-instruct", "quantizations": ["int8"],
+        "node": celery_worker_process["node"]}, format="json")
+    assert answer.status_code == 201, answer.json()
+
+    done = wait_for(lambda: finished(answer.json()["id"]), timeout=540, interval=1, what="the int8 job")
+
+    rows, detail = report_rows(tuner, done.pk)
+    assert done.state == "succeeded", f"{done.error}\n{(run_dir(done) / 'train.log').read_text()[-3000:]}"
+    [output] = done.output_models.all()
+    assert output.kind == "hf" and output.name == "int8-int8"
+    config = json.loads((run_dir(done) / "model-int8" / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "torchao"
+    # int8 linear layers (the tied embedding stays float): well under the float32 model's 540 MB.
+    assert rows["output"]["size_bytes"] < 250e6
+    # The same model, read by another runtime at another precision: its perplexity stays close to the base's.
+    assert 0.9 < rows["output"]["perplexity_ratio"] < 1.1, rows
+    assert rows["output"]["decode_tokens_per_s"] > 0 and rows["output"]["token_f1"] is not None
+    page = Client()
+    page.login(username="tuner", password="x" * 12)
+    assert 'data-report="output-int8"' in page.get(f"/enhancement/jobs/{done.pk}/").content.decode()
+    # Hugging Face weights are vLLM's to serve, on a GPU node: a CPU node says why not.
+    refused = tuner.post(f"/api/enhancement/jobs/{done.pk}/deploy/",
+                         {"model": output.name, "node": celery_worker_process["node"]}, format="json")
+    assert refused.status_code == 400 and "vLLM needs a GPU" in refused.json()["error"]["message"], refused.json()
+    # This server's node (the test process's) never joined the pool: a 400 that says so, not a 500.
+    unregistered = tuner.post(f"/api/enhancement/jobs/{done.pk}/deploy/", {"model": output.name}, format="json")
+    assert unregistered.status_code == 400 and "is not in the pool" in unregistered.json()["error"]["message"]
