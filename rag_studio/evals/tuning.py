@@ -202,7 +202,8 @@ def baseline_settings(tuning: RetrievalTuning) -> dict:
     return {"retrieval": retrieval, "rewrite_model": config.model if rewrite else ""}
 
 
-def settings_for(params: dict, tuning: RetrievalTuning, baseline: dict) -> dict:
+def settings_for(params: dict, tuning: RetrievalTuning, baseline: dict, rerank_kind: str = "") -> dict:
+    """The settings a trial's params make; `rerank_kind` is the rerank model's (_rerank_kind), read once a job."""
     chosen = {"mode": params["mode"], "candidates": params["candidates"],
               "max_per_document": params["max_per_document"], "top_k": tuning.top_k}
     if params["mode"] == "hybrid":
@@ -214,7 +215,7 @@ def settings_for(params: dict, tuning: RetrievalTuning, baseline: dict) -> dict:
         else:
             chosen["rrf_k"] = params["rrf_k"]
     if params.get("rerank"):
-        chosen["rerank"] = {"kind": _rerank_kind(tuning.workspace, tuning.rerank_model), "model": tuning.rerank_model,
+        chosen["rerank"] = {"kind": rerank_kind, "model": tuning.rerank_model,
                             "top_k": tuning.top_k, "threshold": params["rerank_threshold"]}
     elif "rerank" in params:
         chosen["rerank"] = {"kind": "none", "model": "", "top_k": tuning.top_k, "threshold": 0.0}
@@ -224,20 +225,22 @@ def settings_for(params: dict, tuning: RetrievalTuning, baseline: dict) -> dict:
     return {"retrieval": validate_retrieval({**baseline["retrieval"], **chosen}), "rewrite_model": rewrite_model}
 
 
-def _hits(kb: KnowledgeBase, settings: dict, question: str):
+def _searcher(kb: KnowledgeBase, settings: dict):
+    """question -> hits under `settings`: retrieval, or a multi-query pipeline (built once) when it rewrites."""
     if settings["rewrite_model"]:
         pipeline = RagPipeline(kb, {"template": RagTemplate.MULTI_QUERY, "model": settings["rewrite_model"],
                                     "prompt": "", "retrieval": settings["retrieval"], "generation": {}})
-        return pipeline.retrieve(question).hits
-    return retrieve(kb, question, settings["retrieval"]).hits
+        return lambda question: pipeline.retrieve(question).hits
+    return lambda question: retrieve(kb, question, settings["retrieval"]).hits
 
 
 def measure(kb: KnowledgeBase, settings: dict, items: list[tuple[EvalItem, set[str]]], k: int) -> dict:
     """hit@k, MRR (within the top k) and their mean, the score, over `items`; and the p95 of query latency."""
     hits_found, reciprocal_ranks, latencies = [], [], []
+    search = _searcher(kb, settings)
     for item, relevant in items:
         started = time.perf_counter()
-        keys = hit_keys(_hits(kb, settings, item.question), relevant)[:k]
+        keys = hit_keys(search(item.question), relevant)[:k]
         latencies.append((time.perf_counter() - started) * 1000)
         hits_found.append(eval_metrics.hit_at_k(keys, relevant, k))
         reciprocal_ranks.append(eval_metrics.reciprocal_rank(keys, relevant))
@@ -261,6 +264,7 @@ def _tune(tuning_id: int, owner: str) -> dict:
         return {"status": JobStatus.FAILED, "error": _too_few(tuning.eval_set, len(usable), skipped)}
     tune_half, held_back = _split(usable, tuning.seed)
     space, baseline = search_space(tuning), baseline_settings(tuning)
+    rerank_kind = _rerank_kind(tuning.workspace, tuning.rerank_model) if tuning.rerank_model else ""
     trials = {trial.number: trial for trial in tuning.trials.all()}
     measured = {_key(trial.settings): trial for trial in trials.values()}
 
@@ -282,7 +286,7 @@ def _tune(tuning_id: int, owner: str) -> dict:
         return trial
 
     if 0 not in trials:
-        _hits(kb, baseline, tune_half[0][0].question)  # loads the embedding model and the index: not trial 0's p95
+        _searcher(kb, baseline)(tune_half[0][0].question)  # loads the embedding model and the index: not trial 0's p95
         trials[0] = record(0, {}, baseline)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=tuning.seed))
     for number in sorted(trials):
@@ -293,7 +297,7 @@ def _tune(tuning_id: int, owner: str) -> dict:
         if number in trials:
             continue
         proposal = study.ask(space)
-        trial = record(number, proposal.params, settings_for(proposal.params, tuning, baseline))
+        trial = record(number, proposal.params, settings_for(proposal.params, tuning, baseline, rerank_kind))
         study.tell(proposal, trial.tuning_metrics["score"])
     report = build_report(tuning, questions={"tuning": len(tune_half), "held_back": len(held_back),
                                              "skipped": skipped})

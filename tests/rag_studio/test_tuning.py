@@ -243,3 +243,22 @@ def test_among_equal_scores_the_trial_that_changes_least_is_best_and_no_gain_kee
     job.trials.exclude(number=0).delete()
     report = tuning.build_report(job, questions={})
     assert (report["best"], report["suggested"]) == (0, False) and report["why"].startswith("No trial beat")
+
+
+def test_rerank_and_rewrite_trials_name_the_chosen_models_and_the_rerank_kind_is_read_once(
+        ann, indexed_kb, eval_set, presets, dispatched, django_capture_on_commit_callbacks, monkeypatch):
+    Deployment.objects.create(workspace=None, name=CHAT, model=presets[CHAT], engine="llamacpp")
+    job = _start(ann, indexed_kb, eval_set, django_capture_on_commit_callbacks, trials=12, rerank_model=CHAT,
+                 rewrite_model=CHAT)
+    kinds_read, tried = [], []
+    real_kind = tuning._rerank_kind
+    monkeypatch.setattr(tuning, "_rerank_kind", lambda *args: (kinds_read.append(args[1]), real_kind(*args))[1])
+    # Measuring would ask the chat model through the gateway: each trial's settings are recorded instead.
+    monkeypatch.setattr(tuning, "measure", lambda kb, settings, items, k: (tried.append(settings), {
+        "hit@k": 0.5, "mrr": 0.5, "score": 0.5, "p95_ms": 1.0, "n": len(items)})[1])
+
+    assert tuning.execute_tuning(job.pk, "worker@a/1/t1") == JobStatus.DONE
+    assert kinds_read == [CHAT]  # once a job, not once a trial
+    reranked = [s["retrieval"]["rerank"] for s in tried if s["retrieval"].get("rerank", {}).get("kind") == "llm"]
+    assert reranked and all(r["model"] == CHAT and 0 <= r["threshold"] <= 1 for r in reranked)
+    assert {s["rewrite_model"] for s in tried} == {"", CHAT}
