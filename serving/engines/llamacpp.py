@@ -41,8 +41,12 @@ DEFAULT_KV_BUDGET_TOKENS = 32768
 STATS_TIMEOUT_S = 1.0
 # What a deployment's KV cache may take of its node's memory, next to the weights.
 MAX_MEMORY_SHARE = 0.8
+# llama-server keeps finished prompts' KV in host memory for reuse, up to 8 GiB a replica by default: a 30-minute soak
+# saw SmolLM2's replica grow 958 -> 1,582 MiB and still growing. A deployment's `prompt_cache_mib` bounds it (0: off).
+DEFAULT_PROMPT_CACHE_MIB = 256
 INTEGER_SETTINGS = {"context_length": (16, None), "parallel": (1, MAX_SLOTS), "threads": (1, 512),
-                    "batch_size": (1, 65536), "ubatch_size": (1, 65536), "gpu_layers": (0, 10000)}
+                    "batch_size": (1, 65536), "ubatch_size": (1, 65536), "gpu_layers": (0, 10000),
+                    "prompt_cache_mib": (0, 1048576)}
 
 
 def server_binary() -> str:
@@ -158,6 +162,7 @@ class LlamaCppEngine(EngineAdapter):
             "--threads", str(threads),
             "--threads-http", str(max(4, slots)),
             "--n-gpu-layers", str(settings.get("gpu_layers", 0)),
+            "--cache-ram", str(settings.get("prompt_cache_mib", DEFAULT_PROMPT_CACHE_MIB)),
             "--jinja",
             "--metrics",
             # The platform's GUI is the only front end, and nothing is ever downloaded.

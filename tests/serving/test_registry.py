@@ -151,6 +151,7 @@ def test_another_workspaces_model_and_deployment_are_404_to_the_new_endpoints(de
     ({"context_length": 100_000}, "beyond what 'smollm2-135m-instruct' was trained for (8192)"),
     ({"parallel": 0}, "'parallel' must be a whole number from 1 to 64; got 0."),
     ({"threads": "two"}, "'threads' must be a whole number from 1 to 512; got 'two'."),
+    ({"prompt_cache_mib": -1}, "'prompt_cache_mib' must be a whole number from 0 to 1048576; got -1."),
     ({"parallel": 64, "context_length": 8192},
      "64 slots of 8192 tokens need a 11.2 GiB KV cache, more than node 'small-box' can hold"),
 ])
@@ -164,3 +165,19 @@ def test_engine_settings_that_cannot_work_are_refused_before_anything_starts(dev
 
     assert response.status_code == 400
     assert message in response.json()["error"]["message"]
+
+
+def test_the_engines_prompt_cache_in_memory_is_bounded_unless_the_deployment_says_otherwise(tmp_path):
+    from serving.engines.base import Listen
+    from serving.engines.llamacpp import DEFAULT_PROMPT_CACHE_MIB, LlamaCppEngine
+
+    model = register_presets(lambda line: None)[SMOLLM2]
+    listen = Listen(host="127.0.0.1", port=1, key_file=tmp_path / "key")
+
+    def cache_ram(settings: dict) -> str:
+        argv = LlamaCppEngine().launch_spec(model=model, settings=settings, served_name=SMOLLM2, listen=listen).argv
+        return argv[argv.index("--cache-ram") + 1]
+
+    # llama-server's own default lets a replica grow by up to 8 GiB of cached prompts.
+    assert cache_ram({}) == str(DEFAULT_PROMPT_CACHE_MIB) == "256"
+    assert cache_ram({"prompt_cache_mib": 0}) == "0" and cache_ram({"prompt_cache_mib": 1024}) == "1024"
