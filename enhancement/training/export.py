@@ -108,8 +108,9 @@ def int8_weights(run, source: Path, out: Path) -> None:
     is served with."""
     import torch
     from torchao.quantization import Int8WeightOnlyConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TorchAoConfig
+    from transformers import AutoModelForCausalLM, TorchAoConfig
 
+    from enhancement.training.data import load_tokenizer
     from enhancement.training.run import load_base
 
     plain = source
@@ -119,9 +120,8 @@ def int8_weights(run, source: Path, out: Path) -> None:
         plain = run.dir / "int8-source"
         if not (plain / "config.json").exists():
             load_base({"base_path": str(source)}, torch.float32).save_pretrained(plain)
-    tokenizer_from = Path(run.spec.get("tokenizer_path") or source)
-    tokenizer = (AutoTokenizer.from_pretrained(str(tokenizer_from.parent), gguf_file=tokenizer_from.name)
-                 if tokenizer_from.is_file() else AutoTokenizer.from_pretrained(str(tokenizer_from)))
+    # The run's tokenizer; training renders with the same served template, so setting it here changes nothing else.
+    tokenizer = load_tokenizer(run.spec.get("tokenizer_path") or str(source))
     if run.spec.get("chat_template"):
         tokenizer.chat_template = run.spec["chat_template"]
     model = AutoModelForCausalLM.from_pretrained(str(plain), dtype=torch.float32,
@@ -161,7 +161,7 @@ def export(run, source: Path) -> list[dict]:
             convert(source, f16, base_gguf=spec.get("base_gguf", ""), chat_template=spec.get("chat_template", ""))
         start, requantize = f16, False
         if "f16" in gguf_wanted:
-            outputs.append({"quantization": "f16", "path": str(f16), "size_bytes": f16.stat().st_size})
+            outputs.append({"quantization": "f16", "path": str(f16), "size_bytes": size_on_disk(f16)})
     else:
         start, requantize = source, spec.get("base_quantization", "").upper() not in ("", "F16", "F32", "BF16")
     for kind in gguf_wanted:
@@ -171,5 +171,5 @@ def export(run, source: Path) -> list[dict]:
         if not target.exists():
             run.status("quantize", f"Quantizing to {GGUF_TYPES[kind]}")
             quantize(start, target, kind, requantize=requantize)
-        outputs.append({"quantization": kind, "path": str(target), "size_bytes": target.stat().st_size})
+        outputs.append({"quantization": kind, "path": str(target), "size_bytes": size_on_disk(target)})
     return outputs
