@@ -124,6 +124,8 @@ def run(docs: int, workers: int, html: bool, words: int, timeout_min: float) -> 
                                      f"by a Celery worker of {workers} pool processes, beside the node worker and "
                                      f"beat (private Redis and data dir); default chunking, local all-MiniLM-L6-v2.")
     actor, workspace = bench_workspace()
+    # A bench stopped with TERM (not only Ctrl-C) still stops the workers, beat and Redis it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     platform = Platform(workers)
     try:
         kb = services.create_knowledge_base(actor=actor, workspace=workspace, name="corpus")
