@@ -1,5 +1,6 @@
 """RAG Studio on the real platform: ingestion on Celery workers (one of them killed mid-way), and RAG answers,
-generated eval sets and eval runs with SmolLM2 through the gateway."""
+cited answers with SmolLM2 through the gateway. The LLM eval story (generated sets, runs, a judge) runs once, in
+the browser tour (tests/e2e/test_rag.py)."""
 
 import hashlib
 import os
@@ -14,8 +15,7 @@ from django.utils import timezone
 
 from accounts.services import Actor, create_workspace
 from rag_studio import files, selectors, services
-from rag_studio.evals import evaluation
-from rag_studio.models import Document, DocumentStatus, EvalRun, EvalSet, JobStatus, Stage
+from rag_studio.models import Document, DocumentStatus, Stage
 from rag_studio.pipeline import ingestion
 from rag_studio.search.index_store import store_for
 from rag_studio.search.retrieval import retrieve
@@ -151,34 +151,3 @@ def test_the_run_api_answers_over_http_while_the_same_process_serves_the_gateway
     body = response.json()
     assert body["answer"].strip() and body["version"] == 1
     assert body["citations"][0]["document"] == "northwind-product-guide.docx"
-
-
-@pytest.mark.timeout(900)  # three jobs of SmolLM2 calls on a shared 2-core machine
-def test_an_eval_set_is_generated_from_the_corpus_and_two_configs_are_compared(platform, northwind, live_db):
-    actor, kb = platform["actor"], northwind["kb"]
-    generated = evaluation.start_generation(actor=actor, kb=kb, name="From the corpus", generator=SMOLLM2, count=4)
-    wait_for(lambda: EvalSet.objects.get(pk=generated.pk).status in (JobStatus.DONE, JobStatus.FAILED),
-             timeout=300, what="the eval set to be generated")
-    generated.refresh_from_db()
-    assert generated.status == JobStatus.DONE, generated.error
-    items = list(generated.items.all())
-    # Held to a JSON schema, even a 135M model's every reply parses.
-    assert len(items) == 4 and generated.error == "", generated.error
-    assert all(i.source_chunk_id and f"chunk:{i.source_chunk_id}" in i.expected_sources for i in items)
-
-    keyword = services.save_rag_config(actor=actor, workspace=platform["workspace"], name="Keyword only",
-                                       knowledge_base=kb, template="basic", model=SMOLLM2,
-                                       retrieval={"mode": "keyword"}, generation={"max_tokens": 48})
-    runs = [evaluation.start_run(actor=actor, eval_set=generated, version=selectors.config_version(config),
-                                 judge=SMOLLM2 if config == keyword else "")
-            for config in (northwind["config"], keyword)]
-    for run in runs:
-        wait_for(lambda: EvalRun.objects.get(pk=run.pk).status in (JobStatus.DONE, JobStatus.FAILED),
-                 timeout=300, what=f"eval run {run.pk}")
-        run.refresh_from_db()
-        assert run.status == JobStatus.DONE, run.error
-        assert {"hit@k", "recall@k", "mrr", "ndcg@k", "token_f1"} <= set(run.metrics)
-        assert run.results.count() == len(items)
-    judged = runs[1]
-    judged_items = judged.metrics.get("faithfulness", {}).get("n", 0) + judged.judge_unparseable
-    assert judged_items >= len(items), "every judge output is either scored or counted as unparseable"
