@@ -76,6 +76,7 @@ def test_sequence_distillation_trains_the_student_on_the_teacher_deployments_ans
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_int8_quantization_makes_hugging_face_weights_measured_through_transformers(tuner, celery_worker_process):
     answer = tuner.post("/api/enhancement/jobs/quantize/", {
         "name": "int8", "base_model": "smollm2-135m-instruct", "quantizations": ["int8"],

@@ -15,7 +15,7 @@ from enhancement.runner import run_dir
 from tests.conftest import platform_env, wait_for
 from tests.enhancement.conftest import finished, node_worker
 
-pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 HEAD, OTHER = "ray-head-node", "ray-other-node"
 
 
