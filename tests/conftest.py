@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKER_NODE = "pytest-node"
 # What the tests' Prometheus brings to the web process's /metrics.
 METRICS_TOKEN = "pytest-metrics-token"
+# Where tests without real workers send tasks (see in_process_tasks_stay_unread).
+UNREAD_QUEUE = "pytest-unread"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -54,6 +56,23 @@ def _serving_events(django_db_blocker) -> str:
             return f"(could not be read: {exc})"
     return "\n".join(f"{e.at:%H:%M:%S.%f} {e.deployment.name} replica {e.replica_id}: {e.from_state} -> "
                      f"{e.to_state} {e.message}" for e in reversed(events))
+
+
+@pytest.fixture(autouse=True)
+def in_process_tasks_stay_unread(request, monkeypatch):
+    """A test without real workers (not marked `worker`) runs its tasks itself, so whatever it dispatches (a
+    transactional test's on-commit, a request to live_server) goes to a queue no worker reads: the session's worker,
+    started by an earlier live module, must never take up another test's document or run behind its back."""
+    if request.node.get_closest_marker("worker"):
+        return
+    from celery import Celery
+
+    send_task = Celery.send_task
+
+    def to_unread_queue(app, name, args=None, kwargs=None, **options):
+        return send_task(app, name, args, kwargs, **{**options, "queue": UNREAD_QUEUE})
+
+    monkeypatch.setattr(Celery, "send_task", to_unread_queue)
 
 
 @pytest.fixture(scope="session")

@@ -74,15 +74,10 @@ def call(tool: str, /, **arguments) -> AIMessage:
 
 
 @pytest.fixture
-def unread_agent_queue(settings):
-    """Runs queued here are run inline by the test (run_inline), so their messages go to a queue no worker reads.
-    Tools run in LangGraph's thread pool, whose database connections must see committed rows, so these tests use
-    transactional databases, where a dispatch happens for real."""
-    settings.AGENT_QUEUE = "pytest-unread"
-
-
-@pytest.fixture
-def chat_deployment(transactional_db, unread_agent_queue):
+def chat_deployment(transactional_db):
+    """Runs are run inline by the tests (run_inline): their queued messages go where no worker reads
+    (tests/conftest.py). Tools run in LangGraph's thread pool, whose database connections must see committed rows,
+    so these tests use transactional databases, where a dispatch happens for real."""
     node = register_node(name=WORKER_NODE, resources=inventory.probe())
     locate, role, _template = presets.PRESETS[presets.SMOLLM2]
     model = register_model(actor=SYSTEM, workspace=None, name=MODEL, path=str(locate()), role_hint=role)
