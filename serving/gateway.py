@@ -214,7 +214,7 @@ async def _resolve(body: dict, caller: Caller) -> Target | GroupTarget:
     return target
 
 
-async def _wait_while_starting(target: Target) -> Target:
+async def wait_while_starting(target: Target) -> Target:
     """A deployment whose replicas are starting (the first start, or a restart after its engine died) holds the
     request for up to GATEWAY_START_WAIT_S rather than failing it, as Knative's activator does: a replica that
     crashed mid-conversation costs the caller a pause, not an error. Past the wait: 503 with Retry-After."""
@@ -457,7 +457,7 @@ async def serve(endpoint: str, *, method: str, content: bytes, caller: Caller,
             check_group_capability(target, capability)
             return await serve_group(target, endpoint=endpoint, body=body, caller=caller, timing=timing,
                                      request_id=request_id)
-        target = await _wait_while_starting(target)
+        target = await wait_while_starting(target)
         check_usable(target, capability)
         return await serve_target(target, endpoint=endpoint, body=body, content=content, caller=caller,
                                   timing=timing, request_id=request_id)

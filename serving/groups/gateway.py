@@ -9,7 +9,8 @@
 - speculative: one deployment of the big model that decodes with the draft; relayed as it is.
 
 A member that is not ready, or that no replica of can take the request before anything reached the client, is
-replaced by the other member: the request still answers, and its GroupRequest records the fallback. A member that
+replaced by the other member: the request still answers, and its GroupRequest records the fallback. The member
+asked last (the fallback, or the only member) is waited for while it starts, as a deployment is. A member that
 fails mid-stream ends the stream with an error event, as any deployment's does: text already sent cannot be taken
 back.
 """
@@ -36,19 +37,23 @@ from serving.gateway import (
     record_request,
     record_whole,
     serve_target,
+    wait_while_starting,
 )
 from serving.groups import classifier, policies
 from serving.models import GroupMember, GroupPolicy, ToolStrategy
 from serving.router import GroupTarget, Target, router
 
 
-async def _member(group: GroupTarget, member: str, capability: str) -> Target:
-    """The member's deployment, ready for this endpoint, or the GatewayError that says why not."""
+async def _member(group: GroupTarget, member: str, capability: str, *, wait: bool = False) -> Target:
+    """The member's deployment, ready for this endpoint, or the GatewayError that says why not. With `wait`, a
+    member that is (re)starting is waited for (the gateway's start wait) rather than refused."""
     name = group.members.get(member)
     target = await router.resolve(name) if name else None
     if not isinstance(target, Target):
         raise GatewayError(409, f"The model group '{group.name}' has no {member} member that serves.",
                            code="model_not_ready", param="model")
+    if wait:
+        target = await wait_while_starting(target)
     return check_usable(target, capability)
 
 
@@ -67,17 +72,18 @@ async def _serve_member(group: GroupTarget, member: str, note: GroupNote, *, end
     the note says so."""
     capability = ENDPOINTS[endpoint]
     content = json.dumps(body).encode()
+    other = _other(member)
+    has_other = other in group.members
     try:
-        target = await _member(group, member, capability)
+        target = await _member(group, member, capability, wait=not has_other)
         return await serve_target(target, endpoint=endpoint, body=body, content=content, caller=caller,
                                   timing=timing, request_id=request_id, note=note)
     except GatewayError as exc:
-        other = _other(member)
-        if other not in group.members or exc.status not in (409, 503):
+        if not has_other or exc.status not in (409, 503):
             raise
         note.member = other
         note.fallback = f"the {member} member could not answer ({exc.message}); the {other} member answered"
-        target = await _member(group, other, capability)
+        target = await _member(group, other, capability, wait=True)
         return await serve_target(target, endpoint=endpoint, body=body, content=content, caller=caller,
                                   timing=timing, request_id=request_id, note=note)
 

@@ -19,7 +19,8 @@ from cluster.models import Node
 from factory.asgi import application as factory_application
 from serving import gateway, services
 from serving.gateway_asgi import app
-from serving.models import Deployment, Replica, RequestRecord, ServingState
+from serving.groups import services as group_services
+from serving.models import Deployment, GroupRequest, Replica, RequestRecord, ServingState
 from serving.router import TABLE_TTL_S
 from tests.conftest import free_port, local_http_server
 
@@ -274,6 +275,29 @@ def test_a_deployment_still_starting_after_the_wait_is_503_with_retry_after(depl
                        content=json.dumps(_chat(deployment.name)).encode())
     assert refused.status_code == 503 and _error_code(refused) == "model_starting"
     assert int(refused.headers["Retry-After"]) > 0 and "still starting" in refused.json()["error"]["message"]
+
+
+def test_a_group_whose_members_are_both_restarting_waits_for_one_instead_of_failing(deploy, api_key, workspace):
+    big, small = deploy(), deploy()
+    owner = Actor(user=workspace.memberships.get().user)
+    group = group_services.create_group(actor=owner, workspace=workspace, name="pair", policy="cascade", big=big,
+                                        small=small)
+    for member in (big, small):
+        _set_state(member, ServingState.STARTING)
+    content = json.dumps(_chat(group.name, stream=False)).encode()
+
+    async def ask_while_they_restart() -> httpx.Response:
+        asked = asyncio.create_task(_request("POST", "/v1/chat/completions", key=api_key, content=content))
+        await asyncio.sleep(TABLE_TTL_S * 2)
+        assert not asked.done()
+        await sync_to_async(_set_state)(small, ServingState.READY)
+        answered, _ = await asked
+        return answered
+
+    answered = asyncio.run(ask_while_they_restart())
+    assert answered.status_code == 200 and answered.json()["choices"][0]["message"]["content"]
+    note = GroupRequest.objects.get(request_id=answered.headers["X-Request-Id"])
+    assert note.member == "small" and "big member could not answer" in note.fallback
 
 
 def test_a_stream_is_relayed_byte_for_byte_and_recorded(deploy, api_key, workspace):
