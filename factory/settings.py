@@ -349,5 +349,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("FACTORY_LOG_LEVEL", "INFO")},
-    "loggers": {"httpx": {"level": "WARNING"}},
+    "loggers": {
+        "httpx": {"level": "WARNING"},
+        # transformers imports torchao (int8 exports) on every model load; without these, each process that loads a
+        # model logs torchao's missing CUDA kernels and torch's pytree deprecations, which say nothing on a CPU node.
+        "torchao": {"level": "ERROR"},
+        "torch.utils._pytree": {"level": "ERROR"},
+    },
 }
