@@ -215,6 +215,11 @@ def _sample(samples: list[tuple[float, dict]], stop: threading.Event, started: f
             return
 
 
+def _growth(before: int, after: int) -> float:
+    """Percent growth from `before` to `after` (0 for a process that was not there before)."""
+    return 100 * (after - before) / before if before else 0.0
+
+
 def report(tally: Tally, samples: list[tuple[float, dict]], warmup_s: float, documents: dict) -> bool:
     print(f"{'load':<10}{'requests':>10}{'errors':>8}{'p50 ms':>10}{'p95 ms':>10}")
     errors = 0
@@ -241,15 +246,13 @@ def report(tally: Tally, samples: list[tuple[float, dict]], warmup_s: float, doc
     for name in sorted(set(first) | set(last)):
         start, half, end = first.get(name, 0), middle.get(name, 0), last.get(name, 0)
         peak = max(sample.get(name, 0) for sample in after)
-        growth = 100 * (end - start) / start if start else 0.0
-        second_half = 100 * (end - half) / half if half else 0.0
-        growths.append(growth)
+        growths.append(_growth(start, end))
         print(f"  {name:<34}{start / 2**20:>9.0f}{half / 2**20:>9.0f}{end / 2**20:>9.0f}{peak / 2**20:>9.0f}"
-              f"   {growth:+.1f}%  {second_half:+.1f}%")
+              f"   {growths[-1]:+.1f}%  {_growth(half, end):+.1f}%")
     total_start, total_half, total_end = sum(first.values()), sum(middle.values()), sum(last.values())
-    total_growth = 100 * (total_end - total_start) / total_start
+    total_growth = _growth(total_start, total_end)
     print(f"  {'total':<34}{total_start / 2**20:>9.0f}{total_half / 2**20:>9.0f}{total_end / 2**20:>9.0f}{'':>9}"
-          f"   {total_growth:+.1f}%  {100 * (total_end - total_half) / total_half:+.1f}%")
+          f"   {total_growth:+.1f}%  {_growth(total_half, total_end):+.1f}%")
     met = errors == 0 and max([total_growth, *growths]) < TARGET_GROWTH_PERCENT
     print(f"Targets: 0 errors ({errors}), memory growth < {TARGET_GROWTH_PERCENT:.0f}% after warm-up "
           f"(largest {max([total_growth, *growths]):+.1f}%): {'met' if met else 'MISSED'}")
