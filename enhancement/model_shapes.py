@@ -2,13 +2,11 @@
 its Hugging Face config, and whether the platform can train it at all."""
 
 import json
-from functools import lru_cache
 from pathlib import Path
-
-from gguf import GGUFReader
 
 from accounts.errors import ValidationFailed
 from enhancement.planner import ModelShape
+from serving.gguf_info import read_header, read_tokens
 from serving.models import Model, ModelKind
 
 
@@ -24,33 +22,26 @@ def trainable_problem(model: Model) -> str:
     return ""
 
 
-def _field(reader: GGUFReader, key: str):
-    field = reader.fields.get(key)
-    return field.contents() if field is not None else None
-
-
-@lru_cache(maxsize=16)
-def _gguf_shape(path: str, modified_ns: int, parameters: int) -> ModelShape:
-    reader = GGUFReader(path)
-    arch = _field(reader, "general.architecture")
-    heads = _field(reader, f"{arch}.attention.head_count")
-    kv_heads = _field(reader, f"{arch}.attention.head_count_kv") or heads
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
+def _gguf_shape(path: Path, parameters: int) -> ModelShape:
+    fields = read_header(path).fields
+    arch = fields.get("general.architecture")
+    heads = fields.get(f"{arch}.attention.head_count")
+    kv_heads = fields.get(f"{arch}.attention.head_count_kv") or heads
     return ModelShape(
-        parameters=parameters, layers=_field(reader, f"{arch}.block_count"),
-        hidden_size=_field(reader, f"{arch}.embedding_length"),
+        parameters=parameters, layers=fields.get(f"{arch}.block_count"),
+        hidden_size=fields.get(f"{arch}.embedding_length"),
         attention_heads=heads if isinstance(heads, int) else max(heads),
         kv_heads=kv_heads if isinstance(kv_heads, int) else max(kv_heads),
-        vocab_size=len(tokens.data) if tokens is not None else 0,
-        intermediate_size=_field(reader, f"{arch}.feed_forward_length") or 0,
-        head_dim=_field(reader, f"{arch}.attention.key_length") or 0)
+        vocab_size=len(fields.get("tokenizer.ggml.tokens") or ()),
+        intermediate_size=fields.get(f"{arch}.feed_forward_length") or 0,
+        head_dim=fields.get(f"{arch}.attention.key_length") or 0)
 
 
 def model_shape(model: Model) -> ModelShape:
     path = Path(model.path)
     try:
         if model.kind == ModelKind.GGUF:
-            return _gguf_shape(str(path), path.stat().st_mtime_ns, model.parameter_count or 0)
+            return _gguf_shape(path, model.parameter_count or 0)
         config = json.loads((path / "config.json").read_text())
         config = config.get("text_config", config)
         hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
@@ -67,19 +58,13 @@ def model_shape(model: Model) -> ModelShape:
                                fields={"base_model": ["Unreadable architecture."]})
 
 
-@lru_cache(maxsize=16)
-def _gguf_tokens(path: str, modified_ns: int) -> tuple[str, ...]:
-    tokens = GGUFReader(path).fields.get("tokenizer.ggml.tokens")
-    return tuple(tokens.contents()) if tokens is not None else ()
-
-
 def model_vocabulary(model: Model) -> tuple[str, ...]:
     """The model's tokens in id order (from its GGUF, or its Hugging Face tokenizer): two models read text alike
     when these are equal."""
     path = Path(model.path)
     try:
         if model.kind == ModelKind.GGUF:
-            return _gguf_tokens(str(path), path.stat().st_mtime_ns)
+            return tuple(token.decode("utf-8", errors="replace") for token in read_tokens(path))
         from transformers import AutoTokenizer
 
         vocabulary = AutoTokenizer.from_pretrained(str(path)).get_vocab()

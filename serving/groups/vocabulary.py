@@ -4,10 +4,9 @@ anything starts. llama-server itself only logs an incompatible draft and serves 
 the pair up front, with the reason, instead of starting a deployment that silently does not speculate."""
 
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
-from gguf import GGUFReader
+from serving.gguf_info import read_header, read_tokens
 
 # llama.cpp's own tolerances: vocabulary sizes may differ by this many tokens, and the first few ids (special
 # tokens) are not compared.
@@ -25,31 +24,12 @@ class Vocabulary:
     add_eos: bool
 
 
-def _field(reader: GGUFReader, key: str):
-    field = reader.fields.get(key)
-    return field.contents() if field is not None else None
-
-
-def _tokens(reader: GGUFReader) -> tuple[bytes, ...]:
-    # As raw bytes: decoding a 262k-token vocabulary into str (the reader's contents()) takes seconds.
-    field = reader.fields.get("tokenizer.ggml.tokens")
-    return tuple(bytes(field.parts[index]) for index in field.data) if field is not None else ()
-
-
-# Opening a GGUF parses every field (seconds for a large vocabulary); a file is read again only when it changes.
-@lru_cache(maxsize=4)
-def _read(location: str, size: int, modified_ns: int) -> Vocabulary:
-    reader = GGUFReader(location)
-    return Vocabulary(kind=_field(reader, "tokenizer.ggml.model") or "", tokens=_tokens(reader),
-                      bos=_field(reader, "tokenizer.ggml.bos_token_id"),
-                      eos=_field(reader, "tokenizer.ggml.eos_token_id"),
-                      add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token")),
-                      add_eos=bool(_field(reader, "tokenizer.ggml.add_eos_token")))
-
-
 def read_vocabulary(path: str) -> Vocabulary:
-    stat = Path(path).stat()
-    return _read(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+    fields = read_header(Path(path)).fields
+    return Vocabulary(kind=fields.get("tokenizer.ggml.model") or "", tokens=read_tokens(Path(path)),
+                      bos=fields.get("tokenizer.ggml.bos_token_id"), eos=fields.get("tokenizer.ggml.eos_token_id"),
+                      add_bos=bool(fields.get("tokenizer.ggml.add_bos_token")),
+                      add_eos=bool(fields.get("tokenizer.ggml.add_eos_token")))
 
 
 def draft_incompatibility(big_path: str, draft_path: str) -> str:
