@@ -33,6 +33,8 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from enhancement.training import LOGGERS_QUIET_ON_CPU
+
 # Before torch is first imported by any process of the platform (and inherited by the engines it starts): OpenMP
 # threads that sleep when idle instead of spinning. On a small CPU, torch's spinning threads (query embedding)
 # and numpy's BLAS threads (dense search) otherwise take turns stealing each other's cores: hybrid retrieval p95
@@ -351,9 +353,6 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("FACTORY_LOG_LEVEL", "INFO")},
     "loggers": {
         "httpx": {"level": "WARNING"},
-        # transformers imports torchao (int8 exports) on every model load; without these, each process that loads a
-        # model logs torchao's missing CUDA kernels and torch's pytree deprecations, which say nothing on a CPU node.
-        "torchao": {"level": "ERROR"},
-        "torch.utils._pytree": {"level": "ERROR"},
+        **{name: {"level": "ERROR"} for name in LOGGERS_QUIET_ON_CPU},
     },
 }

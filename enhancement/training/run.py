@@ -23,6 +23,7 @@ inside Ray workers.
 import errno
 import fcntl
 import json
+import logging
 import math
 import os
 import shutil
@@ -30,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from enhancement.training import data
+from enhancement.training import LOGGERS_QUIET_ON_CPU, data
 
 LOCKED_EXIT = 75
 
@@ -346,6 +347,8 @@ def trained_source(run: Run, stop_after: str) -> Path | None:
 def main(argv: list[str]) -> int:
     from enhancement.training import distributed, evaluate, export, pruning
 
+    for name in LOGGERS_QUIET_ON_CPU:
+        logging.getLogger(name).setLevel(logging.ERROR)
     run_dir = Path(argv[1])
     lock = (run_dir / "lock").open("w")
     try:
