@@ -54,9 +54,11 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 _BLOCK = 1 << 20
 # Paths under the data dir that are not kept: the database itself (copied separately), what is only this
 # machine's or this moment's (engine logs, keys and PIDs, metrics, Redis, beat's schedule, scratch dirs), and
-# what is rebuilt from the rest (ingestion's intermediate files: a resumed document starts from its upload).
+# what is rebuilt from the rest (ingestion's intermediate files: a resumed document starts from its upload; GGUF
+# bases converted for training).
 EXCLUDED = ("db.sqlite3", "db.sqlite3-wal", "db.sqlite3-shm", "test_db.sqlite3", "test_db.sqlite3-wal",
-            "test_db.sqlite3-shm", "engines", "prometheus", "redis", "exports", "imports", "backups", "rag/work")
+            "test_db.sqlite3-shm", "engines", "prometheus", "redis", "exports", "imports", "backups", "rag/work",
+            "enhancement/bases")
 EXCLUDED_PREFIXES = ("celerybeat-schedule", ".restore-")
 # Made by any process at its start, so present in a data dir that holds nothing yet.
 MADE_AT_START = {"secret_key"}

@@ -18,6 +18,12 @@ def jobs_root() -> Path:
     return Path(settings.DATA_DIR) / "enhancement" / "jobs"
 
 
+def converted_bases_dir() -> Path:
+    """GGUF bases de-quantized into Hugging Face form, one directory per file version (training/bases.py): rebuilt
+    on demand, so backups leave them out."""
+    return Path(settings.DATA_DIR) / "enhancement" / "bases"
+
+
 def run_dir(job_id: int, created_at: datetime) -> Path:
     """Named by the job's id and creation time: a database restored or emptied reuses ids, and a new job must never
     find an older job's checkpoints or result as its own."""

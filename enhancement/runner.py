@@ -67,6 +67,7 @@ def build_spec(job: EnhancementJob, directory: Path) -> dict:
     spec = {
         "job": job.pk, "kind": job.kind, "method": job.method, "hyperparameters": job.hyperparameters,
         "base_path": base.path, "base_gguf": base.path if is_gguf else "",
+        "converted_bases_dir": str(files.converted_bases_dir()),
         "base_quantization": base.quantization if is_gguf else "", "chat_template": base.chat_template,
         "tokenizer_path": base.path, "quantizations": job.quantizations, "compression": job.compression,
         "dataset_path": str(files.dataset_path(job.dataset_sha256)) if job.dataset_sha256 else "",

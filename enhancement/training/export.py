@@ -110,8 +110,8 @@ def int8_weights(run, source: Path, out: Path) -> None:
     from torchao.quantization import Int8WeightOnlyConfig
     from transformers import AutoModelForCausalLM, TorchAoConfig
 
+    from enhancement.training.bases import load_base
     from enhancement.training.data import load_tokenizer
-    from enhancement.training.run import load_base
 
     plain = source
     if not source.is_dir():

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from enhancement.training import LOGGERS_QUIET_ON_CPU, data
+from enhancement.training.bases import base_location, load_base
 
 LOCKED_EXIT = 75
 
@@ -87,34 +88,6 @@ def latest_complete_checkpoint(checkpoints: Path) -> Path | None:
             continue
         found.append((step, candidate))
     return max(found)[1] if found else None
-
-
-def plain_copy(model, dtype):
-    """A model read from a GGUF keeps the file's quantization settings in its config (and transformers then
-    refuses to train or save it), though its weights are plain tensors: the same weights in a model built from a
-    clean config."""
-    from transformers import AutoModelForCausalLM
-
-    config = model.config
-    if getattr(config, "quantization_config", None) is None:
-        return model
-    del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    plain.load_state_dict(model.state_dict(), strict=False)
-    plain.tie_weights()
-    return plain
-
-
-def load_base(spec: dict, dtype=None):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    path = Path(spec["base_path"])
-    dtype = dtype or (torch.bfloat16 if torch.cuda.is_available() else torch.float32)
-    if path.is_file():
-        return plain_copy(AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype),
-                          dtype)
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
 
 
 def training_examples(run: Run, tokenizer) -> tuple[list[dict], list[dict]]:
@@ -225,7 +198,7 @@ def fit(run: Run, resume: Path | None) -> None:
     from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments
 
     hyper = run.hyper
-    tokenizer = data.load_tokenizer(run.spec["base_path"])
+    tokenizer = data.load_tokenizer(str(base_location(run.spec)))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     run.status("train", "Tokenizing the dataset")
@@ -262,7 +235,7 @@ def fit(run: Run, resume: Path | None) -> None:
         from enhancement.training.distill import distilling_trainer
 
         run.status("train", "Loading the teacher for logit distillation")
-        trainer_class = distilling_trainer(Trainer, load_base({"base_path": run.spec["teacher_path"]}),
+        trainer_class = distilling_trainer(Trainer, load_base(run.spec, key="teacher_path"),
                                            temperature=run.spec["kd"]["temperature"], alpha=run.spec["kd"]["alpha"])
     trainer = trainer_class(model=model, args=args, train_dataset=train_set, eval_dataset=validation_set or None,
                             data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True,
@@ -280,7 +253,7 @@ def fit(run: Run, resume: Path | None) -> None:
 
 def save_plain(run: Run, model, target: Path) -> None:
     """`model` as a plain Hugging Face directory with the tokenizer and the served chat template, written whole."""
-    tokenizer = data.load_tokenizer(run.spec["base_path"])
+    tokenizer = data.load_tokenizer(str(base_location(run.spec)))
     if run.spec.get("chat_template"):
         tokenizer.chat_template = run.spec["chat_template"]
     partial = target.with_name(f".{target.name}.partial")

@@ -10,6 +10,7 @@ from celery import current_app
 
 from cluster import inventory
 from cluster.services import register_node
+from enhancement.files import converted_bases_dir
 from enhancement.models import EnhancementJob, MetricSample
 from enhancement.runner import is_running, run_dir
 from serving.engines import process
@@ -68,6 +69,8 @@ def test_a_job_killed_with_its_worker_resumes_from_its_checkpoint_and_trains_eac
     assert samples.exclude(train_loss=None).count() == 8
     assert samples.exclude(validation_loss=None).exists()
     assert samples.filter(step=8).values_list("tokens_per_s", flat=True)[0] > 0
+    # The GGUF base was de-quantized once, for training, the resumed training and the merge alike.
+    assert len(list(converted_bases_dir().iterdir())) == 1
 
     detail = tuner.get(f"/api/enhancement/jobs/{job.pk}/").json()
     assert [o["name"] for o in detail["outputs"]] == [f"tune-{KILL_NODE}-q8-0"]

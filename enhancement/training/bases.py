@@ -1,0 +1,88 @@
+"""Loading a job's base model. A GGUF base is de-quantized into a Hugging Face directory (weights, config and
+tokenizer) once per file version, under the node's `converted_bases_dir` (the spec names it): transformers takes
+15-20 s to read a GGUF (it de-quantizes every tensor in Python and rebuilds the tokenizer from the vocabulary), which
+a job would otherwise pay when it trains, again when it resumes and again when it merges; the directory loads in
+about a second."""
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+
+def plain_copy(model, dtype):
+    """A model read from a GGUF keeps the file's quantization settings in its config (and transformers then
+    refuses to train or save it), though its weights are plain tensors: the same weights in a model built from a
+    clean config."""
+    from transformers import AutoModelForCausalLM
+
+    config = model.config
+    if getattr(config, "quantization_config", None) is None:
+        return model
+    del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    plain.load_state_dict(model.state_dict(), strict=False)
+    plain.tie_weights()
+    return plain
+
+
+def _read_gguf(path: Path, dtype):
+    from transformers import AutoModelForCausalLM
+
+    return plain_copy(AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype), dtype)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def converted(gguf: Path, bases_dir: Path) -> Path:
+    """The GGUF base as a Hugging Face directory, converted now if no job on this node did it before. Written to a
+    scratch directory and renamed into place, so a job killed meanwhile leaves nothing a later job would trust; two
+    jobs converting the same file at once both succeed, and one copy stays."""
+    import torch
+    from transformers import AutoTokenizer
+
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:32]
+    target = bases_dir / key
+    if target.is_dir():
+        return target
+    bases_dir.mkdir(parents=True, exist_ok=True)
+    for stale in bases_dir.glob(f".{key}-*"):
+        if not _alive(int(stale.name.rsplit("-", 1)[1])):
+            shutil.rmtree(stale, ignore_errors=True)
+    scratch = bases_dir / f".{key}-{os.getpid()}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    _read_gguf(gguf, torch.float32).save_pretrained(scratch)
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(scratch)
+    try:
+        scratch.rename(target)
+    except OSError:  # converted by another job meanwhile
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def base_location(spec: dict, key: str = "base_path") -> Path:
+    """Where the model at `spec[key]` loads from: a GGUF in its converted form when the spec names where those go."""
+    path = Path(spec[key])
+    if path.is_file() and spec.get("converted_bases_dir"):
+        return converted(path, Path(spec["converted_bases_dir"]))
+    return path
+
+
+def load_base(spec: dict, dtype=None, key: str = "base_path"):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = dtype or (torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+    path = base_location(spec, key)
+    if path.is_file():
+        return _read_gguf(path, dtype)
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
