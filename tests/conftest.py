@@ -38,7 +38,10 @@ settings.PASSWORD_HASHERS = [f"{__name__}.OneRoundPBKDF2PasswordHasher", *(
 
 def pytest_collection_modifyitems(config, items):
     """`make test` leaves out the tests marked slow (FACTORY_TEST_SLOW=1, as `make test-all` sets it, keeps them),
-    except those whose file or node id is named on the command line."""
+    except those whose file or node id is named on the command line. The tests on the shared SmolLM2 engine run
+    last, together, so that no other test finds it (see `shared_smollm2`)."""
+    # A stable sort: each group keeps its order.
+    items.sort(key=lambda item: "shared_smollm2" in item.fixturenames)
     if os.environ.get("FACTORY_TEST_SLOW") == "1" or config.getoption("markexpr"):
         return
     named = [arg for arg in config.args if arg.split("::")[0].endswith(".py")]
@@ -278,8 +281,19 @@ def live_db(django_db_blocker):
         yield
 
 
+@pytest.fixture(scope="session")
+def shared_smollm2(celery_worker_process, web_server, django_db_blocker):
+    """One SmolLM2 engine for every test that asks for this: their fixtures deploy it with `deploy_presets`,
+    which finds it already serving after the first, and clean up with `stop_engines_and_flush(keep=SMOLLM2)`.
+    They run last (see pytest_collection_modifyitems), and the engine is stopped when the session ends."""
+    yield
+    with django_db_blocker.unblock():
+        stop_engines_and_flush()
+
+
 def deploy_presets(replicas: dict[str, int], *, cooldown_s: float = 30.0) -> None:
-    """Register the preset models, start `replicas` of each named one on the test node, and wait until ready."""
+    """Register the preset models, start `replicas` of each named one on the test node, and wait until ready. A
+    deployment left serving by an earlier module (`stop_engines_and_flush(keep=...)`) is used as it is."""
     from cluster import inventory
     from cluster.services import register_node
     from serving import services as serving_services
@@ -289,13 +303,15 @@ def deploy_presets(replicas: dict[str, int], *, cooldown_s: float = 30.0) -> Non
     node = register_node(name=WORKER_NODE, resources=inventory.probe())
     models = register_presets(lambda line: None)
     for name, count in replicas.items():
+        if Deployment.objects.filter(workspace=None, name=name).exists():
+            continue
         deployment = serving_services.create_deployment(actor=services.SYSTEM, workspace=None, model=models[name],
                                                         name=name, replicas=[(node, 1.0)] * count,
                                                         cooldown_s=cooldown_s)
         serving_services.start_deployment(actor=services.SYSTEM, deployment=deployment)
 
     def ready(name: str) -> bool:
-        deployment = Deployment.objects.get(name=name)
+        deployment = Deployment.objects.get(workspace=None, name=name)
         if deployment.state == ServingState.FAILED:
             pytest.fail(f"{name} failed: {deployment.replicas.first().last_error}")
         return deployment.state == ServingState.READY
@@ -304,8 +320,9 @@ def deploy_presets(replicas: dict[str, int], *, cooldown_s: float = 30.0) -> Non
         wait_for(lambda: ready(name), timeout=180, what=f"{name} to be ready")
 
 
-def stop_engines_and_flush() -> None:
-    """Stop every engine process the tests started and empty the database for the next module.
+def stop_engines_and_flush(*, keep: str = "") -> None:
+    """Stop every engine process the tests started and empty the database for the next module; `keep` names a
+    shared deployment to leave serving, with the rows it stands on (its model, replicas, their nodes and devices).
 
     Unlike `manage.py flush`, ids are not reset: as in production, an id is never given twice, so a task message
     or a worker still busy with the last module's rows can never act on the next module's (a job, a replica or a
@@ -314,13 +331,31 @@ def stop_engines_and_flush() -> None:
     from django.core.management.color import no_style
     from django.db import connection
 
+    from cluster.models import Device, Node
     from serving.engines import process
-    from serving.models import Replica
+    from serving.models import Deployment, Model, Replica
 
-    for replica in Replica.objects.exclude(pid=None):
+    replicas = list(Replica.objects.filter(deployment__workspace=None, deployment__name=keep).select_related(
+        "deployment"))
+    kept = {Replica: {r.pk for r in replicas}, Deployment: {r.deployment_id for r in replicas},
+            Model: {r.deployment.model_id for r in replicas}, Node: {r.node_id for r in replicas},
+            Device: set(Device.objects.filter(node__in={r.node_id for r in replicas}).values_list("pk", flat=True))}
+    for replica in Replica.objects.exclude(pid=None).exclude(pk__in=kept[Replica]):
         process.terminate(replica.pid)
-    kept = {"django_content_type", "auth_permission"}
     tables = [name for name in connection.introspection.django_table_names(only_existing=True, include_views=False)
-              if name not in kept]
-    connection.ops.execute_sql_flush(connection.ops.sql_flush(no_style(), tables, reset_sequences=False,
-                                                              allow_cascade=True))
+              if name not in {"django_content_type", "auth_permission"}]
+    if not replicas:
+        connection.ops.execute_sql_flush(connection.ops.sql_flush(no_style(), tables, reset_sequences=False,
+                                                                  allow_cascade=True))
+        return
+    # One transaction of plain deletes: foreign keys are checked at its end, when the kept rows refer only to
+    # each other (sql_flush's cascade would empty the kept tables too, as they refer to workspaces).
+    quote = connection.ops.quote_name
+    statements = []
+    for table in tables:
+        model = next((model for model in kept if model._meta.db_table == table), None)
+        condition = ""
+        if model is not None and kept[model]:
+            condition = f" WHERE {quote(model._meta.pk.column)} NOT IN ({', '.join(map(str, kept[model]))})"
+        statements.append(f"DELETE FROM {quote(table)}{condition}")
+    connection.ops.execute_sql_flush(statements)

@@ -26,7 +26,7 @@ QUESTION = "How many words are in the text 'apples bananas cherries dates'? Use 
 
 
 @pytest.fixture(scope="module")
-def platform(celery_worker_process, web_server, django_db_blocker):
+def platform(shared_smollm2, celery_worker_process, web_server, django_db_blocker):
     with django_db_blocker.unblock():
         deploy_presets({SMOLLM2: 1})
         owner = get_user_model().objects.create_user(username="agent-owner", password="x" * 12)
@@ -41,7 +41,7 @@ def platform(celery_worker_process, web_server, django_db_blocker):
                                               "generation": {"temperature": 0.0}})
         key = create_api_key(actor=actor, workspace=workspace, name="live").secret
         yield {"url": web_server, "actor": actor, "agent": agent, "tool": tool, "key": key}
-        stop_engines_and_flush()
+        stop_engines_and_flush(keep=SMOLLM2)
 
 
 def _events(url: str, key: str, run_id: str) -> list[tuple[str, dict]]:

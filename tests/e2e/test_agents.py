@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.worker]
 
 
 @pytest.fixture
-def platform(celery_worker_process, web_server, django_db_blocker):
+def platform(shared_smollm2, celery_worker_process, web_server, django_db_blocker):
     with django_db_blocker.unblock():
         deploy_presets({SMOLLM2: 1})
         ann = get_user_model().objects.create_user(username="ann", password="correct-horse-battery")
@@ -35,7 +35,7 @@ def platform(celery_worker_process, web_server, django_db_blocker):
         wait_for(lambda: kb.documents.filter(status=DocumentStatus.INDEXED).exists(), timeout=120,
                  what="the handbook to be indexed")
         yield web_server
-        stop_engines_and_flush()
+        stop_engines_and_flush(keep=SMOLLM2)
 
 
 def test_the_agent_studio_tour(platform, open_page):

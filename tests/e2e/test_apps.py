@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.worker]
 
 
 @pytest.fixture
-def platform(celery_worker_process, web_server, django_db_blocker):
+def platform(shared_smollm2, celery_worker_process, web_server, django_db_blocker):
     with django_db_blocker.unblock():
         deploy_presets({SMOLLM2: 1})
         ann = Actor(user=get_user_model().objects.create_user(username="ann", password="correct-horse-battery"))
@@ -34,7 +34,7 @@ def platform(celery_worker_process, web_server, django_db_blocker):
         rag_services.save_rag_config(actor=ann, workspace=workspace, name="Handbook", knowledge_base=kb,
                                      template="citations", model=SMOLLM2, generation={"max_tokens": 40})
         yield web_server
-        stop_engines_and_flush()
+        stop_engines_and_flush(keep=SMOLLM2)
 
 
 @pytest.fixture

@@ -17,13 +17,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.worker]
 
 
 @pytest.fixture
-def platform(celery_worker_process, web_server, django_db_blocker):
+def platform(shared_smollm2, celery_worker_process, web_server, django_db_blocker):
     with django_db_blocker.unblock():
         deploy_presets({SMOLLM2: 1})
         ann = get_user_model().objects.create_user(username="ann", password="correct-horse-battery")
         create_workspace(actor=Actor(user=ann), name="Acme")
         yield web_server
-        stop_engines_and_flush()
+        stop_engines_and_flush(keep=SMOLLM2)
 
 
 def _save_config(page, name: str, template: str, retrieval_mode: str | None = None):

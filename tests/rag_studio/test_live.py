@@ -28,13 +28,13 @@ pytestmark = pytest.mark.worker
 
 
 @pytest.fixture(scope="module")
-def platform(celery_worker_process, web_server, django_db_blocker):
+def platform(shared_smollm2, celery_worker_process, web_server, django_db_blocker):
     with django_db_blocker.unblock():
         deploy_presets({SMOLLM2: 1})
         owner = get_user_model().objects.create_user(username="rag-owner", password="x" * 12)
         workspace = create_workspace(actor=Actor(user=owner), name="Northwind")
         yield {"url": web_server, "workspace": workspace, "actor": Actor(user=owner)}
-        stop_engines_and_flush()
+        stop_engines_and_flush(keep=SMOLLM2)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ QUESTION = "How many words are in the text 'apples bananas cherries dates'? Use 
 
 
 @pytest.fixture(scope="module")
-def published(celery_worker_process, web_server, django_db_blocker):
+def published(shared_smollm2, celery_worker_process, web_server, django_db_blocker):
     with django_db_blocker.unblock():
         deploy_presets({SMOLLM2: 1})
         owner = get_user_model().objects.create_user(username="agent-publisher", password="x" * 12)
@@ -45,7 +45,7 @@ def published(celery_worker_process, web_server, django_db_blocker):
             apps[agent.name] = services.publish_app(actor=actor, agent=agent, slug=f"{agent.name}-app")
             keys[agent.name] = services.create_app_key(actor=actor, app=apps[agent.name], name="test").secret
         yield {"url": web_server, "apps": apps, "keys": keys}
-        stop_engines_and_flush()
+        stop_engines_and_flush(keep=SMOLLM2)
 
 
 def _post(published, app: str, endpoint: str, body: dict) -> httpx.Response:

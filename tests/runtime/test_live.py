@@ -22,7 +22,7 @@ QUESTION = "How many days of annual leave do employees get?"
 
 
 @pytest.fixture(scope="module")
-def published(celery_worker_process, web_server, django_db_blocker):
+def published(shared_smollm2, celery_worker_process, web_server, django_db_blocker):
     with django_db_blocker.unblock():
         deploy_presets({SMOLLM2: 1})
         owner = Actor(user=get_user_model().objects.create_user(username="app-owner", password="x" * 12))
@@ -36,7 +36,7 @@ def published(celery_worker_process, web_server, django_db_blocker):
         app = services.publish_app(actor=owner, config=config, slug="northwind")
         key = services.create_app_key(actor=owner, app=app, name="tests").secret
         yield {"url": web_server, "key": key, "app": app, "owner": owner, "config": config}
-        stop_engines_and_flush()
+        stop_engines_and_flush(keep=SMOLLM2)
 
 
 def _post(published, path: str, body: dict, **kwargs) -> httpx.Response:
