@@ -1,10 +1,13 @@
+from pathlib import Path
+
 from django.db.models import QuerySet
 
 from accounts.errors import NotFound, ValidationFailed
-from enhancement.files import dataset_path
+from enhancement.files import converted_bases_dir, dataset_path
 from enhancement.model_shapes import trainable_problem
 from enhancement.models import Dataset, EnhancementJob, MetricSample
 from enhancement.training import data
+from enhancement.training.bases import tokenizer_location
 from serving.models import Model
 
 
@@ -36,7 +39,7 @@ def dataset_preview(*, dataset: Dataset, model: Model, cutoff: int, samples: int
     if not 16 <= cutoff <= 32_768:
         raise ValidationFailed("The cutoff must be between 16 and 32768 tokens.", fields={"cutoff": ["Out of range."]})
     conversations = data.read_conversations(dataset_path(dataset.sha256))
-    tokenizer = data.load_tokenizer(model.path)
+    tokenizer = data.load_tokenizer(str(tokenizer_location(Path(model.path), converted_bases_dir())))
     try:
         rendered = [data.render(tokenizer, c, model.chat_template) for c in conversations[:samples]]
     except Exception as exc:  # a template error is the user's template's, shown in their words

@@ -42,31 +42,59 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def converted(gguf: Path, bases_dir: Path) -> Path:
-    """The GGUF base as a Hugging Face directory, converted now if no job on this node did it before. Written to a
-    scratch directory and renamed into place, so a job killed meanwhile leaves nothing a later job would trust; two
-    jobs converting the same file at once both succeed, and one copy stays."""
-    import torch
-    from transformers import AutoTokenizer
-
+def _key(gguf: Path) -> str:
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:32]
-    target = bases_dir / key
+    return hashlib.sha256(f"{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:32]
+
+
+def _published(target: Path, write) -> Path:
+    """`target`, written by `write(scratch)` into a scratch directory and renamed into place unless it is there
+    already: a process killed meanwhile leaves nothing a later one would trust (its scratch is removed by the next
+    one), and two processes writing the same target at once both succeed, one copy staying."""
     if target.is_dir():
         return target
-    bases_dir.mkdir(parents=True, exist_ok=True)
-    for stale in bases_dir.glob(f".{key}-*"):
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for stale in target.parent.glob(f".{target.name}-*"):
         if not _alive(int(stale.name.rsplit("-", 1)[1])):
             shutil.rmtree(stale, ignore_errors=True)
-    scratch = bases_dir / f".{key}-{os.getpid()}"
+    scratch = target.parent / f".{target.name}-{os.getpid()}"
     shutil.rmtree(scratch, ignore_errors=True)
-    _read_gguf(gguf, torch.float32).save_pretrained(scratch)
-    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(scratch)
+    write(scratch)
     try:
         scratch.rename(target)
-    except OSError:  # converted by another job meanwhile
+    except OSError:  # written by another process meanwhile
         shutil.rmtree(scratch, ignore_errors=True)
     return target
+
+
+def _gguf_tokenizer(gguf: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def converted(gguf: Path, bases_dir: Path) -> Path:
+    """The GGUF base as a Hugging Face directory (weights and tokenizer), converted now if no job on this node
+    did it before."""
+    import torch
+
+    def write(scratch: Path) -> None:
+        _read_gguf(gguf, torch.float32).save_pretrained(scratch)
+        _gguf_tokenizer(gguf).save_pretrained(scratch)
+
+    return _published(bases_dir / _key(gguf), write)
+
+
+def tokenizer_location(path: Path, bases_dir: Path) -> Path:
+    """Where the tokenizer of the model at `path` loads in a fraction of a second: a Hugging Face directory as it
+    is; for a GGUF (3-10 s to rebuild its tokenizer from the vocabulary), its converted base, or else its tokenizer
+    alone, converted once."""
+    if not path.is_file():
+        return path
+    key = _key(path)
+    if (bases_dir / key).is_dir():
+        return bases_dir / key
+    return _published(bases_dir / f"{key}-tokenizer", lambda scratch: _gguf_tokenizer(path).save_pretrained(scratch))
 
 
 def base_location(spec: dict, key: str = "base_path") -> Path:
