@@ -105,6 +105,14 @@ def base_location(spec: dict, key: str = "base_path") -> Path:
     return path
 
 
+def tokenizer_source(spec: dict, key: str = "tokenizer_path") -> Path:
+    """Where the tokenizer of the model at `spec[key]` loads from, converting no weights for it."""
+    path = Path(spec[key])
+    if spec.get("converted_bases_dir"):
+        return tokenizer_location(path, Path(spec["converted_bases_dir"]))
+    return path
+
+
 def load_base(spec: dict, dtype=None, key: str = "base_path"):
     import torch
     from transformers import AutoModelForCausalLM

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from enhancement.training import data
-from enhancement.training.bases import base_location
+from enhancement.training.bases import tokenizer_source
 from enhancement.training.export import size_on_disk
 
 # Enough to compare models on this node in seconds, not minutes.
@@ -53,7 +53,7 @@ def token_f1(prediction: str, reference: str) -> float:
 def eval_material(spec: dict, max_prompts: int = MAX_PROMPTS) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """The held-out conversations (each rendered with the served chat template up to its last answer, and whole)
     and prompt/answer pairs (the first `max_prompts` of them: the prompt rendered, the expected answer)."""
-    tokenizer = data.load_tokenizer(str(base_location(spec, "tokenizer_path")))
+    tokenizer = data.load_tokenizer(str(tokenizer_source(spec)))
     conversations = data.read_conversations(Path(spec["eval_dataset_path"]))
     _, validation = data.split(conversations, spec.get("eval_validation_count", 0))
     validation = validation or conversations[-max_prompts:]
