@@ -11,7 +11,22 @@ CACHE=${FACTORY_CACHE_DIR:-$HOME/.cache/aifactory}/llama.cpp
 version=$(grep -iE '^llama[-_]cpp[-_]python==' requirements/constraints.txt | cut -d= -f3)
 prefix="$CACHE/$version"
 
-if [ -x "$prefix/bin/llama-server" ] && [ -x "$prefix/bin/llama-quantize" ] && [ -f "$prefix/.complete" ]; then
+# -march=native (llama.cpp's default) compiles for this CPU: a build is reused only on a CPU with the same
+# instruction sets and with the same options, so a cache carried to another machine is rebuilt, not run into SIGILL.
+# AMX stays off: on virtual machines that advertise it (amx_tile in /proc/cpuinfo) ggml's AMX kernels died with
+# SIGILL at their first tile instruction, though the kernel granted the tile state.
+# No network at build time: no curl, no prebuilt web UI download, no UI build (the platform has its own GUI).
+# $ORIGIN/../lib lets the binaries find the shared libraries wherever the prefix is copied.
+cmake_options=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON
+  -DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN/../lib'
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
+  -DLLAMA_BUILD_APP=OFF ${FACTORY_LLAMA_CMAKE_ARGS:-})
+signature=$( { printf '%s\n' "${cmake_options[@]}"; grep -m1 '^flags' /proc/cpuinfo || uname -m; } | sha256sum | cut -c1-16)
+
+if [ -x "$prefix/bin/llama-server" ] && [ -x "$prefix/bin/llama-quantize" ] \
+    && [ "$(cat "$prefix/.complete" 2>/dev/null)" = "$signature" ]; then
   echo "$prefix"
   exit 0
 fi
@@ -35,14 +50,7 @@ tar -xzf "$sdist" -C "$work"
 src="$work/llama_cpp_python-$version/vendor/llama.cpp"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
-# No network at build time: no curl, no prebuilt web UI download, no UI build (the platform has its own GUI).
-# $ORIGIN/../lib lets the binaries find the shared libraries wherever the prefix is copied.
-cmake -S "$src" -B "$work/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DBUILD_SHARED_LIBS=ON \
-  -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN/../lib' \
-  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
-  -DLLAMA_BUILD_APP=OFF ${FACTORY_LLAMA_CMAKE_ARGS:-} >"$work/configure.log" 2>&1 \
+cmake -S "$src" -B "$work/build" "${generator[@]}" "${cmake_options[@]}" >"$work/configure.log" 2>&1 \
   || { tail -30 "$work/configure.log" >&2; exit 1; }
 cmake --build "$work/build" --parallel "$(nproc)" --target llama-server llama-quantize >"$work/build.log" 2>&1 \
   || { tail -40 "$work/build.log" >&2; exit 1; }
@@ -51,7 +59,7 @@ cmake --build "$work/build" --parallel "$(nproc)" --target llama-server llama-qu
 mkdir -p "$work/install/bin" "$work/install/lib"
 cp "$work/build/bin/llama-server" "$work/build/bin/llama-quantize" "$work/install/bin/"
 find "$work/build" -name '*.so*' \( -type f -o -type l \) -exec cp -P {} "$work/install/lib/" \;
-touch "$work/install/.complete"
+echo "$signature" > "$work/install/.complete"
 rm -rf "$prefix"
 mkdir -p "$CACHE"
 mv "$work/install" "$prefix"
