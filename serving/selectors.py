@@ -5,7 +5,16 @@ from django.utils import timezone
 
 from serving.engines.base import CHAT, engine
 from serving.metrics import percentile
-from serving.models import Deployment, GroupMember, GroupRequest, Model, ModelGroup, RequestRecord, ServingState
+from serving.models import (
+    Deployment,
+    GroupMember,
+    GroupRequest,
+    Model,
+    ModelGroup,
+    Replica,
+    RequestRecord,
+    ServingState,
+)
 
 
 def own_or_shared(workspace) -> Q:
@@ -13,6 +22,17 @@ def own_or_shared(workspace) -> Q:
     workspace: preset models and their deployments, and the requests the platform itself made through them).
     `workspace` is a Workspace or its id."""
     return Q(workspace=workspace) | Q(workspace__isnull=True)
+
+
+def spare_cores(*, replica: Replica) -> int | None:
+    """The cores of the replica's node that the node's other engines, starting or serving, do not claim with their
+    threads (None for a node whose cores were never counted)."""
+    if not replica.node.cpu_cores:
+        return None
+    others = Replica.objects.filter(node_id=replica.node_id, state__in=(ServingState.STARTING, ServingState.READY)) \
+        .exclude(pk=replica.pk).select_related("deployment")
+    claimed = sum(engine(other.deployment.engine).cpu_threads(other.deployment.settings) for other in others)
+    return max(0, replica.node.cpu_cores - claimed)
 
 
 def models_visible_to(*, workspace) -> QuerySet[Model]:

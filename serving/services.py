@@ -21,6 +21,7 @@ from cluster.deadlines import job_given_up
 from cluster.jobs import job_handler
 from cluster.models import Node
 from cluster.services import dispatch_job
+from serving import selectors
 from serving.engines import process
 from serving.engines.base import EngineRefused, Listen, auth_headers, engine
 from serving.gguf_info import InvalidModelFile, read_gguf
@@ -382,7 +383,8 @@ def _launch(replica: Replica) -> Replica:
     api_key = secrets.token_urlsafe(32)
     key_file = process.write_key_file(_log_path(replica).with_suffix(".key"), api_key)
     spec = adapter.launch_spec(model=deployment.model, settings=deployment.settings, served_name=deployment.name,
-                               listen=Listen(host=host, port=port, key_file=key_file))
+                               listen=Listen(host=host, port=port, key_file=key_file),
+                               spare_cores=selectors.spare_cores(replica=replica))
     log_path = _log_path(replica)
     pid = process.launch(spec.argv, log_path=log_path, env=spec.env)
     # Like an external URL, a replica's base URL ends in /v1, where the OpenAI routes start.

@@ -60,8 +60,14 @@ class EngineAdapter:
     def capabilities(self, model) -> set[str]:
         raise NotImplementedError
 
-    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen) -> LaunchSpec:
+    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen,
+                    spare_cores: int | None = None) -> LaunchSpec:
+        """`spare_cores`: the node's cores that its other running engines do not claim (None: not known)."""
         raise NotImplementedError
+
+    def cpu_threads(self, settings: dict) -> int:
+        """The CPU threads a replica with `settings` computes on (0: it computes elsewhere, on a GPU)."""
+        return 0
 
     def context_length(self, *, model, settings: dict) -> int | None:
         return settings.get("context_length") or model.context_length

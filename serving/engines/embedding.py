@@ -18,7 +18,8 @@ class EmbeddingEngine(EngineAdapter):
     def capabilities(self, model) -> set[str]:
         return {EMBEDDING}
 
-    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen) -> LaunchSpec:
+    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen,
+                    spare_cores: int | None = None) -> LaunchSpec:
         argv = [
             sys.executable, "-m", "serving.engines.embedding_server",
             "--model", model.path,
@@ -26,7 +27,10 @@ class EmbeddingEngine(EngineAdapter):
             "--host", listen.host,
             "--port", str(listen.port),
             "--api-key-file", str(listen.key_file),
-            "--threads", str(settings.get("threads") or 2),
+            "--threads", str(self.cpu_threads(settings)),
             "--max-batch-size", str(settings.get("max_batch_size") or 64),
         ]
         return LaunchSpec(argv=argv, health_path="/health")
+
+    def cpu_threads(self, settings: dict) -> int:
+        return settings.get("threads") or 2

@@ -140,13 +140,14 @@ class LlamaCppEngine(EngineAdapter):
     def slots(self, *, model, settings: dict) -> int:
         if settings.get("parallel"):
             return settings["parallel"]
-        by_threads = SLOTS_PER_THREAD * (settings.get("threads") or 2)
+        by_threads = SLOTS_PER_THREAD * self.cpu_threads(settings)
         by_memory = DEFAULT_KV_BUDGET_TOKENS // self.context_length(model=model, settings=settings)
         return max(1, min(by_threads, by_memory, MAX_DEFAULT_SLOTS))
 
-    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen) -> LaunchSpec:
+    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen,
+                    spare_cores: int | None = None) -> LaunchSpec:
         context, slots = self.context_length(model=model, settings=settings), self.slots(model=model, settings=settings)
-        threads = settings.get("threads") or 2
+        threads = self.cpu_threads(settings)
         argv = [
             server_binary(),
             "--model", model.path,
@@ -178,10 +179,23 @@ class LlamaCppEngine(EngineAdapter):
         if settings.get("draft_model_id") is not None:
             # Speculative decoding: llama-server uses a draft model only with the type named.
             argv += ["--model-draft", self._draft(model, settings).path, "--spec-type", "draft-simple"]
-        # The platform's processes make OpenMP threads sleep when idle (factory/settings.py), which llama-server's
-        # decode threads must not: they idle between every token, and waking them made TPOT 2.5x slower (22 ms
-        # against 8.5 ms for SmolLM2 on 2 cores). OpenMP's default, a short spin, is fastest.
-        return LaunchSpec(argv=argv, env={"OMP_WAIT_POLICY": None}, health_path="/health", start_timeout_s=180.0)
+        return LaunchSpec(argv=argv, env=self._wait_policy(threads, spare_cores), health_path="/health",
+                          start_timeout_s=180.0)
+
+    def cpu_threads(self, settings: dict) -> int:
+        return settings.get("threads") or 2
+
+    @staticmethod
+    def _wait_policy(threads: int, spare_cores: int | None) -> dict[str, str | None]:
+        """The platform's processes make OpenMP threads sleep when idle (factory/settings.py). A replica whose
+        threads have cores to themselves must not: its decode threads idle between every token, and waking them
+        made SmolLM2's TPOT 1.5-2.5x slower on 2 cores (17 ms against 11 ms). OpenMP's default, a short spin, is
+        fastest there. But two spinning replicas sharing cores spin against each other's descheduled threads in
+        ggml's barriers: 4 concurrent streams of 48 tokens over two such replicas on 2 cores took 137 s, against
+        1.9 s when they sleep and 2.5 s when only the first spins."""
+        if spare_cores is not None and threads > spare_cores:
+            return {}
+        return {"OMP_WAIT_POLICY": None}
 
     def tool_strategy(self, base_url: str, api_key: str = "") -> str:
         """'native' when the chat template has a tool-call format llama-server parses; otherwise llama-server drops
