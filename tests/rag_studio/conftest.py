@@ -2,13 +2,16 @@ import io
 from pathlib import Path
 
 import pytest
+from django.contrib.auth import get_user_model
 
-from accounts.services import Actor
+from accounts.models import Workspace
+from accounts.services import Actor, add_member, create_workspace
 from rag_studio import services
-from rag_studio.models import Document
+from rag_studio.models import Document, KnowledgeBase
 from rag_studio.pipeline.ingestion import ingest
 from rag_studio.pipeline.storage import UploadedFile
 from serving.presets import register_presets
+from tests.conftest import stop_engines_and_flush
 
 SAMPLES = Path(__file__).resolve().parents[2] / "rag_studio" / "samples"
 SAMPLE_FILES = ["northwind-employee-handbook.pdf", "northwind-product-guide.docx", "northwind-support-faq.md"]
@@ -27,10 +30,50 @@ def presets(db):
     return register_presets(lambda line: None)
 
 
-@pytest.fixture
-def acme(make_workspace, presets):
-    workspace = make_workspace("Acme", "ann", dev="developer", viewer="viewer")
+def _make_acme():
+    owner = get_user_model().objects.create_user(username="ann", password="correct-horse-battery")
+    workspace = create_workspace(actor=Actor(user=owner), name="Acme")
+    for username, role in (("dev", "developer"), ("viewer", "viewer")):
+        get_user_model().objects.create_user(username=username, password="correct-horse-battery")
+        add_member(actor=Actor(user=owner), workspace=workspace, username=username, role=role)
     return workspace
+
+
+def _ingest_samples(ann: Actor, workspace, name: str = "Northwind"):
+    """A knowledge base with the three sample documents, ingested in this process."""
+    kb = services.create_knowledge_base(actor=ann, workspace=workspace, name=name)
+    outcomes = services.upload_documents(actor=ann, kb=kb, uploads=[sample(name) for name in SAMPLE_FILES])
+    for outcome in outcomes:
+        assert ingest(outcome.document.pk, "pytest") == "indexed", Document.objects.get(pk=outcome.document.pk).error
+    kb.refresh_from_db()  # as ingestion left it: its language recorded
+    return kb
+
+
+@pytest.fixture(scope="module")
+def shared_northwind(django_db_setup, django_db_blocker):
+    """Acme and its Northwind knowledge base, made once for a module that uses this fixture (the ingestion is
+    the costly part) and committed, so that `acme`, `ann` and `indexed_kb` are these there; each test's own writes
+    roll back with its transaction. Emptied with the rest of the database when the module ends. A module uses it
+    with `pytestmark = pytest.mark.usefixtures("shared_northwind")`, so that it is made before any test's
+    transaction begins."""
+    with django_db_blocker.unblock():
+        register_presets(lambda line: None)
+        workspace = _make_acme()
+        kb = _ingest_samples(Actor(user=workspace.memberships.get(role="owner").user), workspace)
+    yield {"workspace": workspace.pk, "kb": kb.pk}
+    with django_db_blocker.unblock():
+        stop_engines_and_flush()
+
+
+def _shares_northwind(request) -> bool:
+    return "shared_northwind" in request.fixturenames
+
+
+@pytest.fixture
+def acme(request, make_workspace, presets):
+    if _shares_northwind(request):
+        return Workspace.objects.get(pk=request.getfixturevalue("shared_northwind")["workspace"])
+    return make_workspace("Acme", "ann", dev="developer", viewer="viewer")
 
 
 @pytest.fixture
@@ -39,11 +82,15 @@ def ann(acme):
 
 
 @pytest.fixture
-def indexed_kb(acme, ann):
-    """A knowledge base with the three sample documents, ingested in this process."""
-    kb = services.create_knowledge_base(actor=ann, workspace=acme, name="Northwind")
-    outcomes = services.upload_documents(actor=ann, kb=kb, uploads=[sample(name) for name in SAMPLE_FILES])
-    for outcome in outcomes:
-        assert ingest(outcome.document.pk, "pytest") == "indexed", Document.objects.get(pk=outcome.document.pk).error
-    kb.refresh_from_db()  # as ingestion left it: its language recorded
-    return kb
+def indexed_kb(request, acme, ann):
+    """The three samples ingested (once a module where the module uses `shared_northwind`: a test there that
+    changes the base's files, which no rollback restores, takes `own_indexed_kb`)."""
+    if _shares_northwind(request):
+        return KnowledgeBase.objects.get(pk=request.getfixturevalue("shared_northwind")["kb"])
+    return _ingest_samples(ann, acme)
+
+
+@pytest.fixture
+def own_indexed_kb(acme, ann):
+    """The three samples ingested for this test alone."""
+    return _ingest_samples(ann, acme, name="Northwind (own)")

@@ -1,9 +1,12 @@
 """The RAG Studio REST API: workspace scoping, clear 4xx errors, uploads and hit testing."""
 
+import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from rag_studio.models import KnowledgeBase
 from tests.rag_studio.conftest import SAMPLES
+
+pytestmark = pytest.mark.usefixtures("shared_northwind")
 
 
 def test_create_knowledge_base_and_validation_errors_name_the_field(acme, key_client):

@@ -7,6 +7,8 @@ import pytest
 from django.test import Client
 
 from accounts.errors import ValidationFailed
+from accounts.models import Workspace
+from accounts.services import Actor
 from rag_studio import services
 from rag_studio.models import Document, KnowledgeBase
 from rag_studio.pipeline.ingestion import ingest
@@ -17,13 +19,13 @@ from rag_studio.search.retrieval_config import is_default
 from serving import presets
 from tests.rag_studio.conftest import SAMPLES, upload
 
-pytestmark = pytest.mark.django_db
+# A test that adds documents or switches the embedding model takes `own_plant_kb`: files on disk do not roll back.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("shared_northwind", "shared_plant_kb")]
 CHINESE_SAMPLES = ["huadong-plant-handbook.md", "huadong-maintenance-rules.docx", "huadong-shift-handover.txt"]
 
 
-@pytest.fixture
-def plant_kb(acme, ann):
-    kb = services.create_knowledge_base(actor=ann, workspace=acme, name="一号装置",
+def _ingest_plant(ann, workspace, name: str):
+    kb = services.create_knowledge_base(actor=ann, workspace=workspace, name=name,
                                         chunking={"mode": "heading", "chunk_size": 240, "chunk_overlap": 40})
     outcomes = services.upload_documents(actor=ann, kb=kb, uploads=[
         upload(name, (SAMPLES / name).read_bytes()) for name in CHINESE_SAMPLES])
@@ -31,6 +33,24 @@ def plant_kb(acme, ann):
         assert ingest(outcome.document.pk, "pytest") == "indexed", Document.objects.get(pk=outcome.document.pk).error
     kb.refresh_from_db()  # as ingestion left it: its language recorded
     return kb
+
+
+@pytest.fixture(scope="module")
+def shared_plant_kb(shared_northwind, django_db_blocker) -> int:
+    """The Chinese samples ingested once for the module, beside `shared_northwind` (emptied with it)."""
+    with django_db_blocker.unblock():
+        workspace = Workspace.objects.get(pk=shared_northwind["workspace"])
+        return _ingest_plant(Actor(user=workspace.memberships.get(role="owner").user), workspace, "一号装置").pk
+
+
+@pytest.fixture
+def plant_kb(db, shared_plant_kb):
+    return KnowledgeBase.objects.get(pk=shared_plant_kb)
+
+
+@pytest.fixture
+def own_plant_kb(acme, ann):
+    return _ingest_plant(ann, acme, "二号装置")
 
 
 def top_texts(kb, query: str, **settings) -> list[str]:
@@ -85,35 +105,35 @@ def chinese_client(ann):
     return client
 
 
-def test_a_mostly_chinese_knowledge_base_is_offered_the_multilingual_embedding_model(plant_kb, indexed_kb, ann):
+def test_a_mostly_chinese_knowledge_base_is_offered_the_multilingual_embedding_model(own_plant_kb, indexed_kb, ann):
     client = chinese_client(ann)
-    assert "用 multilingual-e5-small 重建索引" in client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
+    assert "用 multilingual-e5-small 重建索引" in client.get(f"/rag/kb/{own_plant_kb.pk}/").content.decode()
     assert "multilingual-e5-small 重建索引" not in client.get(f"/rag/kb/{indexed_kb.pk}/").content.decode()
 
-    client.post(f"/rag/kb/{plant_kb.pk}/settings/", {"action": "multilingual_embedding"})
+    client.post(f"/rag/kb/{own_plant_kb.pk}/settings/", {"action": "multilingual_embedding"})
 
-    plant_kb.refresh_from_db()
-    assert plant_kb.embedding_model.name == presets.MULTILINGUAL_E5 and plant_kb.building_key
-    assert 'id="multilingual-embedding"' not in client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
+    own_plant_kb.refresh_from_db()
+    assert own_plant_kb.embedding_model.name == presets.MULTILINGUAL_E5 and own_plant_kb.building_key
+    assert 'id="multilingual-embedding"' not in client.get(f"/rag/kb/{own_plant_kb.pk}/").content.decode()
 
 
 def test_ingestion_records_the_language_and_the_page_explains_the_defaults_until_the_user_sets_their_own(
-        plant_kb, indexed_kb, ann):
-    assert (plant_kb.language, indexed_kb.language) == ("zh", "en")
-    assert is_default(plant_kb.retrieval) and plant_kb.retrieval["normalisation"] == "zscore"
+        own_plant_kb, indexed_kb, ann):
+    assert (own_plant_kb.language, indexed_kb.language) == ("zh", "en")
+    assert is_default(own_plant_kb.retrieval) and own_plant_kb.retrieval["normalisation"] == "zscore"
     client = chinese_client(ann)
-    page = client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
+    page = client.get(f"/rag/kb/{own_plant_kb.pk}/").content.decode()
     assert 'id="retrieval-defaults"' in page and "z 分数融合" in page
 
     # Settings of the user's own are theirs: more documents leave them alone, and the page no longer explains them.
-    services.update_knowledge_base(actor=ann, kb=plant_kb,
-                                   retrieval={**plant_kb.retrieval, "dense_weight": 0.8, "keyword_weight": 0.2})
-    outcome, = services.upload_documents(actor=ann, kb=plant_kb,
+    services.update_knowledge_base(actor=ann, kb=own_plant_kb,
+                                   retrieval={**own_plant_kb.retrieval, "dense_weight": 0.8, "keyword_weight": 0.2})
+    outcome, = services.upload_documents(actor=ann, kb=own_plant_kb,
                                          uploads=[upload("班组.txt", "班组长负责交接班记录。".encode())])
     assert ingest(outcome.document.pk, "pytest") == "indexed"
-    plant_kb.refresh_from_db()
-    assert plant_kb.retrieval["dense_weight"] == 0.8
-    assert 'id="retrieval-defaults"' not in client.get(f"/rag/kb/{plant_kb.pk}/").content.decode()
+    own_plant_kb.refresh_from_db()
+    assert own_plant_kb.retrieval["dense_weight"] == 0.8
+    assert 'id="retrieval-defaults"' not in client.get(f"/rag/kb/{own_plant_kb.pk}/").content.decode()
 
 
 def test_the_chinese_gui_offers_the_multilingual_model_and_every_new_base_starts_on_the_same_defaults(acme, ann):
@@ -127,7 +147,8 @@ def test_the_chinese_gui_offers_the_multilingual_model_and_every_new_base_starts
     english.post("/rag/", {"name": "Shift logs", "chunk_mode": "recursive", "embedding_model": presets.MINILM})
 
     # One default serves English and Chinese text (measured on the shipped samples: see retrieval_config).
-    assert {kb.name: is_default(kb.retrieval) for kb in KnowledgeBase.objects.all()} == {
+    assert {kb.name: is_default(kb.retrieval) for kb in KnowledgeBase.objects.filter(
+        name__in=["巡检记录", "交接班", "Shift logs"])} == {
         "巡检记录": True, "交接班": True, "Shift logs": True}
 
 

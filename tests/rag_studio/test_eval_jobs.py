@@ -14,6 +14,7 @@ from rag_studio.models import Document, EvalResult, EvalRun, EvalSet, JobStatus
 from serving.models import Deployment
 
 CHAT = "smollm2-135m-instruct"
+pytestmark = pytest.mark.usefixtures("shared_northwind")
 
 
 @pytest.fixture

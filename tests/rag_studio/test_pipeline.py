@@ -15,6 +15,9 @@ from rag_studio.search.index_store import store_for
 from rag_studio.search.retrieval import retrieve
 from tests.rag_studio.conftest import sample, upload
 
+# A test that deletes a document or re-indexes takes `own_indexed_kb`: files on disk do not roll back.
+pytestmark = pytest.mark.usefixtures("shared_northwind")
+
 
 def _top_filename(kb, query: str, **overrides) -> str:
     return retrieve(kb, query, overrides).hits[0].filename
@@ -126,34 +129,36 @@ def test_a_duplicate_upload_is_reported_not_stored_twice(acme, ann, indexed_kb):
     assert indexed_kb.documents.count() == 3
 
 
-def test_deleting_a_document_removes_its_chunks_from_both_indexes(ann, indexed_kb):
-    faq = indexed_kb.documents.get(filename="northwind-support-faq.md")
-    store = store_for(indexed_kb)
+def test_deleting_a_document_removes_its_chunks_from_both_indexes(ann, own_indexed_kb):
+    kb = own_indexed_kb
+    faq = kb.documents.get(filename="northwind-support-faq.md")
+    store = store_for(kb)
     assert store.chunk_ids(str(faq.pk))
     services.delete_document(actor=ann, document=faq)
     assert store.chunk_ids(str(faq.pk)) == []
-    assert store.count() == Chunk.objects.filter(knowledge_base=indexed_kb, searchable=True).count()
-    hits = retrieve(indexed_kb, "保修期 两年 客服电话", {"mode": "keyword"}).hits
+    assert store.count() == Chunk.objects.filter(knowledge_base=kb, searchable=True).count()
+    hits = retrieve(kb, "保修期 两年 客服电话", {"mode": "keyword"}).hits
     assert all(h.filename != "northwind-support-faq.md" for h in hits)
-    assert not files.upload_path(indexed_kb.pk, faq.sha256).exists()
+    assert not files.upload_path(kb.pk, faq.sha256).exists()
 
 
-def test_changing_the_chunking_offers_a_reindex_that_swaps_indexes_when_done(ann, indexed_kb):
-    old_key, old_count = indexed_kb.index_key, store_for(indexed_kb).count()
-    stale = services.update_knowledge_base(actor=ann, kb=indexed_kb,
+def test_changing_the_chunking_offers_a_reindex_that_swaps_indexes_when_done(ann, own_indexed_kb):
+    kb = own_indexed_kb
+    old_key, old_count = kb.index_key, store_for(kb).count()
+    stale = services.update_knowledge_base(actor=ann, kb=kb,
                                            chunking={"mode": "parent_child", "parent_size": 1200, "child_size": 300})
-    assert stale and selectors.needs_reindex(indexed_kb)
-    new_key = services.start_reindex(actor=ann, kb=indexed_kb)
-    assert Document.objects.filter(knowledge_base=indexed_kb, stage=Stage.CHUNK, status="queued").count() == 3
+    assert stale and selectors.needs_reindex(kb)
+    new_key = services.start_reindex(actor=ann, kb=kb)
+    assert Document.objects.filter(knowledge_base=kb, stage=Stage.CHUNK, status="queued").count() == 3
     # Searches keep using the live index while the new one is built.
-    assert retrieve(indexed_kb, "annual leave").hits
-    for document in indexed_kb.documents.all():
+    assert retrieve(kb, "annual leave").hits
+    for document in kb.documents.all():
         assert ingest(document.pk, "pytest") == "indexed"
-    indexed_kb.refresh_from_db()
-    assert indexed_kb.index_key == new_key != old_key and not selectors.needs_reindex(indexed_kb)
-    assert not files.index_dir(indexed_kb.pk, old_key).exists()
-    assert store_for(indexed_kb).count() > old_count
-    hit = retrieve(indexed_kb, "How long does charging take?").hits[0]
+    kb.refresh_from_db()
+    assert kb.index_key == new_key != old_key and not selectors.needs_reindex(kb)
+    assert not files.index_dir(kb.pk, old_key).exists()
+    assert store_for(kb).count() > old_count
+    hit = retrieve(kb, "How long does charging take?").hits[0]
     assert hit.parent_id is not None and len(hit.text) > 300
 
 

@@ -15,6 +15,9 @@ from rag_studio.pipeline.ingestion import ingest
 from serving.models import Deployment
 from tests.rag_studio.conftest import SAMPLES, sample
 
+# A test that deletes a document takes `own_indexed_kb`: files on disk do not roll back.
+pytestmark = pytest.mark.usefixtures("shared_northwind")
+
 CHAT = "smollm2-135m-instruct"
 CHINESE_SAMPLES = ["huadong-plant-handbook.md", "huadong-maintenance-rules.docx", "huadong-shift-handover.txt"]
 # (question, a phrase of the chunk that answers it): paraphrased, so that no single setting wins on wording alone.
@@ -108,17 +111,18 @@ def test_applying_to_a_config_writes_its_next_version(ann, acme, indexed_kb, eva
     assert config.versions.get(number=1).settings["retrieval"] == {"top_k": 4}  # the old version stays, to roll back
 
 
-def test_a_set_too_small_or_whose_documents_are_gone_is_refused_with_the_count(ann, indexed_kb):
-    small = evaluation.upload_eval_set(actor=ann, kb=indexed_kb, name="Few", filename="few.jsonl",
-                                       content=_eval_file(indexed_kb, QUESTIONS[:6]))
+def test_a_set_too_small_or_whose_documents_are_gone_is_refused_with_the_count(ann, own_indexed_kb):
+    kb = own_indexed_kb
+    small = evaluation.upload_eval_set(actor=ann, kb=kb, name="Few", filename="few.jsonl",
+                                       content=_eval_file(kb, QUESTIONS[:6]))
     with pytest.raises(ValidationFailed, match=r"has 6 question\(s\).*at least 10"):
-        tuning.start_tuning(actor=ann, kb=indexed_kb, eval_set=small)
+        tuning.start_tuning(actor=ann, kb=kb, eval_set=small)
 
-    full = evaluation.upload_eval_set(actor=ann, kb=indexed_kb, name="All", filename="all.jsonl",
-                                      content=_eval_file(indexed_kb, QUESTIONS))
-    services.delete_document(actor=ann, document=indexed_kb.documents.get(filename="northwind-support-faq.md"))
+    full = evaluation.upload_eval_set(actor=ann, kb=kb, name="All", filename="all.jsonl",
+                                      content=_eval_file(kb, QUESTIONS))
+    services.delete_document(actor=ann, document=kb.documents.get(filename="northwind-support-faq.md"))
     with pytest.raises(ValidationFailed, match=r"has 3 question\(s\).*9 were skipped because their documents"):
-        tuning.start_tuning(actor=ann, kb=indexed_kb, eval_set=full)
+        tuning.start_tuning(actor=ann, kb=kb, eval_set=full)
 
 
 def test_one_job_per_knowledge_base_and_a_cancelled_job_resumes_with_its_trials(
