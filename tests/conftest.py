@@ -75,13 +75,9 @@ def _serving_events(django_db_blocker) -> str:
                      f"{e.to_state} {e.message}" for e in reversed(events))
 
 
-@pytest.fixture(autouse=True)
-def in_process_tasks_stay_unread(request, monkeypatch):
-    """A test without real workers (not marked `worker`) runs its tasks itself, so whatever it dispatches (a
-    transactional test's on-commit, a request to live_server) goes to a queue no worker reads: the session's worker,
-    started by an earlier live module, must never take up another test's document or run behind its back."""
-    if request.node.get_closest_marker("worker"):
-        return
+@contextmanager
+def tasks_to_unread_queue():
+    """Whatever is dispatched meanwhile goes to a queue no worker reads (see in_process_tasks_stay_unread)."""
     from celery import Celery
 
     send_task = Celery.send_task
@@ -89,7 +85,22 @@ def in_process_tasks_stay_unread(request, monkeypatch):
     def to_unread_queue(app, name, args=None, kwargs=None, **options):
         return send_task(app, name, args, kwargs, **{**options, "queue": UNREAD_QUEUE})
 
-    monkeypatch.setattr(Celery, "send_task", to_unread_queue)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Celery, "send_task", to_unread_queue)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def in_process_tasks_stay_unread(request):
+    """A test without real workers (not marked `worker`) runs its tasks itself, so whatever it dispatches (a
+    transactional test's on-commit, a request to live_server) goes to a queue no worker reads: the session's worker,
+    started by an earlier live module, must never take up another test's document or run behind its back. A
+    module-scoped fixture that dispatches is set up before this: it uses `tasks_to_unread_queue` itself."""
+    if request.node.get_closest_marker("worker"):
+        yield
+        return
+    with tasks_to_unread_queue():
+        yield
 
 
 @pytest.fixture(scope="session")

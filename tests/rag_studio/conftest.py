@@ -11,7 +11,7 @@ from rag_studio.models import Document, KnowledgeBase
 from rag_studio.pipeline.ingestion import ingest
 from rag_studio.pipeline.storage import UploadedFile
 from serving.presets import register_presets
-from tests.conftest import stop_engines_and_flush
+from tests.conftest import stop_engines_and_flush, tasks_to_unread_queue
 
 SAMPLES = Path(__file__).resolve().parents[2] / "rag_studio" / "samples"
 SAMPLE_FILES = ["northwind-employee-handbook.pdf", "northwind-product-guide.docx", "northwind-support-faq.md"]
@@ -56,7 +56,7 @@ def shared_northwind(django_db_setup, django_db_blocker):
     roll back with its transaction. Emptied with the rest of the database when the module ends. A module uses it
     with `pytestmark = pytest.mark.usefixtures("shared_northwind")`, so that it is made before any test's
     transaction begins."""
-    with django_db_blocker.unblock():
+    with django_db_blocker.unblock(), tasks_to_unread_queue():
         register_presets(lambda line: None)
         workspace = _make_acme()
         kb = _ingest_samples(Actor(user=workspace.memberships.get(role="owner").user), workspace)

@@ -17,6 +17,7 @@ from rag_studio.rag import CHINESE_PROMPTS, DEFAULT_PROMPTS, RagPipeline
 from rag_studio.search.retrieval import retrieve
 from rag_studio.search.retrieval_config import is_default
 from serving import presets
+from tests.conftest import tasks_to_unread_queue
 from tests.rag_studio.conftest import SAMPLES, upload
 
 # A test that adds documents or switches the embedding model takes `own_plant_kb`: files on disk do not roll back.
@@ -38,7 +39,7 @@ def _ingest_plant(ann, workspace, name: str):
 @pytest.fixture(scope="module")
 def shared_plant_kb(shared_northwind, django_db_blocker) -> int:
     """The Chinese samples ingested once for the module, beside `shared_northwind` (emptied with it)."""
-    with django_db_blocker.unblock():
+    with django_db_blocker.unblock(), tasks_to_unread_queue():
         workspace = Workspace.objects.get(pk=shared_northwind["workspace"])
         return _ingest_plant(Actor(user=workspace.memberships.get(role="owner").user), workspace, "一号装置").pk
 

@@ -14,7 +14,8 @@ from rag_studio.models import Document, EvalResult, EvalRun, EvalSet, JobStatus
 from serving.models import Deployment
 
 CHAT = "smollm2-135m-instruct"
-pytestmark = pytest.mark.usefixtures("shared_northwind")
+# The tests on the knowledge base share one (the test that needs no database does not make it).
+shares_northwind = pytest.mark.usefixtures("shared_northwind")
 
 
 @pytest.fixture
@@ -36,6 +37,7 @@ def eval_set(acme, ann, indexed_kb, chat_deployment, dispatched, django_capture_
         return evaluation.start_generation(actor=ann, kb=indexed_kb, name="Generated", generator=CHAT, count=3)
 
 
+@shares_northwind
 def test_a_generation_that_ends_with_no_items_fails_with_the_reason(eval_set, indexed_kb):
     # The documents were deleted after the set was queued: there is nothing left to ask about.
     Document.objects.filter(knowledge_base=indexed_kb).delete()
@@ -64,6 +66,7 @@ def _run(acme, ann, eval_set, dispatched, django_capture_on_commit_callbacks) ->
         return evaluation.start_run(actor=ann, eval_set=eval_set, version=selectors.config_version(config))
 
 
+@shares_northwind
 def test_a_second_message_for_a_running_run_leaves_it_running(acme, ann, eval_set, dispatched,
                                                                django_capture_on_commit_callbacks):
     run = _run(acme, ann, eval_set, dispatched, django_capture_on_commit_callbacks)
@@ -78,6 +81,7 @@ def test_a_second_message_for_a_running_run_leaves_it_running(acme, ann, eval_se
     assert not EvalResult.objects.filter(run=run).exists()
 
 
+@shares_northwind
 def test_beat_dispatches_lost_and_abandoned_eval_work_again_and_fails_it_after_the_attempts(
         acme, ann, eval_set, dispatched, django_capture_on_commit_callbacks, settings):
     settings.RAG_QUEUED_REDISPATCH_S, settings.RAG_EVAL_MAX_ATTEMPTS = 60, 2
