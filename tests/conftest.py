@@ -124,19 +124,19 @@ def make_user(db):
     return make
 
 
+def workspace_with_members(name: str, owner: str, **members: str):
+    """A workspace with an owner (and optionally more members with roles), all with one test password."""
+    user = get_user_model().objects.create_user(username=owner, password="correct-horse-battery")
+    workspace = services.create_workspace(actor=Actor(user=user), name=name)
+    for username, role in members.items():
+        get_user_model().objects.create_user(username=username, password="correct-horse-battery")
+        services.add_member(actor=Actor(user=user), workspace=workspace, username=username, role=role)
+    return workspace
+
+
 @pytest.fixture
-def make_workspace(make_user):
-    """A workspace with an owner (and optionally more members with roles)."""
-
-    def make(name: str, owner: str, **members: str):
-        user = make_user(owner)
-        workspace = services.create_workspace(actor=Actor(user=user), name=name)
-        for username, role in members.items():
-            make_user(username)
-            services.add_member(actor=Actor(user=user), workspace=workspace, username=username, role=role)
-        return workspace
-
-    return make
+def make_workspace(db):
+    return workspace_with_members
 
 
 @pytest.fixture

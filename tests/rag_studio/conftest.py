@@ -2,16 +2,15 @@ import io
 from pathlib import Path
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from accounts.models import Workspace
-from accounts.services import Actor, add_member, create_workspace
+from accounts.services import Actor
 from rag_studio import services
 from rag_studio.models import Document, KnowledgeBase
 from rag_studio.pipeline.ingestion import ingest
 from rag_studio.pipeline.storage import UploadedFile
 from serving.presets import register_presets
-from tests.conftest import stop_engines_and_flush, tasks_to_unread_queue
+from tests.conftest import stop_engines_and_flush, tasks_to_unread_queue, workspace_with_members
 
 SAMPLES = Path(__file__).resolve().parents[2] / "rag_studio" / "samples"
 SAMPLE_FILES = ["northwind-employee-handbook.pdf", "northwind-product-guide.docx", "northwind-support-faq.md"]
@@ -30,19 +29,11 @@ def presets(db):
     return register_presets(lambda line: None)
 
 
-def _make_acme():
-    owner = get_user_model().objects.create_user(username="ann", password="correct-horse-battery")
-    workspace = create_workspace(actor=Actor(user=owner), name="Acme")
-    for username, role in (("dev", "developer"), ("viewer", "viewer")):
-        get_user_model().objects.create_user(username=username, password="correct-horse-battery")
-        add_member(actor=Actor(user=owner), workspace=workspace, username=username, role=role)
-    return workspace
-
-
-def _ingest_samples(ann: Actor, workspace, name: str = "Northwind"):
-    """A knowledge base with the three sample documents, ingested in this process."""
-    kb = services.create_knowledge_base(actor=ann, workspace=workspace, name=name)
-    outcomes = services.upload_documents(actor=ann, kb=kb, uploads=[sample(name) for name in SAMPLE_FILES])
+def ingested_kb(ann: Actor, workspace, name: str = "Northwind", files: list[str] = SAMPLE_FILES, **options):
+    """A knowledge base (`options` as create_knowledge_base takes them) with sample documents, ingested in this
+    process."""
+    kb = services.create_knowledge_base(actor=ann, workspace=workspace, name=name, **options)
+    outcomes = services.upload_documents(actor=ann, kb=kb, uploads=[sample(file) for file in files])
     for outcome in outcomes:
         assert ingest(outcome.document.pk, "pytest") == "indexed", Document.objects.get(pk=outcome.document.pk).error
     kb.refresh_from_db()  # as ingestion left it: its language recorded
@@ -58,8 +49,8 @@ def shared_northwind(django_db_setup, django_db_blocker):
     transaction begins."""
     with django_db_blocker.unblock(), tasks_to_unread_queue():
         register_presets(lambda line: None)
-        workspace = _make_acme()
-        kb = _ingest_samples(Actor(user=workspace.memberships.get(role="owner").user), workspace)
+        workspace = workspace_with_members("Acme", "ann", dev="developer", viewer="viewer")
+        kb = ingested_kb(Actor(user=workspace.memberships.get(role="owner").user), workspace)
     yield {"workspace": workspace.pk, "kb": kb.pk}
     with django_db_blocker.unblock():
         stop_engines_and_flush()
@@ -87,10 +78,10 @@ def indexed_kb(request, acme, ann):
     changes the base's files, which no rollback restores, takes `own_indexed_kb`)."""
     if _shares_northwind(request):
         return KnowledgeBase.objects.get(pk=request.getfixturevalue("shared_northwind")["kb"])
-    return _ingest_samples(ann, acme)
+    return ingested_kb(ann, acme)
 
 
 @pytest.fixture
 def own_indexed_kb(acme, ann):
     """The three samples ingested for this test alone."""
-    return _ingest_samples(ann, acme, name="Northwind (own)")
+    return ingested_kb(ann, acme, name="Northwind (own)")

@@ -18,7 +18,7 @@ from rag_studio.search.retrieval import retrieve
 from rag_studio.search.retrieval_config import is_default
 from serving import presets
 from tests.conftest import tasks_to_unread_queue
-from tests.rag_studio.conftest import SAMPLES, upload
+from tests.rag_studio.conftest import SAMPLES, ingested_kb, upload
 
 # A test that adds documents or switches the embedding model takes `own_plant_kb`: files on disk do not roll back.
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("shared_northwind", "shared_plant_kb")]
@@ -26,14 +26,8 @@ CHINESE_SAMPLES = ["huadong-plant-handbook.md", "huadong-maintenance-rules.docx"
 
 
 def _ingest_plant(ann, workspace, name: str):
-    kb = services.create_knowledge_base(actor=ann, workspace=workspace, name=name,
-                                        chunking={"mode": "heading", "chunk_size": 240, "chunk_overlap": 40})
-    outcomes = services.upload_documents(actor=ann, kb=kb, uploads=[
-        upload(name, (SAMPLES / name).read_bytes()) for name in CHINESE_SAMPLES])
-    for outcome in outcomes:
-        assert ingest(outcome.document.pk, "pytest") == "indexed", Document.objects.get(pk=outcome.document.pk).error
-    kb.refresh_from_db()  # as ingestion left it: its language recorded
-    return kb
+    return ingested_kb(ann, workspace, name, CHINESE_SAMPLES,
+                       chunking={"mode": "heading", "chunk_size": 240, "chunk_overlap": 40})
 
 
 @pytest.fixture(scope="module")
