@@ -8,7 +8,7 @@ from rest_framework.views import APIView
 
 from accounts import selectors, services
 from accounts.errors import Unauthenticated
-from accounts.models import ApiKey, AuditEntry, Membership, Role, Workspace
+from accounts.models import ApiKey, AuditEntry, KeyScope, Membership, Role, Workspace
 from accounts.permissions import WorkspaceScopedMixin, request_actor, request_workspace
 
 
@@ -42,7 +42,7 @@ class ApiKeySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ApiKey
-        fields = ["id", "name", "role", "prefix", "created_by", "created_at", "expires_at", "last_used_at",
+        fields = ["id", "name", "role", "scope", "prefix", "created_by", "created_at", "expires_at", "last_used_at",
                   "revoked_at", "revoked"]
 
     def get_revoked(self, obj) -> bool:
@@ -52,6 +52,9 @@ class ApiKeySerializer(serializers.ModelSerializer):
 class ApiKeyCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=120)
     role = serializers.ChoiceField(choices=Role.choices, default=Role.DEVELOPER)
+    scope = serializers.ChoiceField(choices=KeyScope.choices, default=KeyScope.WORKSPACE,
+                                    help_text="`platform`: also a platform administrator's actions, each audited; "
+                                              "made only by a platform administrator signed in.")
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
 
 

@@ -54,11 +54,20 @@ class Membership(models.Model):
         ordering = ["workspace", "user__username"]
 
 
+class KeyScope(models.TextChoices):
+    # A workspace key acts in its workspace with its role, nothing more, whoever made it.
+    WORKSPACE = "workspace", _("Workspace")
+    # A platform key also does a platform administrator's actions (shared models and deployments, model files on
+    # the server), each one audited; only a platform administrator in a signed-in session makes one.
+    PLATFORM = "platform", _("Platform")
+
+
 class ApiKey(models.Model):
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="api_keys")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=120)
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.DEVELOPER)
+    scope = models.CharField(max_length=16, choices=KeyScope.choices, default=KeyScope.WORKSPACE)
     # The prefix is shown in lists and used to find the row; only the SHA-256 of the whole key is kept.
     prefix = models.CharField(max_length=16, unique=True)
     key_hash = models.CharField(max_length=64)

@@ -14,7 +14,18 @@ from django.utils.translation import gettext as _
 
 from accounts import ratelimits
 from accounts.errors import Conflict, Forbidden, NotFound, RateLimited, Unauthenticated, ValidationFailed
-from accounts.models import ROLE_RANK, ApiKey, AuditEntry, Membership, Profile, Role, Workspace, capped_by_key, rank_of
+from accounts.models import (
+    ROLE_RANK,
+    ApiKey,
+    AuditEntry,
+    KeyScope,
+    Membership,
+    Profile,
+    Role,
+    Workspace,
+    capped_by_key,
+    rank_of,
+)
 
 User = get_user_model()
 API_KEY_PREFIX = "afk_"
@@ -63,18 +74,26 @@ def require_role(*, actor: Actor, workspace: Workspace, role: str) -> None:
 
 
 def is_platform_admin(actor: Actor) -> bool:
-    """A platform administrator is a staff user; through an API key only one with the admin role or above."""
+    """A platform administrator is an active staff user acting in a signed-in session, or through a key made with the
+    platform scope. A staff user's ordinary workspace key gets the workspace's powers, nothing more: a key meant for
+    one app's backend must never stop what every tenant shares."""
     user = actor.user
     if user is None or not (user.is_staff and user.is_active):
         return False
-    return actor.api_key is None or rank_of(actor.api_key.role) >= ROLE_RANK[Role.ADMIN]
+    return actor.api_key is None or actor.api_key.scope == KeyScope.PLATFORM
 
 
 def require_platform_admin(*, actor: Actor, action: str) -> None:
     """Shared things (preset models and their deployments, model files on the server) are changed by platform
-    administrators only; the platform itself (no user: bootstrap, presets) may too."""
-    if actor.user is not None and not is_platform_admin(actor):
+    administrators only; the platform itself (no user: bootstrap, presets) may too. Every use of a platform key is
+    audited, whatever the action."""
+    if actor.user is None:
+        return
+    if not is_platform_admin(actor):
         raise Forbidden(_("%(action)s is a platform administrator's action; ask one of them.") % {"action": action})
+    if actor.api_key is not None:
+        record_audit(actor=actor, workspace=actor.api_key.workspace, action="platform_key.use",
+                     target=actor.api_key, detail={"action": action})
 
 
 def require_role_or_platform(*, actor: Actor, workspace: Workspace | None, role: str, action: str) -> None:
@@ -115,8 +134,19 @@ def chosen_language(*, user: User) -> str:
     return Profile.objects.filter(user=user).values_list("language", flat=True).first() or ""
 
 
+def may_create_workspaces(user) -> bool:
+    """FACTORY_WORKSPACE_CREATION: `staff` (the default: an enterprise's administrators hand out workspaces) or
+    `anyone` signed in."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return False
+    return settings.WORKSPACE_CREATION == "anyone" or user.is_staff
+
+
 @transaction.atomic
 def create_workspace(*, actor: Actor, name: str) -> Workspace:
+    if actor.api_key is not None or not may_create_workspaces(actor.user):
+        raise Forbidden(_("Only platform administrators create workspaces here (FACTORY_WORKSPACE_CREATION=staff); "
+                          "ask one to create one for you or to add you to theirs."))
     name = name.strip()
     if not name:
         raise ValidationFailed(_("A workspace needs a name."), fields={"name": [_("This field may not be blank.")]})
@@ -230,9 +260,14 @@ class IssuedKey:
 
 @transaction.atomic
 def create_api_key(*, actor: Actor, workspace: Workspace, name: str, role: str = Role.DEVELOPER,
-                   expires_at: datetime | None = None) -> IssuedKey:
+                   expires_at: datetime | None = None, scope: str = KeyScope.WORKSPACE) -> IssuedKey:
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
     _check_role(role)
+    if scope not in KeyScope.values:
+        raise ValidationFailed(f"'{scope}' is not a key scope; scopes are {', '.join(KeyScope.values)}.",
+                               fields={"scope": [f"One of {', '.join(KeyScope.values)}."]})
+    if scope == KeyScope.PLATFORM and (actor.api_key is not None or not is_platform_admin(actor)):
+        raise Forbidden(_("Only a platform administrator, signed in (not through a key), creates a platform key."))
     # A key can never hold more rights than the person who makes it.
     require_role(actor=actor, workspace=workspace, role=role)
     name = name.strip()
@@ -242,10 +277,10 @@ def create_api_key(*, actor: Actor, workspace: Workspace, name: str, role: str =
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationFailed("The expiry date is in the past.", fields={"expires_at": ["Must be in the future."]})
     prefix, secret = issue_secret(API_KEY_PREFIX)
-    api_key = ApiKey.objects.create(workspace=workspace, created_by=actor.user, name=name, role=role,
+    api_key = ApiKey.objects.create(workspace=workspace, created_by=actor.user, name=name, role=role, scope=scope,
                                     prefix=prefix, key_hash=hash_secret(secret), expires_at=expires_at)
     record_audit(actor=actor, workspace=workspace, action="api_key.create", target=api_key,
-                 detail={"name": name, "role": role})
+                 detail={"name": name, "role": role, "scope": scope})
     return IssuedKey(api_key=api_key, secret=secret)
 
 

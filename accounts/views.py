@@ -7,10 +7,10 @@ from django.views.decorators.http import require_POST
 from django.views.i18n import set_language
 
 from accounts import selectors, services
-from accounts.errors import RateLimited, ValidationFailed
+from accounts.errors import Forbidden, RateLimited, ValidationFailed
 from accounts.gui import gui_actor, has_role, workspace_page
 from accounts.middleware import LANGUAGE_SESSION_KEY, SESSION_KEY
-from accounts.models import ApiKey, Membership, Role
+from accounts.models import ApiKey, KeyScope, Membership, Role
 
 
 class LoginView(auth_views.LoginView):
@@ -69,7 +69,8 @@ def api_keys(request):
     if request.method == "POST":
         issued = services.create_api_key(actor=gui_actor(request), workspace=request.workspace,
                                          name=request.POST.get("name", ""),
-                                         role=request.POST.get("role") or Role.DEVELOPER)
+                                         role=request.POST.get("role") or Role.DEVELOPER,
+                                         scope=request.POST.get("scope") or KeyScope.WORKSPACE)
         # Redirect so that reloading the page cannot create the key twice; the secret rides in the server-side
         # session for exactly one page view.
         request.session[ISSUED_KEY_SESSION] = {"name": issued.api_key.name, "secret": issued.secret}
@@ -77,7 +78,8 @@ def api_keys(request):
     keys = selectors.api_keys_visible_to(user=request.user, workspace=request.workspace,
                                          role=request.workspace_role)
     return render(request, "accounts/api_keys.html", {
-        "keys": keys, "issued": request.session.pop(ISSUED_KEY_SESSION, None), "roles": Role.choices})
+        "keys": keys, "issued": request.session.pop(ISSUED_KEY_SESSION, None), "roles": Role.choices,
+        "may_make_platform_keys": services.is_platform_admin(gui_actor(request))})
 
 
 @workspace_page
@@ -117,6 +119,10 @@ def remove_member(request, membership_id: int):
 @login_required
 @require_POST
 def create_workspace(request):
-    workspace = services.create_workspace(actor=gui_actor(request), name=request.POST.get("name", ""))
+    try:
+        workspace = services.create_workspace(actor=gui_actor(request), name=request.POST.get("name", ""))
+    except (Forbidden, ValidationFailed) as exc:
+        messages.error(request, exc.message)
+        return redirect("dashboard")
     request.session[SESSION_KEY] = workspace.pk
     return redirect("dashboard")

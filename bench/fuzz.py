@@ -110,7 +110,8 @@ def main() -> None:
     from accounts.services import Actor, create_api_key, create_workspace
 
     call_command("migrate", verbosity=0)
-    user = get_user_model().objects.create_user("fuzzer", password="fuzz-fuzz-fuzz")
+    # A platform administrator makes the workspace (FACTORY_WORKSPACE_CREATION=staff); its key is a workspace key.
+    user = get_user_model().objects.create_user("fuzzer", password="fuzz-fuzz-fuzz", is_staff=True)
     workspace = create_workspace(actor=Actor(user=user), name="Fuzz")
     key = create_api_key(actor=Actor(user=user), workspace=workspace, name="fuzz", role="owner").secret
     rest, lean = run(api_key=key, examples=args.examples)

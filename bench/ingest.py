@@ -82,7 +82,8 @@ def bench_workspace() -> tuple[Actor, Workspace]:
     # (~35 s of setup), which nothing here uses. Same locate function and role as register_presets.
     locate, role, _template = presets.PRESETS[presets.MINILM]
     register_model(actor=SYSTEM, workspace=None, name=presets.MINILM, path=str(locate()), role_hint=role)
-    actor = Actor(user=get_user_model().objects.create_user(username="bench"))
+    # Workspaces are made by platform administrators by default (FACTORY_WORKSPACE_CREATION).
+    actor = Actor(user=get_user_model().objects.create_user(username="bench", is_staff=True))
     return actor, create_workspace(actor=actor, name="Bench")
 
 

@@ -11,7 +11,11 @@ FACTORY_GATEWAY_URL    where workers reach the OpenAI-compatible gateway (defaul
 FACTORY_RAG_*          ingestion limits and tuning, below
 FACTORY_TRUSTED_BUNDLE_KEYS  other instances' public keys (base64, comma-separated) whose signed bundles are accepted
 FACTORY_BUNDLE_MAX_BYTES     the most data one imported bundle may unpack to (default 4 GiB)
-FACTORY_EGRESS_ALLOW   hosts and networks every workspace's tools may reach though they are not public
+FACTORY_EGRESS_ALLOW   hosts and networks (with an optional :port or :port-port) every workspace's tools may reach
+                       though they are not public; only an entry naming a port opens the platform's own ports
+FACTORY_MCP_COMMANDS   the operator's catalogue of local (stdio) MCP commands workspaces may use, a TOML file
+                       (default <data dir>/mcp-commands.toml; README "Local MCP commands")
+FACTORY_WORKSPACE_CREATION  staff (default) or anyone: who may create workspaces
 FACTORY_MCP_ALLOWED_HOSTS    the names /mcp answers to (default: loopback, FACTORY_HOST, ALLOWED_HOSTS)
 FACTORY_SANDBOX        bwrap (default) or unsafe-dev: how python tools are isolated
 FACTORY_SANDBOX_MEMORY_MB, FACTORY_SANDBOX_PROCESSES  each python tool run's memory and process limits (512, 32)
@@ -248,6 +252,13 @@ EGRESS_ALLOW = [entry.strip() for entry in os.environ.get("FACTORY_EGRESS_ALLOW"
 MCP_ALLOWED_HOSTS = [host for host in os.environ.get("FACTORY_MCP_ALLOWED_HOSTS", "").split(",") if host] or [
     "127.0.0.1", "localhost", "[::1]",
     *(host for host in [os.environ.get("FACTORY_HOST", ""), *ALLOWED_HOSTS] if host not in ("", "*", "0.0.0.0"))]
+# The operator's catalogue of local MCP commands (workbridge/mcp_catalogue.py): the only commands a workspace can
+# have the platform run, each sandboxed unless its entry says why not.
+MCP_COMMANDS_FILE = Path(os.environ.get("FACTORY_MCP_COMMANDS") or DATA_DIR / "mcp-commands.toml")
+# Who may create workspaces: `staff` (platform administrators hand them out) or `anyone` signed in.
+WORKSPACE_CREATION = os.environ.get("FACTORY_WORKSPACE_CREATION", "staff")
+if WORKSPACE_CREATION not in ("staff", "anyone"):
+    raise ImproperlyConfigured(f"FACTORY_WORKSPACE_CREATION must be 'staff' or 'anyone', not '{WORKSPACE_CREATION}'.")
 # Python tools run under bubblewrap; `unsafe-dev` runs them without it (rlimits only), for machines without user
 # namespaces, and the GUI says so.
 SANDBOX_MODE = os.environ.get("FACTORY_SANDBOX", "bwrap")

@@ -13,7 +13,7 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 from accounts import services
-from accounts.models import Role
+from accounts.models import KeyScope, Role
 from accounts.services import Actor
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +34,9 @@ class OneRoundPBKDF2PasswordHasher(PBKDF2PasswordHasher):
 
 settings.PASSWORD_HASHERS = [f"{__name__}.OneRoundPBKDF2PasswordHasher", *(
     hasher for hasher in settings.PASSWORD_HASHERS if not hasher.endswith(".PBKDF2PasswordHasher"))]
+# The fixtures make workspaces for plain users, as an installation with FACTORY_WORKSPACE_CREATION=anyone lets them;
+# tests/accounts checks the default (staff only). The worker and web processes inherit the same.
+os.environ["FACTORY_WORKSPACE_CREATION"] = settings.WORKSPACE_CREATION = "anyone"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -141,12 +144,13 @@ def make_workspace(db):
 
 @pytest.fixture
 def key_client():
-    """An API client authenticated by a fresh API key of `username` in `workspace`."""
+    """An API client authenticated by a fresh API key of `username` in `workspace` (a platform key, made as in a
+    signed-in session, for `scope="platform"`)."""
 
-    def make(username: str, workspace, role: str = Role.DEVELOPER) -> APIClient:
+    def make(username: str, workspace, role: str = Role.DEVELOPER, scope: str = KeyScope.WORKSPACE) -> APIClient:
         user = get_user_model().objects.get(username=username)
         issued = services.create_api_key(actor=Actor(user=user), workspace=workspace, name=f"{username}-key",
-                                         role=role)
+                                         role=role, scope=scope)
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.secret}")
         return client

@@ -8,7 +8,7 @@ from rest_framework.response import Response
 
 from accounts.errors import NotFound, ValidationFailed
 from accounts.permissions import WorkspaceScopedMixin
-from workbridge import services
+from workbridge import mcp_catalogue, selectors, services
 from workbridge.models import ApiSpec, EgressRule, Invocation, McpServer, Secret, Tool
 from workbridge.vault import mask
 
@@ -248,10 +248,29 @@ class ApiSpecViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retriev
 
 
 class McpServerSerializer(serializers.ModelSerializer):
+    catalog_entry = serializers.CharField(required=False, allow_blank=True, max_length=64,
+                                          help_text="A local server: the entry of the operator's command catalogue "
+                                                    "(GET catalogue/).")
+    arguments = serializers.ListField(child=serializers.CharField(), required=False,
+                                      help_text="Extra arguments, each one the catalogue entry allows.")
+    command = serializers.ListField(child=serializers.CharField(), required=False,
+                                    help_text="A free-form local command: platform administrators, signed in, only.")
+
     class Meta:
         model = McpServer
-        fields = ["id", "name", "transport", "url", "command", "auth_secret", "timeout_s", "created_at"]
-        read_only_fields = ["id", "created_at"]
+        fields = ["id", "name", "transport", "url", "catalog_entry", "arguments", "command", "auth_secret",
+                  "timeout_s", "disabled_reason", "created_at"]
+        read_only_fields = ["id", "disabled_reason", "created_at"]
+
+
+class CatalogueEntrySerializer(serializers.Serializer):
+    name = serializers.CharField()
+    description = serializers.CharField()
+    command = serializers.ListField(child=serializers.CharField())
+    arguments = serializers.ListField(child=serializers.CharField(), help_text="Patterns extra arguments must match.")
+    sandboxed = serializers.BooleanField()
+    reason = serializers.CharField(help_text="Why an entry runs outside the sandbox.")
+    installed = serializers.BooleanField(help_text="Whether its program is on this machine.")
 
 
 class McpImportSerializer(serializers.Serializer):
@@ -260,8 +279,8 @@ class McpImportSerializer(serializers.Serializer):
 
 class McpServerViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
     """MCP servers whose tools the workspace uses: a streamable-HTTP URL (through the egress guard), or a local
-    command, which only admins may register. `tools/` lists what the server offers now; `import/` makes tools of
-    them."""
+    command from the operator's catalogue (`catalogue/`), which only admins may register. `tools/` lists what the
+    server offers now; `import/` makes tools of them."""
 
     serializer_class = McpServerSerializer
     queryset = McpServer.objects.all()
@@ -281,6 +300,16 @@ class McpServerViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
 
     def perform_destroy(self, instance):
         services.delete_mcp_server(actor=self.actor, server=instance)
+
+    @extend_schema(responses=CatalogueEntrySerializer(many=True))
+    @action(detail=False, methods=["get"])
+    def catalogue(self, request):
+        """The local commands the operator offers every workspace (FACTORY_MCP_COMMANDS)."""
+        try:
+            offered = selectors.mcp_command_catalogue()
+        except mcp_catalogue.CatalogueRefused as exc:
+            raise ValidationFailed(str(exc))
+        return Response(CatalogueEntrySerializer(offered, many=True).data)
 
     @extend_schema(responses=dict)
     @action(detail=True, methods=["get"])

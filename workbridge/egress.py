@@ -73,48 +73,105 @@ def is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return address.is_global and not any(address in network for network in NEVER)
 
 
+LOOPBACK = [ipaddress.ip_network(n) for n in ("127.0.0.0/8", "::1/128")]
+
+
 @dataclass(frozen=True)
-class Allowlist:
-    """Hosts (`api.corp.example`, or `*.corp.example` for its subdomains) and networks (`10.1.0.0/16`) that may be
-    called though they are not public."""
+class AllowRule:
+    """One allowlist entry: a host (`api.corp.example`, `*.corp.example` for its subdomains) or a network
+    (`10.1.0.0/16`), on every port or on a port range (`127.0.0.1:8081`, `10.0.0.0/8:8000-8100`)."""
 
-    hosts: frozenset[str] = frozenset()
-    networks: tuple = ()
+    host: str = ""
+    network: object = None
+    ports: tuple[int, int] | None = None
+    # FACTORY_EGRESS_ALLOW's entries are the operator's: only they may open the platform's own ports, by naming them.
+    operator: bool = False
 
-    @classmethod
-    def of(cls, entries: Iterable[str]) -> "Allowlist":
-        hosts, networks = set(), []
-        for entry in entries:
-            entry = entry.strip().lower()
-            if not entry:
-                continue
-            try:
-                networks.append(ipaddress.ip_network(entry, strict=False))
-            except ValueError:
-                hosts.add(entry)
-        return cls(frozenset(hosts), tuple(networks))
-
-    def names(self, host: str) -> bool:
-        host = host.lower().rstrip(".")
-        return host in self.hosts or any(entry.startswith("*.") and host.endswith(entry[1:]) for entry in self.hosts)
-
-    def holds(self, address) -> bool:
-        return any(address.version == network.version and address in network for network in self.networks)
+    def covers(self, host: str, address, port: int) -> bool:
+        if self.ports is not None and not self.ports[0] <= port <= self.ports[1]:
+            return False
+        if self.network is not None:
+            return address.version == self.network.version and address in self.network
+        return host == self.host or (self.host.startswith("*.") and host.endswith(self.host[1:]))
 
 
-def check_entry(entry: str) -> str:
-    """An allowlist entry as stored, or EgressRefused saying what is wrong with it."""
-    entry = entry.strip().lower()
+def _split_ports(entry: str) -> tuple[str, tuple[int, int] | None]:
+    """`target[:port[-port]]`, an IPv6 target in brackets when it has a port."""
+    if entry.startswith("["):
+        target, _, rest = entry[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            raise EgressRefused(f"'{entry}': write an IPv6 address with a port as [address]:port.")
+        spec = rest[1:] if rest else ""
+    elif entry.count(":") == 1:
+        target, spec = entry.split(":")
+    else:
+        return entry, None
+    if not spec:
+        return target, None
+    low, _, high = spec.partition("-")
+    if not (low.isdigit() and (not high or high.isdigit())):
+        raise EgressRefused(f"'{entry}': a port is a number (8081) or a range (8000-8100).")
+    ports = (int(low), int(high or low))
+    if not 1 <= ports[0] <= ports[1] <= 65535:
+        raise EgressRefused(f"'{entry}': ports run from 1 to 65535, the lower first.")
+    return target, ports
+
+
+def _rule(entry: str, *, operator: bool = False) -> AllowRule:
+    target, ports = _split_ports(entry.strip().lower())
     try:
-        return str(ipaddress.ip_network(entry, strict=False))
+        return AllowRule(network=ipaddress.ip_network(target, strict=False), ports=ports, operator=operator)
     except ValueError:
         pass
-    name = entry.removeprefix("*.")
+    name = target.removeprefix("*.")
     labels = name.split(".")
     if not name or len(name) > 253 or not all(label and len(label) <= 63 and label.replace("-", "").isalnum()
                                               for label in labels):
-        raise EgressRefused(f"'{entry}' is neither a host name (or *.domain) nor an address or network.")
-    return entry
+        raise EgressRefused(f"'{entry}' is neither a host name (or *.domain) nor an address or network, with an "
+                            f"optional :port or :port-port.")
+    return AllowRule(host=target, ports=ports, operator=operator)
+
+
+@dataclass(frozen=True)
+class Allowlist:
+    """What may be called though it is not public: the operator's and the workspace's rules. `own_ports` are the
+    platform's own services (its web port, Redis) on `own_networks` (loopback, its nodes): a rule without a port never
+    opens them, and only an operator's rule that names the port does."""
+
+    rules: tuple[AllowRule, ...] = ()
+    own_ports: frozenset[int] = frozenset()
+    own_networks: tuple = tuple(LOOPBACK)
+
+    @classmethod
+    def of(cls, entries: Iterable[str], *, operator_entries: Iterable[str] = (), own_ports: Iterable[int] = (),
+           own_addresses: Iterable[str] = ()) -> "Allowlist":
+        rules = [_rule(entry, operator=True) for entry in operator_entries if entry.strip()]
+        rules += [_rule(entry) for entry in entries if entry.strip()]
+        networks = list(LOOPBACK) + [ipaddress.ip_network(address, strict=False) for address in own_addresses]
+        return cls(tuple(rules), frozenset(own_ports), tuple(networks))
+
+    def _is_own_service(self, address, port: int) -> bool:
+        return port in self.own_ports and any(address.version == network.version and address in network
+                                              for network in self.own_networks)
+
+    def permits(self, host: str, address, port: int) -> bool:
+        host = host.lower().rstrip(".")
+        own = self._is_own_service(address, port)
+        return any(rule.covers(host, address, port) and (not own or (rule.operator and rule.ports is not None))
+                   for rule in self.rules)
+
+
+def check_entry(entry: str) -> str:
+    """An allowlist entry as stored (`10.1.0.0/16`, `api.corp.example:8443`, `[::1/128]:8081`), or EgressRefused
+    saying what is wrong with it."""
+    rule = _rule(entry)
+    target = str(rule.network) if rule.network is not None else rule.host
+    if rule.ports is None:
+        return target
+    if ":" in target:
+        target = f"[{target}]"
+    ports = str(rule.ports[0]) if rule.ports[0] == rule.ports[1] else f"{rule.ports[0]}-{rule.ports[1]}"
+    return f"{target}:{ports}"
 
 
 @dataclass(frozen=True)
@@ -140,12 +197,17 @@ class Destination:
         return {"sni_hostname": self.url.host} if self.url.scheme == "https" else {}
 
 
+def parse_url(url: str | httpx.URL, params: dict | None = None) -> httpx.URL:
+    """httpx's reading of a URL, or EgressRefused saying why it cannot be read (never httpx's own exception)."""
+    try:
+        return httpx.URL(str(url), params=params) if params else httpx.URL(str(url))
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        raise EgressRefused(f"'{url}' is not a valid URL: {exc}") from exc
+
+
 def check(url: str | httpx.URL, allowlist: Allowlist = Allowlist()) -> Destination:
     """Resolve the URL's host once and check every address; the first is where the request goes."""
-    try:
-        parsed = httpx.URL(str(url))
-    except httpx.InvalidURL as exc:
-        raise EgressRefused(f"'{url}' is not a valid URL: {exc}") from exc
+    parsed = url if isinstance(url, httpx.URL) else parse_url(url)
     if parsed.scheme not in SCHEMES:
         raise EgressRefused(f"Only http and https URLs can be called, not '{parsed.scheme or url}'.")
     host = parsed.host
@@ -157,13 +219,12 @@ def check(url: str | httpx.URL, allowlist: Allowlist = Allowlist()) -> Destinati
     addresses = _resolver(host, port)
     if not addresses:
         raise EgressRefused(f"The host '{host}' resolved to no address.")
-    named = allowlist.names(host)
     for text in addresses:
         address = ipaddress.ip_address(text.split("%")[0])
-        if not (named or is_public(address) or allowlist.holds(address)):
+        if not (is_public(address) or allowlist.permits(host, address, port)):
             raise EgressRefused(
-                f"'{host}' resolves to {address}, which is not a public address; a workspace admin can allow it "
-                f"under Work Bridge → Allowlist.")
+                f"'{host}' resolves to {address}, which is not a public address (port {port}); a workspace admin "
+                f"can allow it under Work Bridge → Allowlist.")
     return Destination(url=parsed, address=addresses[0].split("%")[0])
 
 
@@ -200,7 +261,10 @@ def _next_hop(response: httpx.Response, method: str, url: httpx.URL) -> tuple[st
         raise EgressRefused(f"{url} redirected ({response.status_code}) without saying where.")
     if response.status_code == 303 or (response.status_code in (301, 302) and method == "POST"):
         method = "GET"
-    return method, url.join(location)
+    try:
+        return method, url.join(location)
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        raise EgressRefused(f"{url} redirected to '{location}', which is not a valid URL.") from exc
 
 
 def request(method: str, url: str, *, allowlist: Allowlist = Allowlist(), headers: dict | None = None,
@@ -209,7 +273,7 @@ def request(method: str, url: str, *, allowlist: Allowlist = Allowlist(), header
     """Call a user-supplied URL: checked, pinned, redirects followed and checked, the answer capped at `max_bytes`
     and the whole exchange at `timeout_s`. Transport failures and broken limits raise EgressRefused."""
     deadline = time.monotonic() + timeout_s
-    target = httpx.URL(str(url), params=params) if params else httpx.URL(str(url))
+    target = parse_url(url, params)
     history = []
     for _ in range(MAX_REDIRECTS + 1):
         destination = check(target, allowlist)

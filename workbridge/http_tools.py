@@ -6,9 +6,12 @@
 
 `{argument}` placeholders in the URL are filled (URL-quoted); arguments named in `query` go to the query string and
 those in `header_args` to headers, each under its wire name (an imported spec's `page[size]` is the argument
-`page_size`); the rest go in a JSON or form body (`body`), or to the query string for a method without one.
-`body_arg` names an argument whose value is the whole body (a spec whose body is an array, say). `auth` takes its
-value from a workspace secret: `bearer`, `header` (with `name`), `query` (with `name`) or `basic` (with `username`).
+`page_size`); the rest go in a JSON or form body (`body`). With `body: none` (no body declared) they go to the query
+string of a GET or DELETE, and as a JSON body of a POST, PUT or PATCH, sent only when there is any: an API that takes
+no declared body reads its query parameters from `query`, and an argument the user added to such a tool is most
+likely a field the API wants in the body. `body_arg` names an argument whose value is the whole body (a spec whose
+body is an array, say). `auth` takes its value from a workspace secret: `bearer`, `header` (with `name`), `query`
+(with `name`) or `basic` (with `username`).
 """
 
 import base64
@@ -18,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlencode, urlsplit
 
+from workbridge.vault import MASK
+
 METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE"}
 BODILESS = {"GET", "DELETE"}
 BODIES = {"json", "form", "none"}
 AUTH_TYPES = {"none", "bearer", "header", "query", "basic"}
-MASK = "••••••••"
 
 
 class ToolConfigInvalid(ValueError):
@@ -133,8 +137,10 @@ def render(config: dict, arguments: dict, secret: Callable[[str], str]) -> HttpC
     elif config["body"] == "form":
         call.content = urlencode({name: str(value) for name, value in rest.items()}).encode()
         call.headers["Content-Type"] = "application/x-www-form-urlencoded"
-    else:
+    elif config["method"] in BODILESS:
         params |= rest
+    elif rest:
+        call.json_body = rest
     call.params = {name: value if isinstance(value, str) else str(value).lower() if isinstance(value, bool)
                    else str(value) for name, value in params.items()}
     auth = config["auth"]

@@ -1,8 +1,9 @@
 """Work Bridge as an MCP client: list and call the tools of a registered MCP server, with the official `mcp` SDK.
 
 An HTTP server is reached through the egress guard (its httpx client checks and pins every request); a stdio server
-is a local command an admin registered. Each listing or call opens its own session and closes it: nothing is held
-between calls, so a server that went away costs one failed call, never a wedged worker.
+is a local command from the operator's catalogue, started in the sandbox (workbridge/mcp_catalogue.py). Each listing
+or call opens its own session and closes it: nothing is held between calls, so a server that went away costs one
+failed call, never a wedged worker.
 """
 
 import asyncio
@@ -33,6 +34,8 @@ class Connection:
     transport: str  # "http" or "stdio"
     url: str = ""
     command: tuple[str, ...] = ()
+    # What a stdio server gets beyond STDIO_ENV (its catalogue entry's `env`).
+    env: dict = field(default_factory=dict)
     headers: dict = field(default_factory=dict)
     allowlist: Allowlist = Allowlist()
     timeout_s: float = 30.0
@@ -115,7 +118,8 @@ async def _session(connection: Connection):
     async with AsyncExitStack() as stack:
         if connection.transport == "stdio":
             parameters = StdioServerParameters(command=connection.command[0], args=list(connection.command[1:]),
-                                               env={k: os.environ[k] for k in STDIO_ENV if k in os.environ})
+                                               env={k: os.environ[k] for k in STDIO_ENV if k in os.environ}
+                                               | connection.env)
             read, write = await stack.enter_async_context(stdio_client(parameters))
         else:
             client = await stack.enter_async_context(egress.guarded_async_client(

@@ -58,13 +58,19 @@ class McpTransport(models.TextChoices):
 
 class McpServer(models.Model):
     """An MCP server whose tools the workspace imports: reached at a URL through the egress guard, or started as a
-    local command, which only an admin may register since it runs on the platform's own machine."""
+    local command from the operator's catalogue, sandboxed, since it runs on the platform's own machine."""
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="mcp_servers")
     name = models.CharField(max_length=64)
     transport = models.CharField(max_length=8, choices=McpTransport.choices)
     url = models.CharField(max_length=2000, blank=True)
+    # A local server is an entry of the operator's catalogue (workbridge/mcp_catalogue.py) with the extra arguments
+    # the entry allows, or, registered by a platform administrator signed in, a free-form `command`.
+    catalog_entry = models.CharField(max_length=64, blank=True)
+    arguments = models.JSONField(default=list, blank=True)
     command = models.JSONField(default=list, blank=True)
+    # Why the platform will not start or call this server (shown on its page); blank while it may.
+    disabled_reason = models.TextField(blank=True)
     # A workspace secret sent as `Authorization: Bearer …` to an HTTP server.
     auth_secret = models.CharField(max_length=64, blank=True)
     timeout_s = models.FloatField(default=30.0)

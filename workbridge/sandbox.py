@@ -172,6 +172,26 @@ def _isolation() -> list[str]:
     return args
 
 
+# Who a confined long-running command runs as inside its user namespace: nobody, owning none of the platform's files.
+NOBODY = "65534"
+
+
+def confine(argv: list[str], *, read_only_paths: tuple[str, ...] = (), env: dict | None = None) -> list[str]:
+    """A long-running command (a local MCP server) in the same isolation as python tools (no network, no view of
+    the platform's files, capabilities dropped), as an unprivileged user, seeing `read_only_paths` read-only and only
+    `env` of an environment. In `unsafe-dev` mode it runs as it is, with `env` alone. Raises SandboxUnavailable where
+    bubblewrap cannot run."""
+    if mode() == UNSAFE_DEV:
+        return list(argv)
+    available, reason = availability()
+    if not available:
+        raise SandboxUnavailable(reason)
+    binds = [part for path in read_only_paths for part in ("--ro-bind", path, path)]
+    variables = [part for name, value in (env or {}).items() for part in ("--setenv", name, value)]
+    return [BWRAP, *_isolation(), "--unshare-user", "--uid", NOBODY, "--gid", NOBODY, *binds, *variables, "--",
+            *argv]
+
+
 def _command(result_fd: int) -> list[str]:
     python = [sys.executable, "-I", "-c", RUNNER, str(result_fd)]
     if mode() == UNSAFE_DEV:

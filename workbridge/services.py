@@ -1,19 +1,21 @@
 import json
 import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from accounts.errors import Conflict, ValidationFailed
+from accounts.errors import Conflict, Forbidden, ValidationFailed
 from accounts.models import Role, Workspace
-from accounts.services import Actor, record_audit, require_role
+from accounts.services import Actor, is_platform_admin, record_audit, require_role
 from assets.models import AssetKind
 from assets.services import forget_asset, register_asset
-from workbridge import egress, http_tools, mcp_client, sandbox
+from workbridge import egress, http_tools, mcp_catalogue, mcp_client, sandbox, vault
 from workbridge.egress import EgressRefused, check_entry
 from workbridge.importers import ToolDraft, curl, function_name, openapi
 from workbridge.models import (
@@ -31,6 +33,8 @@ from workbridge.selectors import allowlist_for
 
 TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 SECRET_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+# As knowledge bases allow: `time-server` is a fine name for a server (it is never a function name).
+MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 MAX_TOOL_TIMEOUT_S = 300.0
 MAX_TOOL_OUTPUT_BYTES = 16 * 2**20
 INVOCATION_EXCERPT_CHARS = 2000
@@ -345,43 +349,101 @@ def _free_secret_name(workspace: Workspace, name: str, value: str) -> str:
     return candidate
 
 
+def _stdio_argv(server: McpServer) -> tuple[list[str], dict]:
+    """The command line that starts a local server now, confined to the sandbox unless its catalogue entry says
+    why not, and the environment it gets. The catalogue is read at every start: an entry the operator removed or
+    changed takes effect at once."""
+    if server.catalog_entry:
+        entry = mcp_catalogue.entry(server.catalog_entry)
+        program = entry.executable()
+        if program is None:
+            raise mcp_catalogue.CatalogueRefused(f"The catalogue entry '{entry.name}' runs {entry.command[0]}, "
+                                                 f"which is not on this machine.")
+        argv = [program, *entry.argv(list(server.arguments))[1:]]
+        if not entry.sandbox:
+            return argv, entry.env
+        return sandbox.confine(argv, read_only_paths=entry.read_only_paths, env=entry.env), entry.env
+    program = shutil.which(server.command[0]) if server.command else None
+    if program is None:
+        raise mcp_catalogue.CatalogueRefused(f"The command {server.command[:1]} is not on this machine.")
+    return sandbox.confine([program, *server.command[1:]]), {}
+
+
 def _connection(server: McpServer) -> mcp_client.Connection:
+    """How to reach the server; McpUnreachable when it may not be started or called."""
+    if server.disabled_reason:
+        raise mcp_client.McpUnreachable(f"This MCP server is disabled: {server.disabled_reason}")
+    command, env = (), {}
+    if server.transport == McpTransport.STDIO:
+        try:
+            command, env = _stdio_argv(server)
+        except (mcp_catalogue.CatalogueRefused, sandbox.SandboxUnavailable) as exc:
+            raise mcp_client.McpUnreachable(str(exc)) from exc
     headers = {"Authorization": f"Bearer {_secret_of(server.workspace)(server.auth_secret)}"} \
         if server.auth_secret else {}
-    return mcp_client.Connection(transport=server.transport, url=server.url, command=tuple(server.command),
+    return mcp_client.Connection(transport=server.transport, url=server.url, command=tuple(command), env=env,
                                  headers=headers, allowlist=allowlist_for(workspace_id=server.workspace_id),
                                  timeout_s=server.timeout_s)
 
 
-def _redactor(server: McpServer) -> Callable[[str], str]:
-    if not server.auth_secret:
-        return str
-    value = Secret.objects.filter(workspace=server.workspace, name=server.auth_secret).first()
-    return (lambda text: text.replace(value.value, http_tools.MASK)) if value else str
+def _workspace_secret_values(workspace_id: int) -> list[str]:
+    """Every secret of the workspace, decrypted: whatever a tool of the workspace answers is masked for all of them,
+    not only the one it sent (a server may echo another it learnt elsewhere)."""
+    return [secret.value for secret in Secret.objects.filter(workspace_id=workspace_id)]
+
+
+def _check_local_command(*, actor: Actor, catalog_entry: str, arguments: list, command: list) -> None:
+    """A workspace picks a local command from the operator's catalogue, with only the arguments its entry allows; a
+    free-form command is a platform administrator's, signed in (a key is never enough: it may sit in any script)."""
+    if catalog_entry:
+        try:
+            entry = mcp_catalogue.entry(catalog_entry)
+            entry.argv(arguments)
+        except mcp_catalogue.CatalogueRefused as exc:
+            raise ValidationFailed(str(exc), fields={"catalog_entry": [str(exc)]})
+        if entry.executable() is None:
+            message = (f"The catalogue entry '{catalog_entry}' runs {entry.command[0]}, which does not exist on this "
+                       f"machine; the operator must install it or correct {settings.MCP_COMMANDS_FILE}.")
+            raise ValidationFailed(message, fields={"catalog_entry": [message]})
+        return
+    if not command:
+        raise ValidationFailed("Choose a local command from the operator's catalogue.",
+                               fields={"catalog_entry": ["Missing."]})
+    if actor.api_key is not None or not is_platform_admin(actor):
+        raise Forbidden(f"A local MCP command runs on the platform's own machine: a workspace picks one from the "
+                        f"operator's catalogue ({settings.MCP_COMMANDS_FILE}); only a platform administrator, "
+                        f"signed in, registers any other.")
+    if not all(isinstance(part, str) and part and "\x00" not in part for part in command):
+        raise ValidationFailed("A local command is a list of words, e.g. [\"python\", \"-m\", \"my_server\"].",
+                               fields={"command": ["Not a list of words."]})
+    if shutil.which(command[0]) is None:
+        message = f"{command[0]} does not exist on this machine (or is not executable)."
+        raise ValidationFailed(message, fields={"command": [message]})
 
 
 @transaction.atomic
 def save_mcp_server(*, actor: Actor, workspace: Workspace, server: McpServer | None = None, name: str,
-                    transport: str, url: str = "", command: list[str] | None = None, auth_secret: str = "",
-                    timeout_s: float = 30.0) -> McpServer:
-    """Register (or change) an MCP server. A URL must pass the egress guard now, not first at a call; a local
-    command runs on the platform's machine with its rights, so only an admin may register one."""
+                    transport: str, url: str = "", catalog_entry: str = "", arguments: list[str] | None = None,
+                    command: list[str] | None = None, auth_secret: str = "", timeout_s: float = 30.0) -> McpServer:
+    """Register (or change) an MCP server. A URL must pass the egress guard now, not first at a call. A local
+    server is an admin's choice from the operator's catalogue (see _check_local_command); saving it again as
+    someone who may clears a disabled server's reason."""
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
-    if not isinstance(name, str) or not SECRET_NAME.fullmatch(name):
-        raise ValidationFailed("An MCP server's name is letters, digits and '_' (at most 64).",
-                               fields={"name": ["Invalid name."]})
-    command = list(command or [])
+    if not isinstance(name, str) or not MCP_SERVER_NAME.fullmatch(name):
+        raise ValidationFailed("An MCP server's name is letters, digits, '_' and '-' (at most 64), a letter or digit "
+                               "first.", fields={"name": ["Invalid name."]})
+    arguments, command = list(arguments or []), list(command or [])
     if transport == McpTransport.HTTP:
         try:
             egress.check(url, allowlist_for(workspace_id=workspace.pk))
         except egress.EgressRefused as exc:
             raise ValidationFailed(str(exc), fields={"url": [str(exc)]})
-        command = []
+        catalog_entry, arguments, command = "", [], []
     elif transport == McpTransport.STDIO:
         require_role(actor=actor, workspace=workspace, role=Role.ADMIN)
-        if not command or not all(isinstance(part, str) and part for part in command):
-            raise ValidationFailed("A stdio server needs its command as a list of words, e.g. "
-                                   "[\"python\", \"-m\", \"my_server\"].", fields={"command": ["Missing."]})
+        if catalog_entry:
+            command = []
+        _check_local_command(actor=actor, catalog_entry=catalog_entry, arguments=arguments, command=command)
         url = ""
     else:
         raise ValidationFailed(f"'transport' must be one of {McpTransport.values}.",
@@ -391,8 +453,9 @@ def save_mcp_server(*, actor: Actor, workspace: Workspace, server: McpServer | N
     if not 0 < timeout_s <= MAX_TOOL_TIMEOUT_S:
         raise ValidationFailed(f"The timeout must be within (0, {MAX_TOOL_TIMEOUT_S:g}] s.",
                                fields={"timeout_s": ["Out of range."]})
-    fields = {"name": name, "transport": transport, "url": url, "command": command, "auth_secret": auth_secret,
-              "timeout_s": timeout_s}
+    fields = {"name": name, "transport": transport, "url": url, "catalog_entry": catalog_entry,
+              "arguments": arguments, "command": command, "auth_secret": auth_secret, "timeout_s": timeout_s,
+              "disabled_reason": ""}
     try:
         with transaction.atomic():
             if server is None:
@@ -403,7 +466,8 @@ def save_mcp_server(*, actor: Actor, workspace: Workspace, server: McpServer | N
     except IntegrityError:
         raise Conflict(f"This workspace already has an MCP server called '{name}'.", fields={"name": ["Taken."]})
     record_audit(actor=actor, workspace=workspace, action="mcp_server.save", target=server,
-                 detail={"name": name, "transport": transport, "url": url, "command": command})
+                 detail={"name": name, "transport": transport, "url": url, "catalog_entry": catalog_entry,
+                         "arguments": arguments, "command": command})
     return server
 
 
@@ -425,7 +489,7 @@ def mcp_server_tools(*, actor: Actor, server: McpServer) -> list[mcp_client.Remo
     try:
         return mcp_client.list_tools(_connection(server))
     except mcp_client.McpUnreachable as exc:
-        raise ValidationFailed(_redactor(server)(str(exc)))
+        raise ValidationFailed(vault.masked(str(exc), _workspace_secret_values(server.workspace_id)))
 
 
 @transaction.atomic
@@ -454,7 +518,8 @@ class _Outcome:
     error: str = ""
     http_status: int | None = None
     request: dict = field(default_factory=dict)
-    redact: Callable[[str], str] = str
+    # Derived credentials the call sent beyond the workspace's secrets (a Basic header's token).
+    secret_values: list[str] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -481,18 +546,20 @@ def invoke_tool(*, actor: Actor, tool: Tool, arguments: dict, caller: str) -> To
         if mismatch is not None:
             where = "/".join(str(part) for part in mismatch.absolute_path) or "the answer"
             outcome.error = f"The answer does not fit the tool's output schema at {where}: {mismatch.message}"
-    redact = outcome.redact
+    # Masked here, once, before anything records or returns the answer: every caller (the invoke API, agents, /mcp,
+    # apps, evaluations) then only ever holds the masked form.
+    secrets = _workspace_secret_values(tool.workspace_id) + outcome.secret_values
+    output, error, request = (vault.masked(part, secrets) for part in (outcome.output, outcome.error, outcome.request))
     invocation = Invocation.objects.create(
-        tool=tool, caller=caller[:64], actor=actor.user, arguments=json.loads(redact(json.dumps(arguments))),
+        tool=tool, caller=caller[:64], actor=actor.user, arguments=vault.masked(arguments, secrets),
         status=outcome.status, http_status=outcome.http_status, latency_ms=latency_ms,
-        error=redact(outcome.error)[:INVOCATION_EXCERPT_CHARS],
-        result_excerpt=redact(_excerpt(outcome.output)) if outcome.output is not None else "")
-    return ToolResult(invocation=invocation, output=outcome.output, request=outcome.request)
+        error=error[:INVOCATION_EXCERPT_CHARS], result_excerpt=_excerpt(output) if output is not None else "")
+    return ToolResult(invocation=invocation, output=output, request=request)
 
 
 def _call_http(tool: Tool, arguments: dict) -> _Outcome:
     call = http_tools.render(tool.config, arguments, _secret_of(tool.workspace))
-    outcome = _Outcome(request=call.describe(), redact=call.redact)
+    outcome = _Outcome(request=call.describe(), secret_values=call.secret_values)
     try:
         answer = egress.request(call.method, call.url, params=call.params, headers=call.headers,
                                 json_body=call.json_body, content=call.content, timeout_s=tool.timeout_s,
@@ -523,11 +590,11 @@ def _call_mcp(tool: Tool, arguments: dict) -> _Outcome:
     try:
         reply = mcp_client.call_tool(_connection(server), tool.config["tool"], arguments, timeout_s=tool.timeout_s)
     except mcp_client.McpUnreachable as exc:
-        return _Outcome(error=str(exc), request=request, redact=_redactor(server))
+        return _Outcome(error=str(exc), request=request)
     text = json.dumps(reply.output, ensure_ascii=False) if not isinstance(reply.output, str) else reply.output
     if len(text.encode()) > tool.max_output_bytes:
         return _Outcome(error=f"The answer is larger than {tool.max_output_bytes} bytes.", request=request)
-    return _Outcome(output=reply.output, error=reply.error, request=request, redact=_redactor(server))
+    return _Outcome(output=reply.output, error=reply.error, request=request)
 
 
 _CALLS: dict[str, Callable[[Tool, dict], _Outcome]] = {

@@ -7,8 +7,12 @@ so a key is rotated by putting the new one first and running `manage.py rotate_s
 once in the data directory (readable by its owner only), so that a fresh `make run` encrypts from the start.
 """
 
+import base64
 import os
+import re
+from collections.abc import Iterable
 from functools import lru_cache
+from urllib.parse import quote, quote_plus
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
@@ -66,6 +70,40 @@ def rotated(stored: str) -> str:
 def mask(plain: str) -> str:
     """What a saved secret shows: enough to recognise it, never enough to use it."""
     return "" if not plain else ("•" * 8 + plain[-4:] if len(plain) > 12 else "•" * 8)
+
+
+MASK = "••••••••"
+
+
+def _spellings(value: str) -> set[str]:
+    """The forms in which a secret sent by a tool can come back in an answer: as typed, base64 (standard and URL-safe,
+    padded or not: an echoed Basic header or a JWT-ish wrapping) and URL-encoded (an echoed query string)."""
+    encoded = value.encode()
+    forms = {value, quote(value, safe=""), quote_plus(value), quote(value)}
+    for b64 in (base64.b64encode(encoded).decode(), base64.urlsafe_b64encode(encoded).decode()):
+        forms |= {b64, b64.rstrip("=")}
+    return {form for form in forms if form}
+
+
+def masked(output, secrets: Iterable[str]):
+    """`output` (text, or JSON-shaped data) with every spelling of every secret replaced by the mask: the one masking
+    function for whatever a tool's answer reaches (its invocation record, the invoke API, agent runs and their events,
+    /mcp, app traces, evaluations). Any secret, however short, is masked whole: a partial mask leaks the rest."""
+    forms = sorted({form for secret in secrets if secret for form in _spellings(secret)}, key=len, reverse=True)
+    if not forms:
+        return output
+    pattern = re.compile("|".join(re.escape(form) for form in forms))
+
+    def walk(value):
+        if isinstance(value, str):
+            return pattern.sub(MASK, value)
+        if isinstance(value, dict):
+            return {walk(key) if isinstance(key, str) else key: walk(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [walk(item) for item in value]
+        return value
+
+    return walk(output)
 
 
 class EncryptedTextField(models.TextField):

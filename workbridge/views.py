@@ -3,7 +3,9 @@ log), the OpenAPI and cURL import wizards, MCP servers, secrets and the egress a
 permission lives in workbridge.services."""
 
 import json
+import shlex
 
+from django.conf import settings
 from django.contrib import messages
 from django.http import Http404
 from django.shortcuts import redirect, render
@@ -13,7 +15,8 @@ from django.views.decorators.http import require_POST
 from accounts.errors import ValidationFailed
 from accounts.gui import gui_actor, has_role, workspace_page
 from accounts.models import Role
-from workbridge import sandbox, selectors, services
+from accounts.services import is_platform_admin
+from workbridge import mcp_catalogue, sandbox, selectors, services
 from workbridge.http_tools import AUTH_TYPES, BODIES, METHODS
 from workbridge.models import Binding, InvocationStatus, McpTransport
 
@@ -122,7 +125,17 @@ def tools_home(request):
         "sandbox_available": available, "sandbox_reason": reason, "sandbox_unsafe": sandbox.mode() != sandbox.BWRAP,
         "can_admin": has_role(request, Role.ADMIN), "can_develop": has_role(request, Role.DEVELOPER),
         "transports": McpTransport.choices,
+        **_catalogue_context(), "may_register_free_form": is_platform_admin(gui_actor(request)),
     })
+
+
+def _catalogue_context() -> dict:
+    try:
+        return {"catalogue": selectors.mcp_command_catalogue(),
+                "catalogue_note": _("The operator has put no local MCP command in the catalogue (%(file)s).")
+                % {"file": settings.MCP_COMMANDS_FILE}}
+    except mcp_catalogue.CatalogueRefused as exc:
+        return {"catalogue": [], "catalogue_note": str(exc)}
 
 
 def _form_context(request, binding: str, tool=None, post=None) -> dict:
@@ -336,14 +349,24 @@ def rule_delete(request, rule_id: int):
 @workspace_page
 @require_POST
 def mcp_server_add(request):
-    command = request.POST.get("command", "").split()
     server = services.save_mcp_server(
         actor=gui_actor(request), workspace=request.workspace, name=request.POST.get("name", "").strip(),
         transport=request.POST.get("transport", McpTransport.HTTP), url=request.POST.get("url", "").strip(),
-        command=command, auth_secret=request.POST.get("auth_secret", "").strip(),
+        catalog_entry=request.POST.get("catalog_entry", "").strip(),
+        arguments=_words(request.POST, "arguments"), command=_words(request.POST, "command"),
+        auth_secret=request.POST.get("auth_secret", "").strip(),
         timeout_s=_number(request.POST, "timeout_s", _("Timeout"), 30.0))
     messages.success(request, _("Registered the MCP server %(name)s.") % {"name": server.name})
     return redirect("mcp-server", server_id=server.pk)
+
+
+def _words(form, field: str) -> list[str]:
+    """A command line typed in a form, split as a shell would (quotes kept together); nothing runs it."""
+    try:
+        return shlex.split(form.get(field, ""))
+    except ValueError as exc:
+        raise ValidationFailed(_("%(field)s cannot be read as words: %(reason)s") % {"field": field, "reason": exc},
+                               fields={field: [str(exc)]})
 
 
 @workspace_page
@@ -361,8 +384,9 @@ def mcp_server_page(request, server_id: int):
     except ValidationFailed as exc:
         error = exc.message
     imported = {tool.config.get("tool"): tool for tool in server.tools.all()}
+    sandboxed, unsandboxed_reason = selectors.mcp_server_sandboxing(server)
     return render(request, "workbridge/mcp_server.html", {
-        "server": server, "error": error,
+        "server": server, "error": error, "sandboxed": sandboxed, "unsandboxed_reason": unsandboxed_reason,
         "offered": [{"remote": remote, "imported": imported.get(remote.name),
                      "schema": json.dumps(remote.input_schema, ensure_ascii=False)} for remote in offered]})
 

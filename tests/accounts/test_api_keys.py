@@ -1,6 +1,8 @@
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -109,3 +111,25 @@ def test_key_creation_and_revocation_are_audited(make_workspace, key_client):
     audit = client.get("/api/audit/?action=api_key.revoke").json()["results"]
     assert audit[0]["target_id"] == str(created["id"])
     assert audit[0]["actor"] == "ann"
+
+
+def test_only_a_platform_administrator_signed_in_makes_a_platform_key_and_the_list_says_so(make_workspace,
+                                                                                       key_client):
+    workspace = make_workspace("Acme", owner="ann")
+    session = APIClient()
+    session.login(username="ann", password="correct-horse-battery")
+    platform = {"name": "ops", "role": "owner", "scope": "platform"}
+
+    refused = session.post("/api/keys/", platform, format="json")
+    assert refused.status_code == 403 and "platform administrator" in refused.json()["error"]["message"]
+    get_user_model().objects.filter(username="ann").update(is_staff=True)
+    # Not through a key: a key may sit in any script, and would mint platform keys for it.
+    through_key = key_client("ann", workspace, role="owner").post("/api/keys/", platform, format="json")
+    assert through_key.status_code == 403
+    made = session.post("/api/keys/", platform, format="json")
+    assert made.status_code == 201 and made.json()["scope"] == "platform"
+    assert {k["name"]: k["scope"] for k in session.get("/api/keys/").json()["results"]}["ops"] == "platform"
+    assert session.post("/api/keys/", {"name": "x", "scope": "galaxy"}, format="json").status_code == 400
+    page = Client()
+    page.login(username="ann", password="correct-horse-battery")
+    assert 'name="scope"' in page.get("/keys/").content.decode()

@@ -1,4 +1,5 @@
 import pytest
+from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from accounts.models import AuditEntry, Membership
@@ -80,3 +81,18 @@ def test_the_openapi_schema_and_docs_are_served(make_workspace):
     docs = client.get("/api/docs/")
     assert docs.status_code == 200
     assert b"swagger-ui" in docs.content and b"cdn" not in docs.content.lower()
+
+
+def test_by_default_only_platform_administrators_create_workspaces(make_user, settings):
+    settings.WORKSPACE_CREATION = "staff"
+    make_user("ann")
+    client = APIClient()
+    client.login(username="ann", password="correct-horse-battery")
+
+    refused = client.post("/api/workspaces/", {"name": "Research Lab"}, format="json")
+    assert refused.status_code == 403 and "platform administrators" in refused.json()["error"]["message"]
+    page = client.get("/keys/", follow=True).content.decode()
+    assert "Ask a platform administrator" in page and 'action="/workspaces/new/"' not in page
+
+    get_user_model().objects.filter(username="ann").update(is_staff=True)
+    assert client.post("/api/workspaces/", {"name": "Research Lab"}, format="json").status_code == 201

@@ -91,6 +91,8 @@ MATRIX: dict[str, object] = {
     "mcp-server-list": LIST, "mcp-server-detail": _pk("mcp_server"), "mcp-server-import-tools": _pk("mcp_server"),
     "mcp-server-tools": _pk("mcp_server"), "mcp-server": _pk("mcp_server", "server_id"),
     "mcp-server-delete": _pk("mcp_server", "server_id"),
+    # The operator's catalogue of local MCP commands: the same for every workspace.
+    "mcp-server-catalogue": PUBLIC,
     # rag_studio
     "rag": LIST, "rag-config-new": OWN, "rag-evals": LIST,
     "knowledge-base-list": LIST, "knowledge-base-detail": _pk("kb"), "knowledge-base-documents": _pk("kb"),

@@ -8,6 +8,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from accounts.models import AuditEntry, KeyScope, Workspace
 from accounts.services import SYSTEM
 from cluster import inventory
 from cluster.services import register_node
@@ -75,9 +76,20 @@ def test_only_a_platform_administrator_changes_a_shared_deployment(make_workspac
     assert "platform administrator" in page.content.decode()
     assert _replica_states(shared) == {ServingState.READY}
 
+    # A staff user's ordinary workspace key is a workspace key: it stops nothing that every tenant shares.
     get_user_model().objects.filter(username="ann").update(is_staff=True)
-    response = owner_api.patch(f"/api/serving/deployments/{SMOLLM2}/routing/", {"cooldown_s": 5}, format="json")
+    staff_workspace_key = key_client("ann", Workspace.objects.get(name="Acme"), role="owner")
+    response = staff_workspace_key.post(f"/api/serving/deployments/{SMOLLM2}/stop/")
+    assert response.status_code == 403 and "platform administrator" in response.json()["error"]["message"]
+    assert _replica_states(shared) == {ServingState.READY}
+
+    platform_key = key_client("ann", Workspace.objects.get(name="Acme"), role="owner", scope=KeyScope.PLATFORM)
+    response = platform_key.patch(f"/api/serving/deployments/{SMOLLM2}/routing/", {"cooldown_s": 5}, format="json")
     assert response.status_code == 200 and response.json()["cooldown_s"] == 5
+    assert platform_key.post(f"/api/serving/deployments/{SMOLLM2}/stop/").status_code == 200
+    used = AuditEntry.objects.filter(action="platform_key.use").values_list("detail__action", flat=True)
+    assert len(used) == 2 and all(SMOLLM2 in action for action in used)
+    assert AuditEntry.objects.filter(action="deployment.stop", api_key__scope=KeyScope.PLATFORM).exists()
 
 
 @pytest.fixture
@@ -101,7 +113,7 @@ def test_outside_the_model_directories_every_path_gets_the_same_answer(make_work
                                                                        tmp_path):
     workspace = make_workspace("Ops", owner="ops")
     get_user_model().objects.filter(username="ops").update(is_staff=True)
-    admin = key_client("ops", workspace, role="owner")
+    admin = key_client("ops", workspace, role="owner", scope=KeyScope.PLATFORM)
     not_gguf = tmp_path / "notes.txt"
     not_gguf.write_text("hello")
     answers = set()

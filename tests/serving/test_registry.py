@@ -4,7 +4,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
-from accounts.models import Role
+from accounts.models import KeyScope, Role
 from accounts.services import SYSTEM
 from cluster.models import Node
 from serving import services
@@ -22,7 +22,7 @@ def developer(make_workspace, key_client, settings, tmp_path) -> APIClient:
     settings.MODEL_DIRS = [_smollm2_path().parent, tmp_path]
     workspace = make_workspace("Acme", owner="ann")
     get_user_model().objects.filter(username="ann").update(is_staff=True)
-    return key_client("ann", workspace, role=Role.ADMIN)
+    return key_client("ann", workspace, role=Role.ADMIN, scope=KeyScope.PLATFORM)
 
 
 def test_the_presets_are_registered_from_their_packages():
@@ -125,7 +125,10 @@ def test_only_platform_administrators_change_a_shared_models_template(make_works
         assert refused.status_code == 403
     assert Model.objects.get(pk=gemma.pk).chat_template == GEMMA3_CHAT_TEMPLATE
     get_user_model().objects.filter(username="ann").update(is_staff=True)
-    allowed = key_client("ann", workspace, role=Role.ADMIN).post(url, {"chat_template": "{{ x }}"}, format="json")
+    staff_workspace_key = key_client("ann", workspace, role=Role.ADMIN)
+    assert staff_workspace_key.post(url, {"chat_template": "{{ x }}"}, format="json").status_code == 403
+    allowed = key_client("ann", workspace, role=Role.ADMIN, scope=KeyScope.PLATFORM).post(
+        url, {"chat_template": "{{ x }}"}, format="json")
     assert allowed.status_code == 200
 
 

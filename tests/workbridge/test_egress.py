@@ -207,3 +207,12 @@ def test_no_module_outside_the_egress_guard_and_the_engines_opens_http_itself():
 
     assert not offenders, "outbound HTTP outside workbridge.egress:\n" + "\n".join(offenders)
     assert all((ROOT / path).exists() for path in DIRECT_HTTP), "an exempted module moved: update DIRECT_HTTP"
+
+
+@pytest.mark.parametrize("url", ["http://0177.0.0.1:8081/", "http://[::1/", "http://exa mple.com/", "http://:80/",
+                                 "http://%/"])
+def test_a_url_httpx_cannot_read_is_refused_by_request_too_never_an_httpx_error(url):
+    with pytest.raises(EgressRefused, match="is not a valid URL|has no host|could not be resolved"):
+        egress.request("GET", url, allowlist=LOOPBACK)
+    with pytest.raises(EgressRefused):
+        egress.request("GET", url, params={"q": "1"}, allowlist=LOOPBACK)

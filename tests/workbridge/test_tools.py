@@ -1,6 +1,7 @@
 """HTTP tools: defined through the API, versioned, called with checked arguments through the egress guard with
 secrets from the workspace, every call recorded with secrets masked, and handed to LangChain."""
 
+import hashlib
 import json
 import time
 from http.server import BaseHTTPRequestHandler
@@ -17,6 +18,10 @@ TOOLS, SECRETS = "/api/workbridge/tools/", "/api/workbridge/secrets/"
 TOKEN = "tok-SECRET-4242-abcdef"
 
 
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 class Echo(BaseHTTPRequestHandler):
     """Answers with what it received; /orders/missing is a 404 and /slow takes 2 s."""
 
@@ -24,8 +29,11 @@ class Echo(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         if self.path.startswith("/slow"):
             time.sleep(2)
-        body = json.dumps({"method": self.command, "path": self.path, "auth": self.headers.get("Authorization"),
-                           "key": self.headers.get("X-Api-Key"), "request_id": self.headers.get("X-Request-Id"),
+        received = {"auth": self.headers.get("Authorization"), "key": self.headers.get("X-Api-Key")}
+        body = json.dumps({"method": self.command, "path": self.path, **received,
+                           # What the server really got, as a digest: the echoed values come back masked.
+                           "received_sha256": {name: value and _sha256(value) for name, value in received.items()},
+                           "request_id": self.headers.get("X-Request-Id"),
                            "body": self.rfile.read(length).decode() if length else None}).encode()
         self.send_response(404 if "missing" in self.path else 200)
         self.send_header("Content-Type", "application/json")
@@ -75,7 +83,9 @@ def test_a_call_fills_the_url_query_and_body_and_sends_the_secret_the_record_nev
 
     echoed = called["output"]
     assert echoed["method"] == "POST" and echoed["path"] == "/orders/A%207%2F1/notes?notify=true"
-    assert echoed["auth"] == f"Bearer {TOKEN}" and json.loads(echoed["body"]) == {"text": "你好 world"}
+    assert echoed["received_sha256"]["auth"] == _sha256(f"Bearer {TOKEN}")
+    # The service echoed the secret: the invoke API's answer shows it masked, like the record.
+    assert echoed["auth"] == "Bearer ••••••••" and json.loads(echoed["body"]) == {"text": "你好 world"}
     assert called["invocation"]["status"] == "ok" and called["invocation"]["http_status"] == 200
     assert called["request"]["headers"]["Authorization"] == "Bearer ••••••••"
     record = Invocation.objects.get()
@@ -91,7 +101,8 @@ def test_secrets_are_shown_masked_and_a_header_or_query_key_is_masked_too(shop, 
                       format="json").json()
     called = dev.post(f"{TOOLS}{header['id']}/invoke/", {"arguments": {"order_id": "1", "text": "x"}},
                       format="json").json()
-    assert called["output"]["key"] == TOKEN and called["request"]["headers"]["X-Api-Key"] == "••••••••"
+    assert called["output"]["received_sha256"]["key"] == _sha256(TOKEN)
+    assert called["output"]["key"] == "••••••••" and called["request"]["headers"]["X-Api-Key"] == "••••••••"
 
 
 def test_arguments_go_out_under_their_wire_names_in_the_query_and_headers_and_one_can_be_the_whole_body(shop, dev):
