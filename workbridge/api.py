@@ -192,13 +192,16 @@ class ApiSpecSerializer(serializers.ModelSerializer):
 
 class SpecSourceSerializer(serializers.Serializer):
     """The spec as an uploaded file, pasted text or a URL (one of them), and the API's base URL when the spec
-    does not say it."""
+    does not say it. A spec that does not validate is read leniently unless `strict`."""
 
     file = serializers.FileField(required=False)
     text = serializers.CharField(required=False, default="", allow_blank=True, trim_whitespace=False,
                                  max_length=services.SPEC_MAX_BYTES)
     url = serializers.CharField(required=False, default="", allow_blank=True, max_length=2000)
     base_url = serializers.CharField(required=False, default="", allow_blank=True, max_length=2000)
+    strict = serializers.BooleanField(required=False, default=False,
+                                      help_text="Refuse a spec that does not validate, instead of importing the "
+                                                "operations that can be tools and listing what was repaired.")
     operations = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True,
                                        default=None)
 
@@ -218,8 +221,9 @@ class SpecSourceSerializer(serializers.Serializer):
 
 class ApiSpecViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                      mixins.DestroyModelMixin, viewsets.GenericViewSet):
-    """Imported OpenAPI 3.x and Swagger 2.0 specs (JSON or YAML): `preview/` shows one draft tool per operation;
-    `POST` stores the spec and makes tools of the chosen operations. Deleting a spec deletes its tools."""
+    """Imported OpenAPI 3.x and Swagger 2.0 specs (JSON or YAML): `preview/` shows one draft tool per operation,
+    the operations skipped and the problems repaired, each with its JSON path and reason; `POST` stores the spec and
+    makes tools of the chosen operations. Deleting a spec deletes its tools."""
 
     serializer_class = ApiSpecSerializer
     queryset = ApiSpec.objects.prefetch_related("tools")
@@ -233,7 +237,7 @@ class ApiSpecViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retriev
         preview = services.preview_spec(actor=self.actor, workspace=self.workspace, **data.spec_source())
         return Response({"title": preview.title, "version": preview.version,
                          "operations": [_draft_data(draft) for draft in preview.drafts],
-                         "skipped": preview.skipped})
+                         "skipped": preview.skipped, "repaired": preview.repaired})
 
     @extend_schema(request=SpecSourceSerializer, responses={201: ApiSpecSerializer})
     def create(self, request):

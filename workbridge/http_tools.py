@@ -6,12 +6,13 @@
 
 `{argument}` placeholders in the URL are filled (URL-quoted); arguments named in `query` go to the query string and
 those in `header_args` to headers, each under its wire name (an imported spec's `page[size]` is the argument
-`page_size`); the rest go in a JSON or form body (`body`). With `body: none` (no body declared) they go to the query
-string of a GET or DELETE, and as a JSON body of a POST, PUT or PATCH, sent only when there is any: an API that takes
-no declared body reads its query parameters from `query`, and an argument the user added to such a tool is most
-likely a field the API wants in the body. `body_arg` names an argument whose value is the whole body (a spec whose
-body is an array, say). `auth` takes its value from a workspace secret: `bearer`, `header` (with `name`), `query`
-(with `name`) or `basic` (with `username`).
+`page_size`; in the query string a list repeats the name and an object's keys are parameters of their own, as
+OpenAPI sends query values by default); the rest go in a JSON or form body (`body`). With `body: none` (no body
+declared) they go to the query string of a GET or DELETE, and as a JSON body of a POST, PUT or PATCH, sent only when
+there is any: an API that takes no declared body reads its query parameters from `query`, and an argument the user
+added to such a tool is most likely a field the API wants in the body. `body_arg` names an argument whose value is
+the whole body (a spec whose body is an array, say). `auth` takes its value from a workspace secret: `bearer`,
+`header` (with `name`), `query` (with `name`) or `basic` (with `username`).
 """
 
 import base64
@@ -112,7 +113,7 @@ class HttpCall:
 
     def describe(self) -> dict:
         """The request as the GUI shows it before and after sending: every secret masked."""
-        query = f"{'&' if '?' in self.url else '?'}{urlencode(self.params)}" if self.params else ""
+        query = f"{'&' if '?' in self.url else '?'}{urlencode(self.params, doseq=True)}" if self.params else ""
         return {"method": self.method, "url": self.redact(self.url + query),
                 "headers": {k: self.redact(v) for k, v in self.headers.items()},
                 "body": self.json_body if self.json_body is not None else
@@ -141,8 +142,14 @@ def render(config: dict, arguments: dict, secret: Callable[[str], str]) -> HttpC
         params |= rest
     elif rest:
         call.json_body = rest
-    call.params = {name: value if isinstance(value, str) else str(value).lower() if isinstance(value, bool)
-                   else str(value) for name, value in params.items()}
+    for name, value in params.items():
+        # OpenAPI's default for query values (form style, exploded): a list repeats the name, and each key of an
+        # object is a parameter of its own.
+        if isinstance(value, dict):
+            call.params |= {key: _query_text(item) for key, item in value.items()}
+        else:
+            call.params[name] = [_query_text(item) for item in value] if isinstance(value, list) else \
+                _query_text(value)
     auth = config["auth"]
     if auth["type"] != "none":
         value = secret(auth["secret"])
@@ -158,3 +165,11 @@ def render(config: dict, arguments: dict, secret: Callable[[str], str]) -> HttpC
             call.headers["Authorization"] = f"Basic {token}"
             call.secret_values.append(token)
     return call
+
+
+def _query_text(value) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value) if isinstance(value, int | float) else json.dumps(value)

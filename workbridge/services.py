@@ -235,16 +235,23 @@ class SpecPreview:
     source: str
     base_url: str
     drafts: list[ToolDraft]
-    # Operations no tool can be made of, with the reason: {"operation": "POST /upload", "reason": ...}.
+    # Operations no tool can be made of: {"operation": "POST /upload", "path": "paths./upload.post", "reason": ...}.
     skipped: list[dict]
+    # What the lenient reading repaired or let pass: {"path": "definitions.X.type", "reason": "'int' read as integer"}.
+    repaired: list[dict]
 
     @property
     def title(self) -> str:
-        return str((self.document.get("info") or {}).get("title") or "Untitled API")[:200]
+        return str(self._info.get("title") or "Untitled API")[:200]
 
     @property
     def version(self) -> str:
-        return str((self.document.get("info") or {}).get("version") or "")[:64]
+        return str(self._info.get("version") or "")[:64]
+
+    @property
+    def _info(self) -> dict:
+        info = self.document.get("info")
+        return info if isinstance(info, dict) else {}
 
 
 def _spec_text(*, workspace: Workspace, text: str, url: str) -> str:
@@ -265,31 +272,34 @@ def _spec_text(*, workspace: Workspace, text: str, url: str) -> str:
 
 
 def preview_spec(*, actor: Actor, workspace: Workspace, text: str = "", url: str = "", base_url: str = "",
-                 source: str = "pasted") -> SpecPreview:
+                 source: str = "pasted", strict: bool = False) -> SpecPreview:
     """An OpenAPI 3.x or Swagger 2.0 spec (JSON or YAML, as text or fetched from `url` through the egress guard)
-    read, validated and turned into one draft tool per operation, for the user to pick, rename and edit."""
+    read and turned into one draft tool per operation, for the user to pick, rename and edit. Read leniently, what
+    does not validate is repaired or skipped and listed; `strict` refuses a spec that does not validate."""
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
     spec_text = _spec_text(workspace=workspace, text=text, url=url)
     try:
-        document = openapi.load_spec(spec_text)
-        drafts, skipped = openapi.drafts(document, base_url=base_url or None)
+        reading = openapi.read_spec(spec_text, base_url=base_url or None, strict=strict)
     except openapi.BaseUrlNeeded as exc:
         raise ValidationFailed(str(exc), fields={"base_url": [str(exc)]})
     except openapi.ImportInvalid as exc:
         raise ValidationFailed(f"The spec cannot be imported: {exc}", fields={"spec": [str(exc)]})
-    return SpecPreview(document=document, source=url or source, base_url=base_url, drafts=drafts, skipped=skipped)
+    return SpecPreview(document=reading.document, source=url or source, base_url=base_url, drafts=reading.drafts,
+                       skipped=reading.skipped, repaired=reading.repaired)
 
 
 @transaction.atomic
 def import_spec(*, actor: Actor, workspace: Workspace, text: str = "", url: str = "", base_url: str = "",
-                source: str = "pasted", operations: list[dict] | None = None) -> ApiSpec:
-    """Store the spec once and make an `openapi` tool of each chosen operation (`{"operation": "GET /pets",
-    "name": ..., "description": ...}`, name and description optional; all operations when None). A name already
-    taken in the workspace fails the whole import."""
-    preview = preview_spec(actor=actor, workspace=workspace, text=text, url=url, base_url=base_url, source=source)
+                source: str = "pasted", operations: list[dict] | None = None, strict: bool = False) -> ApiSpec:
+    """Store the spec once (as given) and make an `openapi` tool of each chosen operation (`{"operation": "GET /pets",
+    "name": ..., "description": ...}`, name and description optional; all operations that can be tools when None).
+    A name already taken in the workspace fails the whole import."""
+    preview = preview_spec(actor=actor, workspace=workspace, text=text, url=url, base_url=base_url, source=source,
+                           strict=strict)
     by_operation = {draft.operation: draft for draft in preview.drafts}
     chosen = operations if operations is not None else [{"operation": key} for key in by_operation]
-    unknown = [str(choice.get("operation")) for choice in chosen if choice.get("operation") not in by_operation]
+    unknown = [str(choice.get("operation")) for choice in chosen
+               if not isinstance(choice.get("operation"), str) or choice["operation"] not in by_operation]
     if unknown or not chosen:
         message = f"The spec has no operation {', '.join(unknown)}." if unknown else "Choose at least one operation."
         raise ValidationFailed(message, fields={"operations": [message]})

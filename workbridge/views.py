@@ -249,7 +249,8 @@ def tool_delete(request, tool_id: int):
 def _spec_source(request) -> dict:
     upload = request.FILES.get("file")
     source = {"text": request.POST.get("text", ""), "url": request.POST.get("url", "").strip(),
-              "base_url": request.POST.get("base_url", "").strip(), "source": "pasted"}
+              "base_url": request.POST.get("base_url", "").strip(), "source": "pasted",
+              "strict": bool(request.POST.get("strict"))}
     if upload is not None:
         if upload.size > services.SPEC_MAX_BYTES:
             raise ValidationFailed(_("The spec file is larger than %(bytes)s bytes.")
@@ -270,6 +271,7 @@ def import_openapi(request):
         text = source["text"] or json.dumps(preview.document)
         return render(request, "workbridge/import_openapi.html", {
             "preview": preview, "spec_text": text, "base_url": source["base_url"], "source": preview.source,
+            "strict": source["strict"],
             "drafts": [{"draft": draft, "parameters": json.dumps(draft.parameters, ensure_ascii=False)}
                        for draft in preview.drafts]})
     chosen = [{"operation": draft.operation, "name": request.POST.get(f"name_{index}", "").strip(),
@@ -277,7 +279,7 @@ def import_openapi(request):
               for index, draft in enumerate(preview.drafts) if request.POST.get(f"pick_{index}")]
     spec = services.import_spec(actor=gui_actor(request), workspace=request.workspace, text=source["text"],
                                 base_url=source["base_url"], source=request.POST.get("source", "pasted"),
-                                operations=chosen)
+                                operations=chosen, strict=source["strict"])
     messages.success(request, _("Imported %(title)s: %(count)s tool(s).") % {"title": spec.title,
                                                                              "count": spec.tools.count()})
     return redirect("tools")

@@ -1,11 +1,14 @@
 """Tools from what a user already has: an OpenAPI 3 or Swagger 2 spec (pasted, uploaded or fetched through the egress
 guard), previewed, picked and renamed, then called; and a cURL command whose credentials become secrets."""
 
+import html
 import json
+import re
 from http.server import BaseHTTPRequestHandler
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
 
 from tests.conftest import local_http_server
 from workbridge.models import ApiSpec, Secret, Tool
@@ -40,6 +43,8 @@ paths:
       description: Orders, newest first.
       parameters:
         - {name: status, in: query, schema: {type: string, enum: [open, shipped], nullable: true}}
+        - {name: tags, in: query, schema: {type: array, items: {type: string}}}
+        - {name: where, in: query, schema: {type: object, additionalProperties: {type: string}}}
       responses: {"200": {description: ok}}
   /uploads:
     post:
@@ -79,6 +84,41 @@ SWAGGER = {
                             "responses": {"200": {"description": "ok"}}}}},
     "definitions": {"Item": {"type": "object", "properties": {"name": {"type": "string"}}}},
 }
+
+
+# What httpbin's own spec (flasgger) does wrong, in little: a YAML number for the version, a field the format does not
+# have, `type: int`, a path parameter not marked required, one docstring (and operationId) for every method, TRACE.
+BINS_YAML = """
+swagger: 2.0
+info:
+  title: Bins
+  version: "1"
+  contact: {responsibleDeveloper: A. Developer, url: "https://example.com/"}
+paths:
+  /delay/{delay}:
+    get:
+      operationId: delay
+      parameters:
+        - {in: path, name: delay, type: int}
+      responses: {"200": {description: A delayed answer.}}
+  /anything:
+    get: &anything
+      operationId: anything
+      responses: {"200": {description: Anything passed in the request.}}
+    post: *anything
+    trace: *anything
+  /items:
+    post:
+      operationId: addItem
+      parameters:
+        - {in: body, name: item, required: true, schema: {$ref: "#/definitions/Item"}}
+      responses: {"200": {description: ok}}
+definitions:
+  Item:
+    type: object
+    properties:
+      count: {type: int}
+"""
 
 
 class Echo(BaseHTTPRequestHandler):
@@ -122,8 +162,9 @@ def test_a_spec_is_previewed_then_the_chosen_operations_become_tools_that_call_t
     by_operation = {draft["operation"]: draft for draft in preview["operations"]}
 
     assert preview["title"] == "Shop" and set(by_operation) == {"POST /orders/{orderId}/notes", "GET /orders"}
-    assert preview["skipped"] == [{"operation": "POST /uploads", "reason":
+    assert preview["skipped"] == [{"operation": "POST /uploads", "path": "paths./uploads.post", "reason":
                                    "its body is multipart/form-data, and tools send JSON or form bodies."}]
+    assert preview["repaired"] == []
     note = by_operation["POST /orders/{orderId}/notes"]
     assert note["name"] == "addOrderNote" and note["config"]["url"] == f"{shop}/v1/orders/{{orderId}}/notes"
     assert note["parameters"]["required"] == ["orderId", "text"]
@@ -179,6 +220,18 @@ def test_swagger_2_operations_map_path_body_form_and_api_key_auth(dev):
     assert drafts["login"]["config"]["body"] == "form" and drafts["login"]["parameters"]["required"] == ["user"]
 
 
+def test_a_query_list_repeats_its_name_and_an_object_sends_each_key_as_openapi_does(shop, dev):
+    spec = dev.post(SPECS, {"text": SHOP_YAML, "base_url": shop, "operations": [{"operation": "GET /orders"}]},
+                    format="json").json()
+    dev.post("/api/workbridge/secrets/", {"name": "SHOPAUTH", "value": "tok-123456789"}, format="json")
+
+    called = dev.post(f"{TOOLS}{spec['tools'][0]['id']}/invoke/", {"arguments": {
+        "status": "open", "tags": ["gift", "rush"], "where": {"city": "Oslo", "floor": "2"}}}, format="json").json()
+
+    assert called["output"]["path"] == "/v1/orders?status=open&tags=gift&tags=rush&city=Oslo&floor=2"
+    assert called["request"]["url"].endswith("/v1/orders?status=open&tags=gift&tags=rush&city=Oslo&floor=2")
+
+
 def test_deleting_a_spec_deletes_its_tools(shop, dev):
     spec = dev.post(SPECS, {"text": SHOP_YAML, "base_url": shop}, format="json").json()
     assert Tool.objects.count() == 2
@@ -194,7 +247,9 @@ BILLION_LAUGHS = "openapi: 3.0.0\n" + "a: &a [x, x, x, x, x, x, x, x, x]\n" + ""
     ({"text": "{{{ not: [yaml"}, "neither JSON nor YAML"),
     ({"text": "- just\n- a list\n"}, "expected an object at the top"),
     ({"text": json.dumps({"title": "x"})}, "neither an 'openapi' nor a 'swagger'"),
-    ({"text": json.dumps({"openapi": "3.0.0", "paths": {}})}, "does not validate"),
+    ({"text": json.dumps({"openapi": "3.0.0", "paths": {}}), "strict": True}, "does not validate"),
+    ({"text": json.dumps({"openapi": "3.0.0", "paths": {}})}, "it has no operations"),
+    ({"text": json.dumps({"openapi": "4.0.0", "paths": {}})}, "its version is not OpenAPI 3.0, 3.1 or Swagger 2.0"),
     ({"text": json.dumps({"openapi": "3.0.0", "info": {"title": "t", "version": "1"}, "paths": {
         "/x": {"get": {"responses": {"200": {"$ref": "https://evil.example/r.json"}}}}}})},
      "refers to another document (https://evil.example/r.json)"),
@@ -208,7 +263,98 @@ def test_a_spec_that_cannot_be_imported_is_a_400_saying_why(dev, source, message
     assert response.status_code == 400 and message in response.json()["error"]["message"], response.json()
 
 
-def test_a_curl_command_becomes_an_http_tool_and_its_token_a_secret(shop, dev):
+def test_a_spec_that_does_not_validate_is_imported_with_what_was_skipped_and_repaired_listed(shop, dev):
+    preview = dev.post(f"{SPECS}preview/", {"text": BINS_YAML, "base_url": shop}, format="json")
+    assert preview.status_code == 200, preview.json()
+    by_operation = {draft["operation"]: draft for draft in preview.json()["operations"]}
+
+    assert set(by_operation) == {"GET /delay/{delay}", "GET /anything", "POST /anything", "POST /items"}
+    assert by_operation["GET /delay/{delay}"]["parameters"] == {
+        "type": "object", "properties": {"delay": {"type": "integer"}}, "required": ["delay"]}
+    assert by_operation["POST /items"]["parameters"]["properties"] == {"count": {"type": "integer"}}
+    assert [by_operation[key]["name"] for key in ("GET /anything", "POST /anything")] == ["anything", "anything_2"]
+    assert preview.json()["skipped"] == [{"operation": "TRACE /anything", "path": "paths./anything.trace",
+                                          "reason": "method not supported: tools send DELETE, GET, PATCH, POST, PUT."}]
+    assert preview.json()["repaired"] == [
+        {"path": "definitions.Item.properties.count.type", "reason": "'int' read as integer"},
+        {"path": "info.contact.responsibleDeveloper", "reason": "not a field the format has here; ignored"},
+        {"path": "paths./anything.post.operationId",
+         "reason": "'anything' is also the operationId of GET /anything; the tool gets a numbered name"},
+        {"path": "paths./delay/{delay}.get.parameters.0", "reason": "a path parameter is always required; read as "
+                                                                    "required"},
+        {"path": "paths./delay/{delay}.get.parameters.0.type", "reason": "'int' read as integer"},
+        {"path": "swagger", "reason": "2.0 read as '2.0'"}]
+
+    strict = dev.post(f"{SPECS}preview/", {"text": BINS_YAML, "base_url": shop, "strict": True}, format="json")
+    assert strict.status_code == 400 and "its version is not text" in strict.json()["error"]["message"]
+    spec = dev.post(SPECS, {"text": BINS_YAML, "base_url": shop}, format="json")
+    assert spec.status_code == 201 and len(spec.json()["tools"]) == 4
+    assert ApiSpec.objects.get().document["swagger"] == 2.0  # stored as given
+
+    tools = {tool["operation"]: tool["id"] for tool in spec.json()["tools"]}
+
+    def call(operation: str, arguments: dict) -> dict:
+        called = dev.post(f"{TOOLS}{tools[operation]}/invoke/", {"arguments": arguments}, format="json").json()
+        assert called["invocation"]["status"] == "ok", called
+        return called["output"]
+
+    assert call("GET /delay/{delay}", {"delay": 3})["path"] == "/delay/3"
+    assert json.loads(call("POST /items", {"count": 2})["body"]) == {"count": 2}
+    # No body declared: what the operation does not place goes in the query of a GET, and as JSON in a POST's body.
+    got = call("GET /anything", {"note": "hi"})
+    assert got["path"] == "/anything?note=hi" and got["body"] is None
+    assert call("POST /anything", {"note": "hi"})["path"] == "/anything"
+    assert json.loads(call("POST /anything", {"note": "hi"})["body"]) == {"note": "hi"}
+    assert call("POST /anything", {})["body"] is None
+
+
+def test_the_platform_s_own_schema_is_imported_where_strict_validation_refuses_it(dev):
+    """drf-spectacular writes `default: ''` beside `minLength: 1`: openapi-spec-validator refuses the whole document
+    without saying where; read leniently, each such default is dropped and named."""
+    text = dev.get("/api/schema/", {"format": "json"}).content.decode()
+
+    strict = dev.post(f"{SPECS}preview/", {"text": text, "strict": True}, format="json")
+    preview = dev.post(f"{SPECS}preview/", {"text": text, "base_url": "https://factory.example"}, format="json")
+
+    assert strict.status_code == 400 and "'' should be non-empty" in strict.json()["error"]["message"]
+    assert preview.status_code == 200, preview.json()
+    imported, skipped = preview.json()["operations"], preview.json()["skipped"]
+    assert len(imported) / (len(imported) + len(skipped)) >= 0.95
+    assert {item["reason"] for item in skipped} == {
+        "its body is multipart/form-data, and tools send JSON or form bodies."}
+    assert {"path": "components.schemas.DeployRequest.properties.node.default",
+            "reason": "the default \"\" does not fit its own schema ('' should be non-empty); dropped"} \
+        in preview.json()["repaired"]
+    [deploy] = [draft for draft in imported if draft["operation"] == "POST /api/enhancement/jobs/{id}/deploy/"]
+    assert deploy["parameters"]["properties"]["node"] == {"type": "string", "minLength": 1,
+                                                          "description": "This server's node when blank"}
+
+
+def _text(page) -> str:
+    """The page as a person reads it: no tags, no entities."""
+    return html.unescape(re.sub(r"<[^>]+>", "", page.content.decode()))
+
+
+def test_the_import_page_shows_what_was_skipped_and_repaired_and_strict_refuses(shop, dev):
+    page = Client()
+    page.login(username="dev", password="correct-horse-battery")
+
+    assert "Strict: refuse a spec that does not validate" in page.get("/tools/import/openapi/").content.decode()
+    preview = page.post("/tools/import/openapi/", {"text": BINS_YAML, "base_url": shop})
+    shown = _text(preview)
+    assert preview.status_code == 200
+    assert "paths./anything.trace (TRACE /anything): method not supported" in shown
+    assert "6 problems the spec does not validate on" in shown
+    assert "definitions.Item.properties.count.type: 'int' read as integer" in shown
+    refused = page.post("/tools/import/openapi/", {"text": BINS_YAML, "base_url": shop, "strict": "on"}, follow=True)
+    assert "its version is not text" in _text(refused)
+    imported = page.post("/tools/import/openapi/", {"step": "import", "text": BINS_YAML, "base_url": shop,
+                                                    "pick_0": "on", "name_0": "wait_a_bit"}, follow=True)
+    assert "Imported Bins: 1 tool(s)." in _text(imported)
+    assert Tool.objects.get().name == "wait_a_bit"
+
+
+def test_a_curl_command_becomes_an_http_tool_whose_values_are_defaults_and_its_token_a_secret(shop, dev):
     command = (f"curl -sS -X POST '{shop}/orders?dry_run=true&limit=5' \\\n"
                "  -H 'Authorization: Bearer tok-SECRET-98765' -H 'Accept: application/json' \\\n"
                "  --data-raw '{\"sku\": \"A-1\", \"qty\": 2, \"gift\": {\"note\": \"hi\"}}'")
@@ -216,17 +362,22 @@ def test_a_curl_command_becomes_an_http_tool_and_its_token_a_secret(shop, dev):
     preview = dev.post(f"{TOOLS}from-curl/", {"command": command, "preview": True}, format="json").json()
     assert preview["secrets"] == ["P_127_0_0_1_TOKEN"]
     assert "tok-SECRET" not in json.dumps(preview) and not Tool.objects.exists()
-    assert preview["parameters"]["properties"]["qty"] == {"type": "integer", "examples": [2]}
-    assert preview["parameters"]["properties"]["gift"]["required"] == ["note"]
+    # Every value is an optional argument's default; the query's stay text, the JSON body's keep their JSON type.
+    assert "required" not in preview["parameters"]
+    assert preview["parameters"]["properties"] == {
+        "dry_run": {"type": "string", "default": "true"}, "limit": {"type": "string", "default": "5"},
+        "sku": {"type": "string", "default": "A-1"}, "qty": {"type": "number", "default": 2},
+        "gift": {"type": "object", "properties": {"note": {"type": "string"}}, "default": {"note": "hi"}}}
     assert preview["config"]["query"] == {"dry_run": "dry_run", "limit": "limit"}
 
     tool = dev.post(f"{TOOLS}from-curl/", {"command": command, "name": "place_order"}, format="json").json()
     called = dev.post(f"{TOOLS}{tool['id']}/invoke/", {"arguments": {
-        "dry_run": False, "limit": 1, "sku": "B-2", "qty": 3, "gift": {"note": "生日快乐"}}}, format="json").json()
+        "limit": "2", "sku": "B-2", "qty": 2.5, "gift": {"note": "生日快乐", "wrap": True}}}, format="json").json()
 
     echoed = called["output"]
-    assert echoed["path"] == "/orders?dry_run=false&limit=1" and echoed["auth"] == "Bearer ••••••••"
-    assert json.loads(echoed["body"]) == {"sku": "B-2", "qty": 3, "gift": {"note": "生日快乐"}}
+    assert called["invocation"]["status"] == "ok", called
+    assert echoed["path"] == "/orders?limit=2" and echoed["auth"] == "Bearer ••••••••"
+    assert json.loads(echoed["body"]) == {"sku": "B-2", "qty": 2.5, "gift": {"note": "生日快乐", "wrap": True}}
     assert Secret.objects.get().value == "tok-SECRET-98765" and "tok-SECRET" not in json.dumps(called["request"])
 
 
@@ -236,7 +387,7 @@ def test_a_curl_with_a_user_and_form_data_uses_basic_auth_and_a_form_body(dev):
                      format="json").json()
     assert draft["config"]["method"] == "POST" and draft["config"]["body"] == "form"
     assert draft["config"]["auth"] == {"type": "basic", "username": "alice", "secret": "CRM_EXAMPLE_COM_PASSWORD"}
-    assert draft["parameters"]["properties"]["age"] == {"type": "integer", "examples": [30]}
+    assert draft["parameters"]["properties"]["age"] == {"type": "string", "default": "30"}
 
 
 @pytest.mark.parametrize("command, message", [

@@ -1,10 +1,12 @@
 """One cURL command (as an API's docs or a browser's "Copy as cURL" give it) made into one draft http tool.
 
-The command is split with shlex, as a POSIX shell would. The query string's and the body's example values become
-arguments whose JSON Schema is inferred from them (types, and the example as a default or an example); a bearer
-token, an API-key header or a user:password become workspace secrets the tool refers to, so that no credential is
-stored in a tool's definition. Options that only change how curl itself behaves (-s, -L, -k, -v, --compressed) are
-accepted and ignored; those a tool cannot reproduce (a file upload, a cookie jar) are refused by name.
+The command is split with shlex, as a POSIX shell would. The query string's and the body's values become optional
+arguments with the value as their default, typed loosely, since one example says little about what else the API
+takes: a query or form value is a string, as it is on the wire (`limit=5` takes "7"), and a JSON body's value keeps
+its JSON type (a number is any number, an object's keys are all optional). A bearer token, an API-key header or a
+user:password become workspace secrets the tool refers to, so that no credential is stored in a tool's definition.
+Options that only change how curl itself behaves (-s, -L, -k, -v, --compressed) are accepted and ignored; those a
+tool cannot reproduce (a file upload, a cookie jar) are refused by name.
 """
 
 import json
@@ -116,8 +118,7 @@ def _draft(method, url, headers, data, user, get, json_data) -> ToolDraft:
         raise ImportInvalid(f"'{url}' is not a URL: {exc}.") from exc
     if parts.scheme not in ("http", "https") or not host:
         raise ImportInvalid(f"'{url}' is not an http(s) URL.")
-    secrets, taken = {}, set()
-    properties, required = {}, []
+    secrets, taken, properties = {}, set(), {}
     config = {"query": {}, "header_args": {}, "headers": {}}
     secret_base = argument_name(host, set()).upper()
 
@@ -125,15 +126,13 @@ def _draft(method, url, headers, data, user, get, json_data) -> ToolDraft:
         if wire in config["query"].values():
             continue
         name = argument_name(wire, taken)
-        properties[name], config["query"][name] = _from_example(_scalar(example)), wire
-        required.append(name)
+        properties[name], config["query"][name] = _text(example), wire
     body = "&".join(data)  # as curl joins several -d
     content_type = next((value for name, value in headers.items() if name.lower() == "content-type"), "")
     if body and get:
         for wire, example in parse_qsl(body, keep_blank_values=True):
             name = argument_name(wire, taken)
-            properties[name], config["query"][name] = _from_example(_scalar(example)), wire
-            required.append(name)
+            properties[name], config["query"][name] = _text(example), wire
         body = ""
     method = method or ("POST" if body else "GET")
     if body:
@@ -143,21 +142,19 @@ def _draft(method, url, headers, data, user, get, json_data) -> ToolDraft:
                 isinstance(key, str) and key.isidentifier() and key not in taken for key in parsed):
             config["body"] = "json"
             for key, example in parsed.items():
-                properties[key] = _from_example(example)
+                properties[key] = {**_json_type(example), "default": example}
                 taken.add(key)
-            required += list(parsed)
         elif parsed is not None:
             name = argument_name("body", taken)
-            properties[name], config["body"], config["body_arg"] = _from_example(parsed), "json", name
-            required.append(name)
+            properties[name] = {**_json_type(parsed), "default": parsed}
+            config["body"], config["body_arg"] = "json", name
         else:
             config["body"] = "form"
             for wire, example in parse_qsl(body, keep_blank_values=True):
                 if not wire.isidentifier() or wire in taken:
                     raise ImportInvalid(f"the form field '{wire}' cannot be an argument name.")
                 taken.add(wire)
-                properties[wire] = _from_example(_scalar(example))
-                required.append(wire)
+                properties[wire] = _text(example)
             if not properties:
                 raise ImportInvalid("its body is neither JSON nor form fields.")
     elif method not in ("GET", "DELETE"):
@@ -187,8 +184,6 @@ def _draft(method, url, headers, data, user, get, json_data) -> ToolDraft:
     config["method"] = method
     config["url"] = urlunsplit((parts.scheme, parts.netloc, parts.path or "/", "", ""))
     schema = {"type": "object", "properties": properties}
-    if required:
-        schema["required"] = required
     last = [segment for segment in parts.path.split("/") if segment and not segment.isdigit()]
     return ToolDraft(name=function_name(f"{method.lower()}_{last[-1] if last else host.split('.')[0]}"),
                      description=f"{method} {host}{parts.path or '/'}: describe what this does for the model.",
@@ -202,32 +197,22 @@ def _json(text: str):
         return None
 
 
-def _scalar(text: str):
-    """A query or form value's example as the type it reads as: 7 is an integer, true a boolean."""
-    if re.fullmatch(r"-?\d{1,15}", text):
-        return int(text)
-    if re.fullmatch(r"-?\d+\.\d+", text):
-        return float(text)
-    if text in ("true", "false"):
-        return text == "true"
-    return text
+def _text(example: str) -> dict:
+    return {"type": "string", "default": example}
 
 
-def _from_example(example) -> dict:
-    """A JSON Schema inferred from one example value; objects' keys are all required, as the example has them."""
+def _json_type(example) -> dict:
+    """A JSON value's type, loosely: the JSON type, not a narrower one (2 is a number, not an integer), no key
+    required, and an array's items typed only when every example item has the same type."""
     if isinstance(example, bool):
-        return {"type": "boolean", "examples": [example]}
-    if isinstance(example, int):
-        return {"type": "integer", "examples": [example]}
-    if isinstance(example, float):
-        return {"type": "number", "examples": [example]}
+        return {"type": "boolean"}
+    if isinstance(example, int | float):
+        return {"type": "number"}
     if isinstance(example, str):
-        return {"type": "string", "examples": [example]} if example else {"type": "string"}
-    if isinstance(example, list):
-        return {"type": "array", "items": _from_example(example[0]) if example else {}}
+        return {"type": "string"}
     if isinstance(example, dict):
-        schema = {"type": "object", "properties": {key: _from_example(value) for key, value in example.items()}}
-        if example:
-            schema["required"] = list(example)
-        return schema
-    return {}
+        return {"type": "object", "properties": {key: _json_type(value) for key, value in example.items()}}
+    if isinstance(example, list):
+        kinds = [_json_type(item) for item in example]
+        return {"type": "array", **({"items": kinds[0]} if kinds and all(kind == kinds[0] for kind in kinds) else {})}
+    return {}  # null says nothing of the type

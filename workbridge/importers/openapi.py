@@ -1,25 +1,37 @@
 """OpenAPI 3.0/3.1 and Swagger 2.0 specs (JSON or YAML) made into one draft http tool per operation.
 
-The spec is validated with openapi-spec-validator. Local `$ref`s (`#/components/schemas/Pet`) are resolved here, with
-a depth bound for recursive schemas; a `$ref` to another document is refused, because following it would fetch a URL
-or read a file outside the egress guard. Parameters become arguments: path ones fill `{placeholders}`, query and header
-ones go out under their wire names, and a JSON (or form) body's properties join them, or the whole body becomes one
-argument when its properties cannot (not an object, or a name that clashes). OpenAPI's schema dialect is brought to
-JSON Schema 2020-12 (`nullable`, boolean `exclusiveMinimum`, Swagger's `type: file`), since every call is checked
-against the tool's schema with jsonschema.
+Real-world specs seldom validate (httpbin's has `type: int` and fields the format does not have; drf-spectacular
+gives defaults that their own schemas refuse), so by default a spec is read leniently: what its authors meant is
+repaired where it is clear (workbridge.importers.repairs), each repair is listed with its JSON path, and each
+operation that still cannot be a tool is skipped with the reason while the others are imported. `strict` refuses, as
+a whole, a spec that openapi-spec-validator does not pass. Each draft's arguments are checked as JSON Schema and its
+request as an http binding before it is offered, so that whatever the preview shows can be saved.
+
+Local `$ref`s (`#/components/schemas/Pet`) are resolved here, with a depth bound for recursive schemas; a `$ref` to
+another document is refused, because following it would fetch a URL or read a file outside the egress guard.
+Parameters become arguments: path ones fill `{placeholders}`, query and header ones go out under their wire names,
+and a JSON (or form) body's properties join them, or the whole body becomes one argument when its properties cannot
+(not an object, or a name that clashes). OpenAPI's schema dialect is brought to JSON Schema 2020-12 (`nullable`,
+boolean `exclusiveMinimum`, Swagger's `type: file`), since every call is checked against the tool's schema with
+jsonschema.
 """
 
 import copy
 import json
+from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 import yaml
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 from openapi_spec_validator import validate
 from openapi_spec_validator.validation.exceptions import OpenAPIValidationError, ValidatorDetectError
+from referencing.exceptions import Unresolvable
 
-from workbridge.importers import ImportInvalid, ToolDraft, argument_name, function_name, unique_names
+from workbridge import http_tools
+from workbridge.importers import ImportInvalid, ToolDraft, argument_name, function_name, repairs, unique_names
 
-METHODS = ("get", "post", "put", "patch", "delete")
+PLACES = {"path", "query", "header", "cookie", "body", "formData"}
 MAX_NODES = 200_000  # a spec, its YAML aliases expanded, may hold at most this many values
 REF_DEPTH = 8  # a schema that refers to itself is cut to {} this deep
 # OpenAPI's own schema words that JSON Schema 2020-12 does not have, or means otherwise.
@@ -33,8 +45,31 @@ class BaseUrlNeeded(ImportInvalid):
     pass
 
 
-def load_spec(text: str) -> dict:
-    """The spec as a dict, validated; ImportInvalid says what is wrong."""
+@dataclass
+class SpecReading:
+    document: dict  # as given: stored with its tools
+    drafts: list[ToolDraft]
+    # {"operation": "TRACE /anything", "path": "paths./anything.trace", "reason": ...}
+    skipped: list[dict]
+    # {"path": "definitions.Pet.properties.age.type", "reason": "'int' read as integer"}
+    repaired: list[dict]
+
+
+def read_spec(text: str, *, base_url: str | None = None, strict: bool = False) -> SpecReading:
+    """One draft per operation that can be a tool; ImportInvalid when none can, or (strict) the spec does not
+    validate."""
+    document = _parsed(text)
+    if strict:
+        _validate(document)
+        usable, repaired = document, []
+    else:
+        repair = repairs.repair(document)
+        usable, repaired = repair.document, repair.notes
+    made, skipped = _drafts(usable, base_url=base_url)
+    return SpecReading(document=document, drafts=made, skipped=skipped, repaired=repaired)
+
+
+def _parsed(text: str) -> dict:
     try:
         document = json.loads(text)
     except ValueError:
@@ -50,6 +85,12 @@ def load_spec(text: str) -> dict:
     document = json.loads(json.dumps(document, default=str))  # YAML dates and the like as text, as JSON has them
     if "openapi" not in document and "swagger" not in document:
         raise ImportInvalid("it has neither an 'openapi' nor a 'swagger' version field.")
+    return document
+
+
+def _validate(document: dict) -> None:
+    if not isinstance(document.get("openapi", document.get("swagger")), str):
+        raise ImportInvalid("its version is not text (write it quoted, e.g. '3.0.3' or '2.0').")
     try:
         validate(document)
     except ValidatorDetectError as exc:
@@ -57,7 +98,11 @@ def load_spec(text: str) -> dict:
     except OpenAPIValidationError as exc:
         path = "/".join(str(part) for part in getattr(exc, "absolute_path", []) or [])
         raise ImportInvalid(f"it does not validate{f' at {path}' if path else ''}: {exc.message}") from exc
-    return document
+    except Unresolvable as exc:
+        raise ImportInvalid(f"it does not validate: its $ref {exc.ref} points at nothing.") from exc
+    except (KeyError, TypeError, AttributeError) as exc:
+        # The validator's checks beyond the format's schema assume well-formed schema objects, and fail on others.
+        raise ImportInvalid(f"it does not validate: a schema object is malformed (at {exc}).") from exc
 
 
 def _bounded(document) -> None:
@@ -78,42 +123,60 @@ def _bounded(document) -> None:
             stack.extend(node)
 
 
-def drafts(document: dict, *, base_url: str | None = None) -> tuple[list[ToolDraft], list[dict]]:
-    """One draft per operation, and the operations left out with the reason (`{"operation", "reason"}`)."""
-    swagger = "swagger" in document
+def _drafts(document: dict, *, base_url: str | None = None) -> tuple[list[ToolDraft], list[dict]]:
+    """One draft per operation, and the operations left out with the reason (`{"operation", "path", "reason"}`)."""
+    swagger, paths = "swagger" in document, document.get("paths")
+    if not isinstance(paths, dict) or not paths:
+        raise ImportInvalid("it has no operations.")
     base = _base_url(document, base_url, swagger)
     made, skipped = [], []
-    for path, item in (document.get("paths") or {}).items():
+    for path, item in paths.items():
         item = _resolve(document, item)
-        shared = item.get("parameters") or []
-        for method in METHODS:
-            if method not in item:
+        for method, operation in item.items():
+            if method not in repairs.HTTP_METHODS:
                 continue
-            operation = _resolve(document, item[method])
             key = f"{method.upper()} {path}"
             try:
-                made.append(_draft(document, key, base, path, method, operation, shared, swagger))
+                if method.upper() not in http_tools.METHODS:
+                    raise ImportInvalid(f"method not supported: tools send {', '.join(sorted(http_tools.METHODS))}.")
+                if not isinstance(operation, dict):
+                    raise ImportInvalid("it is not an operation object.")
+                made.append(_draft(document, key, base, path, method, _resolve(document, operation),
+                                   _listed(item.get("parameters")), swagger))
             except ImportInvalid as exc:
-                skipped.append({"operation": key, "reason": str(exc)})
+                skipped.append({"operation": key, "path": f"paths.{path}.{method}", "reason": str(exc)})
     if not made and not skipped:
         raise ImportInvalid("it has no operations.")
     return unique_names(made), skipped
 
 
+def _listed(parameters) -> list:
+    if parameters is not None and not isinstance(parameters, list):
+        raise ImportInvalid("its parameters are not a list.")
+    return parameters or []
+
+
 def _base_url(document: dict, given: str | None, swagger: bool) -> str:
     if swagger:
-        host = document.get("host")
-        scheme = (document.get("schemes") or ["https"])[0]
-        declared = f"{scheme}://{host}{document.get('basePath', '')}" if host else document.get("basePath", "")
+        host, schemes, base_path = document.get("host"), document.get("schemes"), str(document.get("basePath") or "")
+        scheme = schemes[0] if isinstance(schemes, list) and schemes else "https"
+        declared = f"{scheme}://{host}{base_path}" if host else base_path
     else:
-        server = (document.get("servers") or [{}])[0]
-        declared = server.get("url", "")
-        for name, variable in (server.get("variables") or {}).items():
-            declared = declared.replace(f"{{{name}}}", str(variable.get("default", "")))
+        servers = document.get("servers")
+        server = servers[0] if isinstance(servers, list) and servers and isinstance(servers[0], dict) else {}
+        declared, variables = str(server.get("url") or ""), server.get("variables")
+        for name, variable in (variables.items() if isinstance(variables, dict) else ()):
+            if isinstance(variable, dict):
+                declared = declared.replace(f"{{{name}}}", str(variable.get("default", "")))
+    try:
+        parts = urlsplit(declared)
+        absolute = bool(parts.scheme and parts.hostname)
+    except ValueError as exc:
+        raise ImportInvalid(f"its server URL '{declared}' is not a URL: {exc}.") from exc
     if given:
         given = given.rstrip("/") + "/"
-        return urljoin(given, declared.lstrip("/")) if declared and not urlsplit(declared).scheme else given
-    if not urlsplit(declared).scheme or not urlsplit(declared).hostname:
+        return urljoin(given, declared.lstrip("/")) if declared and not parts.scheme else given
+    if not absolute:
         what = f"a relative server URL ('{declared}')" if declared else "no server URL"
         raise BaseUrlNeeded(f"The spec has {what}: give the API's base URL, e.g. https://api.example.com.")
     return declared
@@ -122,9 +185,12 @@ def _base_url(document: dict, given: str | None, swagger: bool) -> str:
 def _draft(document: dict, key: str, base: str, path: str, method: str, operation: dict, shared: list,
            swagger: bool) -> ToolDraft:
     parameters = {}
-    for raw in [*shared, *(operation.get("parameters") or [])]:
+    for raw in [*shared, *_listed(operation.get("parameters"))]:
         parameter = _resolve(document, raw)
-        parameters[(parameter.get("in"), parameter.get("name"))] = parameter  # an operation's own one wins
+        where, wire = parameter.get("in"), parameter.get("name")
+        if not isinstance(where, str) or where not in PLACES or not isinstance(wire, str) or not wire:
+            raise ImportInvalid(f"a parameter has no name, or no place to go ('in': {json.dumps(where)}).")
+        parameters[(where, wire)] = parameter  # an operation's own one wins
     taken: set[str] = set()
     properties, required = {}, []
     config = {"method": method.upper(), "query": {}, "header_args": {}, "headers": {}}
@@ -154,14 +220,16 @@ def _draft(document: dict, key: str, base: str, path: str, method: str, operatio
     if body is not None:
         kind, schema, body_required = body
         config["body"] = kind
-        fields = schema.get("properties") if schema.get("type") == "object" or "properties" in schema else None
-        names_fit = fields is not None and all(
+        fields = schema.get("properties") if isinstance(schema, dict) and (
+            schema.get("type") == "object" or "properties" in schema) else None
+        names_fit = isinstance(fields, dict) and all(
             isinstance(name, str) and name.isidentifier() and name not in taken for name in fields)
         if kind == "form" or names_fit:
             for name, field_schema in (fields or {}).items():
                 properties[name] = field_schema
                 taken.add(name)
-            required += [name for name in schema.get("required") or [] if name in (fields or {})]
+            declared = _listed_names(schema.get("required") if isinstance(schema, dict) else None)
+            required += [name for name in declared if name in (fields or {})]
         else:
             name = argument_name("body", taken)
             properties[name] = schema
@@ -178,9 +246,21 @@ def _draft(document: dict, key: str, base: str, path: str, method: str, operatio
     parameters_schema = {"type": "object", "properties": properties}
     if required:
         parameters_schema["required"] = list(dict.fromkeys(required))
-    return ToolDraft(name=function_name(operation.get("operationId") or f"{method}_{path}"),
+    try:
+        Draft202012Validator.check_schema(parameters_schema)
+        http_tools.check_config(config, parameters_schema)
+    except SchemaError as exc:
+        where = ".".join(str(part) for part in exc.path)
+        raise ImportInvalid(f"its arguments are not valid JSON Schema at {where}: {exc.message}") from exc
+    except http_tools.ToolConfigInvalid as exc:
+        raise ImportInvalid(f"no request can be made of it: {exc}") from exc
+    return ToolDraft(name=function_name(str(operation.get("operationId") or f"{method}_{path}")),
                      description=(summary or key)[:2000], parameters=parameters_schema, config=config,
                      operation=key)
+
+
+def _listed_names(names) -> list:
+    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
 
 
 def _body(document: dict, operation: dict, body_params: list, swagger: bool):
@@ -198,13 +278,14 @@ def _body(document: dict, operation: dict, body_params: list, swagger: bool):
         return None
     body = _resolve(document, operation.get("requestBody") or {})
     content = body.get("content") or {}
-    if not content:
+    if not isinstance(content, dict) or not content:
         return None
     for media, kind in (("application/json", "json"), ("application/x-www-form-urlencoded", "form")):
         matches = [value for name, value in content.items() if name.split(";")[0].strip() == media
                    or (kind == "json" and name.split(";")[0].strip().endswith("+json"))]
         if matches:
-            return kind, _schema(document, (matches[0] or {}).get("schema") or {}), bool(body.get("required"))
+            declared = matches[0].get("schema") if isinstance(matches[0], dict) else None
+            return kind, _schema(document, declared or {}), bool(body.get("required"))
     raise ImportInvalid(f"its body is {', '.join(content)}, and tools send JSON or form bodies.")
 
 
@@ -216,7 +297,8 @@ def _parameter_schema(document: dict, parameter: dict, swagger: bool) -> dict:
         if parameter.get("type") == "array" and "items" not in schema:
             schema["items"] = {}
     else:
-        schema = dict(parameter.get("schema") or {})
+        declared = parameter.get("schema")
+        schema = dict(declared) if isinstance(declared, dict) else {}
         if parameter.get("description") and "description" not in schema:
             schema["description"] = parameter["description"]
     return _schema(document, schema)
@@ -282,10 +364,11 @@ def _auth(document: dict, operation: dict, swagger: bool) -> dict | None:
     """The operation's first security requirement as the http binding's auth, taking its value from a secret named
     after the scheme (the user sets that secret, or picks another)."""
     requirements = operation["security"] if "security" in operation else document.get("security") or []
-    schemes = (document.get("securityDefinitions") if swagger else
-               (document.get("components") or {}).get("securitySchemes")) or {}
-    for requirement in requirements:
-        for name in requirement or {}:
+    components = document.get("components") if isinstance(document.get("components"), dict) else {}
+    schemes = document.get("securityDefinitions") if swagger else components.get("securitySchemes")
+    schemes = schemes if isinstance(schemes, dict) else {}
+    for requirement in requirements if isinstance(requirements, list) else ():
+        for name in requirement if isinstance(requirement, dict) else ():
             scheme = _resolve(document, schemes.get(name) or {})
             secret = argument_name(name, set()).upper()
             kind = scheme.get("type")
