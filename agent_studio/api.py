@@ -4,7 +4,7 @@ plan, cancel), conversation variables, scenarios and evaluations."""
 import json
 
 from django.http import HttpResponse, StreamingHttpResponse
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -29,6 +29,21 @@ class AgentVersionSerializer(serializers.ModelSerializer):
     class Meta:
         model = AgentVersion
         fields = ["number", "settings", "checksum", "created_at"]
+
+
+class TemplateSettingSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    type = serializers.ChoiceField(choices=["string", "array", "object"])
+    required = serializers.BooleanField()
+    default = serializers.JSONField(allow_null=True)
+    description = serializers.CharField()
+
+
+class TemplateSerializer(serializers.Serializer):
+    template = serializers.CharField()
+    label = serializers.CharField()
+    description = serializers.CharField()
+    settings = TemplateSettingSerializer(many=True)
 
 
 class RunRequestSerializer(serializers.Serializer):
@@ -70,10 +85,15 @@ class EvalRunSerializer(serializers.ModelSerializer):
                   "error", "created_at", "finished_at"]
 
 
+def _run_summary(run: AgentRun) -> dict:
+    # A run kept after its agent was deleted has the agent's name and no version.
+    return run_payload(run) | {"input": run.input, "agent": run.agent.name if run.agent else run.agent_name,
+                               "version": run.version.number if run.version else None,
+                               "caller": run.caller, "created_at": run.created_at}
+
+
 def _run_detail(run: AgentRun) -> dict:
-    return run_payload(run) | {"input": run.input, "agent": run.agent.name, "version": run.version.number,
-                               "caller": run.caller, "created_at": run.created_at,
-                               "steps": selectors.run_steps(run)}
+    return _run_summary(run) | {"steps": selectors.run_steps(run)}
 
 
 class AgentViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
@@ -95,8 +115,22 @@ class AgentViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
     def update(self, request, pk=None):
         return Response(AgentSerializer(self._save(request, self.get_object())).data)
 
-    def perform_destroy(self, instance):
-        services.delete_agent(actor=self.actor, agent=instance)
+    @extend_schema(parameters=[OpenApiParameter(
+        "runs", str, enum=list(services.RUN_CHOICES), required=True,
+        description="What becomes of the agent's runs: 'keep' (they stay in the workspace, under the agent's name, "
+                    "with their steps and answers) or 'delete'.")], responses={204: None})
+    def destroy(self, request, pk=None):
+        """Delete the agent with its versions, conversations, scenarios and evaluations; `?runs=keep|delete` says
+        what becomes of its runs. 409 while a published app pins it."""
+        services.delete_agent(actor=self.actor, agent=self.get_object(), runs=request.query_params.get("runs", ""))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses=TemplateSerializer(many=True))
+    @action(detail=False, methods=["get"], pagination_class=None)
+    def templates(self, request):
+        """The templates an agent is made from: what each does and the settings it takes, the same in every
+        workspace."""
+        return Response(TemplateSerializer(selectors.templates(), many=True).data)
 
     @extend_schema(responses=AgentVersionSerializer(many=True))
     @action(detail=True, methods=["get"])
@@ -168,6 +202,12 @@ class RunViewSet(_InWorkspace, viewsets.GenericViewSet):
     selector = staticmethod(selectors.runs)
     lookup_field = "public_id"
     serializer_class = PlanSerializer
+
+    @extend_schema(operation_id="agents_runs_list", responses=dict)
+    def list(self, request):
+        """The workspace's runs, newest first: every agent's, and those kept when their agent was deleted."""
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response([_run_summary(run) for run in page])
 
     @extend_schema(responses=dict)
     def retrieve(self, request, public_id=None):

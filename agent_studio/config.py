@@ -43,6 +43,45 @@ DEFAULTS = {
 }
 
 
+# What each setting is, for GET /api/agents/templates/: (JSON type, meaning).
+SETTINGS = {
+    "system_prompt": ("string", "The agent's instructions; {name} placeholders are filled with its variables."),
+    "model": ("string", "A chat deployment on the gateway (or a model group) that the agent runs on."),
+    "tool_strategy": ("string", "How the model calls tools: native (OpenAI tools through the gateway), json (a "
+                                "reply held to a JSON schema) or react_text (Thought / Action / Observation)."),
+    "tools": ("array", "Ids of the workspace's Work Bridge tools the agent may call."),
+    "knowledge_bases": ("array", "Ids of the workspace's knowledge bases, each searched through a search_<name> "
+                                 "tool whose passages the answer cites."),
+    "sub_agents": ("array", "Ids of the workspace's tool-calling agents that the supervisor gives tasks to (at "
+                            "least one)."),
+    "memory": ("object", "short_term: window (the last window_messages messages) or summary (older ones "
+                         "summarised); long_term: save_memory and search_memories tools, per end user."),
+    "variables": ("array", "Named memory variables: {name, type: string|number|boolean|json, scope: "
+                           "conversation|end_user|app, default, description}, read in the prompt and written by "
+                           "the agent."),
+    "limits": ("object", "max_steps (model calls), max_tool_calls, timeout_s and max_tokens (per reply) of a run."),
+    "generation": ("object", "temperature, from 0 to 2."),
+    "planning": ("object", "approval: required (the run pauses for the plan to be edited and approved) or auto; "
+                           "max_plan_steps; replan: revise the remaining steps after each one."),
+}
+_EVERY_TEMPLATE = ("system_prompt", "model", "tool_strategy", "tools", "knowledge_bases", "memory", "variables",
+                   "limits", "generation")
+# Each template: what it does, the settings it reads and those it cannot run without.
+TEMPLATES = {
+    AgentTemplate.TOOL_CALLING: (
+        "The model calls the agent's tools until it has what it needs, then writes the answer from their results "
+        "with no tools offered.", _EVERY_TEMPLATE, ("model",)),
+    AgentTemplate.PLAN_EXECUTE: (
+        "A planner writes the steps; the run pauses so that the plan can be edited and approved (unless approval "
+        "is auto), a tool-calling executor carries out each step, and the answer is written from the steps' "
+        "results.", (*_EVERY_TEMPLATE, "planning"), ("model",)),
+    AgentTemplate.TEAM: (
+        "A supervisor gives each part of the task to the team member (another tool-calling agent of the "
+        "workspace, with its own tools, prompt and memory) best suited to it, and answers from what they return.",
+        (*_EVERY_TEMPLATE, "sub_agents"), ("model", "sub_agents")),
+}
+
+
 def _refuse(field: str, message: str) -> ValidationFailed:
     return ValidationFailed(message, fields={field: [message]})
 

@@ -42,9 +42,9 @@ def _execute(evaluation: AgentEvalRun, text: str, *, history: list | None = None
              ) -> AgentRun:
     thread = AgentThread.objects.create(agent=evaluation.agent, end_user=f"eval-{evaluation.pk}",
                                         source=ThreadSource.EVAL)
-    run = AgentRun.objects.create(agent=evaluation.agent, version=evaluation.version, thread=thread,
-                                  caller=f"eval:{evaluation.pk}", input=text, prior_messages=history or [],
-                                  created_by=evaluation.created_by)
+    run = AgentRun.objects.create(workspace_id=evaluation.agent.workspace_id, agent=evaluation.agent,
+                                  version=evaluation.version, thread=thread, caller=f"eval:{evaluation.pk}",
+                                  input=text, prior_messages=history or [], created_by=evaluation.created_by)
     owner = runner.owner_id(f"eval-{evaluation.pk}-{run.pk}")
     extras = {"extra_tools": probe.tools if probe else [], "extra_prompt": probe.extra_prompt if probe else ""}
     runner.execute(run.pk, owner=owner, **extras)

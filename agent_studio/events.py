@@ -2,9 +2,9 @@
 chat, an app's SSE client, the API) reads the stream from where it is, so the steps show as they happen whichever
 process serves the viewer. The steps are also rows (RunStep), which outlive the stream (kept an hour).
 
-Event types: `status` (queued, running, awaiting_approval…), `step` (a RunStep as the API shows it), `plan` (the
-plan awaiting approval), `done` (the answer), `error`, `cancelled`. The last three, and `plan`, end a viewer's
-stream.
+Event types: `status` (queued, running, awaiting_approval…), `step` (a RunStep as the API shows it), `token` (a
+piece of the answer as the model writes it: live only, a run replayed from its rows has none), `plan` (the plan
+awaiting approval), `done` (the answer), `error`, `cancelled`. The last three, and `plan`, end a viewer's stream.
 """
 
 import json

@@ -2,10 +2,14 @@
 
 - tool_calling: LangChain's `create_agent` (a ReAct loop on LangGraph) with the run's tools and middleware for the
   prompt (variables filled in at every model call), short-term memory (a window of turns, or a summary) and the
-  tool-call limit.
+  tool-call limit. A turn that called tools ends with a respond step: the answer is written by a call that is
+  offered no tools, with the turn's tool results in its prompt. On a model the gateway holds to a tool-call schema
+  (DESIGN §4), every reply of the loop is JSON, and a small one answers with the JSON of a call; the respond step
+  never sees a schema, so its words are the answer, streamed token by token to the run's viewers.
 - plan_execute: a planner writes the steps (JSON held to a schema), the run pauses with `interrupt()` so the user
   can edit, reorder, delete or add steps, an executor (a tool-calling agent) runs each step, an optional re-planner
-  revises the remaining steps, and a last call writes the answer from the steps' results.
+  revises the remaining steps, and a last call, offered no tools and streamed, writes the answer from the steps'
+  results.
 - team: a tool-calling supervisor whose tools are other agents of the workspace (each with its own tools, prompt and
   memory scope), plus its own tools.
 """
@@ -17,8 +21,10 @@ from typing import Annotated, TypedDict
 
 from langchain.agents import create_agent
 from langchain.agents.middleware import (
+    ModelResponse,
     SummarizationMiddleware,
     ToolCallLimitMiddleware,
+    after_agent,
     dynamic_prompt,
     wrap_model_call,
 )
@@ -32,7 +38,7 @@ from accounts.errors import ValidationFailed
 from agent_studio import memory, toolkit
 from agent_studio.config import check_plan
 from agent_studio.models import Agent, AgentTemplate, StepKind
-from agent_studio.strategies import gateway_model, model_for
+from agent_studio.strategies import ANSWER_TAG, gateway_model, model_for
 from agent_studio.toolkit import RunContext
 from workbridge.importers import function_name
 
@@ -43,6 +49,8 @@ REPLANNER = ("Given the request, the plan and the results so far, decide: contin
              "them, or finish. Reply with JSON: {\"action\": \"continue\" | \"revise\" | \"finish\", \"steps\": "
              "[remaining steps when revising]}.")
 ANSWERER = "Answer the user's request from the results of the steps below. Be brief."
+RESPONDER = ("Answer the user's last message in plain sentences, from the results of the tools given with it. Be "
+             "brief. Do not write JSON and do not call a tool.")
 
 
 class PlanUnreadable(Exception):
@@ -72,6 +80,22 @@ def recent_turns(messages: list[BaseMessage], size: int) -> list[BaseMessage]:
     return kept
 
 
+def plain_turns(messages: list[BaseMessage], size: int) -> list[BaseMessage]:
+    """The conversation's words alone (no tool calls or results), the last `size` of them: what a call that is
+    offered no tools is given as the earlier turns."""
+    said = [m for m in messages if isinstance(m, (HumanMessage, AIMessage)) and not getattr(m, "tool_calls", None)
+            and str(m.content).strip()]
+    return recent_turns(said, size)
+
+
+def write_answer(model, prompt: list[BaseMessage], *, streams: bool) -> str:
+    """A reply from `model` as it is, with no tools. Streamed when it is the run's answer: the recorder publishes
+    the tokens of calls tagged ANSWER_TAG as they come."""
+    if streams:
+        model = model.with_config(tags=[ANSWER_TAG])
+    return "".join(chunk.text for chunk in model.stream(prompt)).strip()
+
+
 def _models(context: RunContext):
     settings = context.settings
     inner = gateway_model(workspace_id=context.workspace_id, model=settings["model"],
@@ -98,14 +122,50 @@ def _call_keys(message: AIMessage) -> set[tuple[str, str]]:
 @wrap_model_call
 def no_repeated_calls(request, handler):
     """A small model often calls the same tool with the same arguments again instead of answering. A call it has
-    already had the result of is not made twice: the model is asked again, to answer this time."""
+    already had the result of is not made twice: the loop ends there, with no answer of its own, and the respond
+    step answers from the results."""
     response = handler(request)
     reply = response.result[-1] if response.result else None
     if isinstance(reply, AIMessage) and reply.tool_calls:
         made = set().union(*(_call_keys(m) for m in request.messages if isinstance(m, AIMessage)))
         if _call_keys(reply) <= made:
-            return handler(request.override(tool_choice="none"))
+            return ModelResponse(result=[AIMessage(content="", id=reply.id)])
     return response
+
+
+def _call_text(call: dict) -> str:
+    arguments = ", ".join(f"{name}={json.dumps(value, ensure_ascii=False)}" for name, value in call["args"].items())
+    return f"{call['name']}({arguments})"
+
+
+def _respond(context: RunContext, model, *, streams: bool):
+    """The respond step, the last of a turn that called tools (or whose loop ended without words): the answer is
+    written with no tools offered, from the conversation and the turn's tool results, which are given as text
+    (`name(arguments) returned ...`), never as the JSON of a call, which a small model would copy."""
+
+    @after_agent
+    def respond(state, runtime) -> dict | None:
+        messages = state["messages"]
+        start = max((n for n, m in enumerate(messages) if isinstance(m, HumanMessage)), default=0)
+        turn = messages[start + 1:]
+        calls = {call["id"]: call for m in turn if isinstance(m, AIMessage) for call in m.tool_calls}
+        results = [f"- {_call_text(calls[m.tool_call_id]) if m.tool_call_id in calls else m.name} returned: "
+                   f"{m.content}" for m in turn if isinstance(m, ToolMessage)]
+        last = turn[-1] if turn else None
+        loop_answered = isinstance(last, AIMessage) and not last.tool_calls and str(last.content).strip()
+        if not results and loop_answered:
+            return None
+        question = str(messages[start].content)
+        prompt = [SystemMessage(content=system_prompt(context, RESPONDER)),
+                  *plain_turns(messages[:start], context.settings["memory"]["window_messages"]),
+                  HumanMessage(content="\n\n".join([question, "Results of the tools:\n" + "\n".join(results)])
+                               if results else question)]
+        text = write_answer(model, prompt, streams=streams)
+        # The loop's own last words (a copied call, or none) give way to the answer: same id, replaced.
+        replaced = last.id if isinstance(last, AIMessage) and not last.tool_calls else None
+        return {"messages": [AIMessage(content=text, id=replaced)]}
+
+    return respond
 
 
 def _middleware(context: RunContext, summarizer, extra_prompt: str) -> list:
@@ -125,14 +185,17 @@ def _middleware(context: RunContext, summarizer, extra_prompt: str) -> list:
             ToolCallLimitMiddleware(run_limit=context.settings["limits"]["max_tool_calls"], exit_behavior="continue")]
 
 
-def tool_calling(context: RunContext, *, checkpointer, extra_tools: list | None = None,
-                 extra_prompt: str = "", middleware: tuple = ()) -> Built:
+def tool_calling(context: RunContext, *, checkpointer, extra_tools: list | None = None, extra_prompt: str = "",
+                 middleware: tuple = (), respond: bool = True, streams: bool = True) -> Built:
+    """The tool-calling loop, ending with the respond step unless `respond` is off (a plan's executor, whose
+    results the plan's answer is written from); `streams` when its answer is the run's (not a team member's)."""
     model, inner = _models(context)
     tools = [*toolkit.work_bridge_tools(context), *toolkit.knowledge_tools(context), *toolkit.memory_tools(context),
              *context.extra_tools, *(extra_tools or [])]
     if context.settings["limits"]["max_tool_calls"] == 0:
         tools = []
-    graph = create_agent(model, tools, middleware=[*middleware, *_middleware(context, inner, extra_prompt)],
+    finish = [_respond(context, inner, streams=streams)] if respond else []
+    graph = create_agent(model, tools, middleware=[*middleware, *_middleware(context, inner, extra_prompt), *finish],
                          checkpointer=checkpointer, store=None)
     return Built(graph=graph, answer=last_answer)
 
@@ -142,7 +205,7 @@ def _sub_agent_tool(context: RunContext, agent: Agent) -> StructuredTool:
 
     def ask(task: str) -> str:
         sub_context = replace(context, agent_id=agent.pk, agent_name=agent.name, settings=settings)
-        built = tool_calling(sub_context, checkpointer=False)
+        built = tool_calling(sub_context, checkpointer=False, streams=False)
         state = built.graph.invoke({"messages": [HumanMessage(content=task)]},
                                    config={"callbacks": [context.recorder]})
         return built.answer(state) or "Tool error: the sub-agent ended without an answer."
@@ -212,7 +275,7 @@ def _json_schema_call(model, name: str, schema: dict, messages: list[BaseMessage
 def plan_execute(context: RunContext, *, checkpointer) -> Built:
     _, inner = _models(context)
     planning = context.settings["planning"]
-    executor = tool_calling(context, checkpointer=False, middleware=(tools_the_step_names,),
+    executor = tool_calling(context, checkpointer=False, middleware=(tools_the_step_names,), respond=False,
                             extra_prompt="You are carrying out one step of a plan. Do only that step and report "
                                          "its result briefly.")
     recorder = context.recorder
@@ -221,9 +284,7 @@ def plan_execute(context: RunContext, *, checkpointer) -> Built:
         return next((str(m.content) for m in reversed(state["messages"]) if isinstance(m, HumanMessage)), "")
 
     def history(state: PlanState) -> list[BaseMessage]:
-        earlier = [m for m in state["messages"][:-1] if isinstance(m, (HumanMessage, AIMessage)) and not
-                   getattr(m, "tool_calls", None)]
-        return recent_turns(earlier, context.settings["memory"]["window_messages"])
+        return plain_turns(state["messages"][:-1], context.settings["memory"]["window_messages"])
 
     def plan(state: PlanState) -> dict:
         schema = {"type": "object", "required": ["steps"], "properties": {"steps": {
@@ -275,9 +336,9 @@ def plan_execute(context: RunContext, *, checkpointer) -> Built:
 
     def answer(state: PlanState) -> dict:
         results = "\n".join(f"{n}. {item['step']}\n{item['result']}" for n, item in enumerate(state["results"], 1))
-        reply = inner.invoke([SystemMessage(content=system_prompt(context, ANSWERER)),
-                              HumanMessage(content=f"Request: {question(state)}\n\nStep results:\n{results}")])
-        text = str(reply.content).strip()
+        text = write_answer(inner, [SystemMessage(content=system_prompt(context, ANSWERER)),
+                                    HumanMessage(content=f"Request: {question(state)}\n\nStep results:\n{results}")],
+                            streams=True)
         return {"answer": text, "messages": [AIMessage(content=text)]}
 
     def after_step(state: PlanState) -> str:

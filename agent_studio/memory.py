@@ -18,10 +18,10 @@ from functools import cache
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 from agent_studio.config import fits_type
-from agent_studio.models import AgentThread, VariableScope, VariableValue
+from agent_studio.models import AgentThread, MemoryItem, VariableScope, VariableValue
 
 _lock = threading.Lock()
 
@@ -71,6 +71,27 @@ def checkpointer():
             saver = SqliteSaver(_sqlite(_agents_dir() / "checkpoints.sqlite"))
         saver.setup()
         return saver
+
+
+def thread_key(thread: AgentThread) -> str:
+    """The conversation's LangGraph thread id in the checkpointer."""
+    return f"agent-thread-{thread.public_id}"
+
+
+def forget_agent(*, agent_id: int, threads: list[AgentThread]) -> None:
+    """What a deleted agent remembered: its long-term memories (every end user's), and its conversations'
+    checkpoints once the deletion is committed, as they live outside the database transaction."""
+    from agent_studio.store import SEPARATOR
+
+    MemoryItem.objects.filter(namespace__startswith=SEPARATOR.join(("agent", str(agent_id), ""))).delete()
+    keys = [thread_key(thread) for thread in threads]
+
+    def forget_checkpoints() -> None:
+        for key in keys:
+            checkpointer().delete_thread(key)
+
+    if keys:
+        transaction.on_commit(forget_checkpoints)
 
 
 @cache

@@ -91,11 +91,17 @@ FINAL_RUN_STATES = (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
 class AgentRun(models.Model):
-    """One turn of a thread: the input, every step taken (RunStep), and the answer or the reason there is none."""
+    """One turn of a thread: the input, every step taken (RunStep), and the answer or the reason there is none.
 
-    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="runs")
-    version = models.ForeignKey(AgentVersion, on_delete=models.PROTECT, related_name="runs")
-    thread = models.ForeignKey(AgentThread, on_delete=models.CASCADE, related_name="runs")
+    A run belongs to its workspace: when its agent is deleted with its runs kept, the run stays, without agent,
+    version and thread, under the agent's name (agent_studio.services.delete_agent)."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="agent_runs")
+    agent = models.ForeignKey(Agent, on_delete=models.SET_NULL, null=True, related_name="runs")
+    # The name of its agent once that agent is deleted.
+    agent_name = models.CharField(max_length=64, blank=True)
+    version = models.ForeignKey(AgentVersion, on_delete=models.SET_NULL, null=True, related_name="runs")
+    thread = models.ForeignKey(AgentThread, on_delete=models.SET_NULL, null=True, related_name="runs")
     public_id = models.UUIDField(default=uuid.uuid4, unique=True)
     caller = models.CharField(max_length=64)
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
@@ -187,7 +193,7 @@ class Scenario(models.Model):
     name = models.CharField(max_length=120)
     input = models.TextField()
     history = models.JSONField(default=list, blank=True)
-    # [{"kind": "contains"|"regex"|"json_field"|"judge", ...}]; agent_studio/evaluation.py checks them.
+    # [{"kind": one of agent_studio.services.SCENARIO_CHECK_KINDS, ...}]; agent_studio/evaluation.py checks them.
     checks = models.JSONField(default=list, blank=True)
     expected_tools = models.JSONField(default=list, blank=True)
     tools_in_order = models.BooleanField(default=False)
@@ -211,7 +217,7 @@ class AgentEvalRun(models.Model):
     """An agent version scored on its scenarios (business, performance) and on the shipped probe suite (safety)."""
 
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="eval_runs")
-    version = models.ForeignKey(AgentVersion, on_delete=models.PROTECT, related_name="eval_runs")
+    version = models.ForeignKey(AgentVersion, on_delete=models.CASCADE, related_name="eval_runs")
     status = models.CharField(max_length=8, choices=EvalStatus.choices, default=EvalStatus.QUEUED)
     include_safety = models.BooleanField(default=True)
     progress = models.PositiveIntegerField(default=0)

@@ -25,7 +25,7 @@ from langgraph.types import Command
 from accounts.services import Actor
 from agent_studio import events, graphs, memory
 from agent_studio.graphs import PlanUnreadable
-from agent_studio.models import AgentRun, AgentThread, RunStatus, StepKind
+from agent_studio.models import AgentRun, RunStatus, StepKind
 from agent_studio.strategies import GatewayError, ToolReplyInvalid
 from agent_studio.toolkit import BindingMissing, RunContext
 from agent_studio.tracing import Recorder, RunCancelled, RunLimitReached
@@ -41,13 +41,10 @@ def owner_id(task_id: str | None) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{task_id or 'inline'}"
 
 
-def thread_key(thread: AgentThread) -> str:
-    return f"agent-thread-{thread.public_id}"
-
-
 def run_payload(run: AgentRun) -> dict:
     return {"run_id": str(run.public_id), "status": run.status, "answer": run.answer, "error": run.error,
-            "plan": run.plan, "citations": run.citations, "thread_id": str(run.thread.public_id),
+            "plan": run.plan, "citations": run.citations,
+            "thread_id": str(run.thread.public_id) if run.thread else None,
             "usage": {"model_calls": run.model_calls, "tool_calls": run.tool_calls,
                       "input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
             "latency_ms": run.latency_ms}
@@ -169,7 +166,7 @@ def execute(run_pk: int, *, owner: str, resume=None, extra_tools: list | None = 
 def _run_graph(run: AgentRun, owner: str, recorder: Recorder, context: RunContext, resume, elapsed) -> None:
     try:
         built = graphs.build(context, checkpointer=memory.checkpointer())
-        config = {"configurable": {"thread_id": thread_key(run.thread)}, "callbacks": [recorder],
+        config = {"configurable": {"thread_id": memory.thread_key(run.thread)}, "callbacks": [recorder],
                   "recursion_limit": 10 * run.version.settings["limits"]["max_steps"] + 20}
         graph_input = _graph_input(built.graph, config, run, resume)
         if graph_input is not FINISHED:

@@ -1,6 +1,7 @@
 from django.db.models import Count, QuerySet
 
-from agent_studio.models import Agent, AgentEvalRun, AgentRun, AgentThread, RunStep, Scenario
+from agent_studio import config
+from agent_studio.models import Agent, AgentEvalRun, AgentRun, AgentTemplate, AgentThread, RunStep, Scenario
 from agent_studio.tracing import step_payload
 
 
@@ -13,7 +14,7 @@ def agents_with_counts(*, workspace) -> QuerySet[Agent]:
 
 
 def runs(*, workspace) -> QuerySet[AgentRun]:
-    return AgentRun.objects.filter(agent__workspace=workspace).select_related("agent", "version", "thread")
+    return AgentRun.objects.filter(workspace=workspace).select_related("agent", "version", "thread")
 
 
 def threads(*, workspace) -> QuerySet[AgentThread]:
@@ -40,3 +41,16 @@ def thread_variables(thread: AgentThread) -> dict:
     values = variable_values(definitions=definitions, thread=thread)
     return {"thread_id": str(thread.public_id), "end_user": thread.end_user,
             "variables": [definition | {"value": values.get(definition["name"])} for definition in definitions]}
+
+
+def templates() -> list[dict]:
+    """Every agent template: what it does and each setting it takes, with its default (the same in every
+    workspace)."""
+    listed = []
+    for template in AgentTemplate:
+        description, names, required = config.TEMPLATES[template]
+        listed.append({"template": template.value, "label": str(template.label), "description": description,
+                       "settings": [{"name": name, "type": config.SETTINGS[name][0], "required": name in required,
+                                     "default": config.DEFAULTS.get(name), "description": config.SETTINGS[name][1]}
+                                    for name in names]})
+    return listed

@@ -14,6 +14,7 @@ from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from agent_studio import config, events, memory
 from agent_studio.models import (
+    FINAL_RUN_STATES,
     Agent,
     AgentEvalRun,
     AgentRun,
@@ -29,6 +30,8 @@ from assets.services import forget_asset, payload_checksum, register_asset
 MAX_INPUT_CHARS = 8000
 MAX_END_USER_CHARS = 128
 SCENARIO_CHECK_KINDS = {"contains", "not_contains", "regex", "json_field", "judge"}
+# What becomes of an agent's runs when it is deleted.
+RUN_CHOICES = ("keep", "delete")
 
 
 def _dispatch_run(run: AgentRun, resume=None) -> None:
@@ -73,19 +76,35 @@ def save_agent(*, actor: Actor, workspace: Workspace, agent: Agent | None = None
 
 
 @transaction.atomic
-def delete_agent(*, actor: Actor, agent: Agent) -> None:
+def delete_agent(*, actor: Actor, agent: Agent, runs: str) -> None:
+    """Delete an agent with its versions, conversations, memories, scenarios and evaluations. Its runs go too
+    (`runs="delete"`) or stay as the workspace's record of what it did (`runs="keep"`: input, steps, answer and
+    usage, under the agent's name). Refused while a published app pins it, a team has it as a member, or one of
+    its runs is unfinished."""
     require_role(actor=actor, workspace=agent.workspace, role=Role.DEVELOPER)
+    if runs not in RUN_CHOICES:
+        raise ValidationFailed("Say what becomes of the agent's runs: 'runs' must be 'keep' or 'delete'.",
+                               fields={"runs": ["Choose keep or delete."]})
     teams = [team.name for team in Agent.objects.filter(workspace=agent.workspace).exclude(pk=agent.pk)
              if agent.pk in team.settings.get("sub_agents", [])]
     if teams:
         raise Conflict(f"'{agent.name}' is a member of the team(s) {', '.join(teams)}; remove it from them first.")
+    unfinished = agent.runs.exclude(status__in=FINAL_RUN_STATES).count()
+    if unfinished:
+        raise Conflict(f"'{agent.name}' has {unfinished} unfinished run(s); wait for them or cancel them first.")
     record_audit(actor=actor, workspace=agent.workspace, action="agent.delete", target=agent,
-                 detail={"name": agent.name})
+                 detail={"name": agent.name, "runs": runs})
     forget_asset(workspace=agent.workspace, kind=AssetKind.AGENT, ref_id=agent.pk)
+    memory.forget_agent(agent_id=agent.pk, threads=list(agent.threads.all()))
+    if runs == "delete":
+        agent.runs.all().delete()
+    else:
+        agent.runs.update(agent_name=agent.name)
     try:
         with transaction.atomic():
             agent.delete()
     except ProtectedError:
+        # Runs and evaluations no longer hold an agent's versions; what still does is a published app's release.
         raise Conflict(f"'{agent.name}' is published as an app; delete the app first.")
 
 
@@ -151,8 +170,8 @@ def start_run(*, actor: Actor | None, agent: Agent, input, thread_id=None, end_u
     if busy is not None:
         raise Conflict(f"The conversation is still busy with run {busy.public_id} ({busy.status}); wait for it, "
                        f"approve its plan or cancel it first.")
-    run = AgentRun.objects.create(agent=agent, version=version or agent_version(agent), thread=thread,
-                                  caller=caller[:64], input=text, prior_messages=prior_messages or [],
+    run = AgentRun.objects.create(workspace=agent.workspace, agent=agent, version=version or agent_version(agent),
+                                  thread=thread, caller=caller[:64], input=text, prior_messages=prior_messages or [],
                                   created_by=run_as)
     AgentThread.objects.filter(pk=thread.pk).update(updated_at=timezone.now())
     events.publish(run.public_id, "status", {"status": RunStatus.QUEUED})
@@ -164,7 +183,7 @@ def start_run(*, actor: Actor | None, agent: Agent, input, thread_id=None, end_u
 def approve_plan(*, actor: Actor | None, run: AgentRun, plan) -> AgentRun:
     """Resume a run paused on its plan, with the plan as the user edited it (reordered, shortened, extended)."""
     if actor is not None:
-        require_role(actor=actor, workspace=run.agent.workspace, role=Role.DEVELOPER)
+        require_role(actor=actor, workspace=run.workspace, role=Role.DEVELOPER)
     run = AgentRun.objects.select_for_update().get(pk=run.pk)
     if run.status != RunStatus.AWAITING_APPROVAL:
         raise Conflict(f"The run is {run.status}; only a run awaiting approval of its plan can be resumed.")
@@ -180,7 +199,7 @@ def approve_plan(*, actor: Actor | None, run: AgentRun, plan) -> AgentRun:
 def cancel_run(*, actor: Actor | None, run: AgentRun) -> AgentRun:
     """Stop a run: at once if it is queued or waiting for approval, at its next step if it is running."""
     if actor is not None:
-        require_role(actor=actor, workspace=run.agent.workspace, role=Role.DEVELOPER)
+        require_role(actor=actor, workspace=run.workspace, role=Role.DEVELOPER)
     run = AgentRun.objects.select_for_update().get(pk=run.pk)
     if run.finished:
         raise Conflict(f"The run is already {run.status}.")

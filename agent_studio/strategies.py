@@ -31,7 +31,9 @@ from accounts.services import service_token
 from agent_studio.models import ToolStrategy
 
 GATEWAY_TAG = "aifactory:gateway"
-__all__ = ["GATEWAY_TAG", "GatewayError", "ToolReplyInvalid", "gateway_model", "model_for", "probe"]
+# A call whose words are the run's answer: the recorder streams its tokens to the run's viewers as they come.
+ANSWER_TAG = "aifactory:answer"
+__all__ = ["ANSWER_TAG", "GATEWAY_TAG", "GatewayError", "ToolReplyInvalid", "gateway_model", "model_for", "probe"]
 REACT_STOP = ["\nObservation:"]
 
 
@@ -42,10 +44,10 @@ class ToolReplyInvalid(Exception):
 def gateway_model(*, workspace_id: int, model: str, temperature: float, max_tokens: int,
                   timeout_s: float) -> ChatOpenAI:
     """A chat model on the platform's own gateway, with the workspace's service token: routed, failed over and
-    measured (TTFT/TPOT) like any request."""
+    measured (TTFT/TPOT) like any request. A streamed call asks for its usage too, so its tokens are counted."""
     return ChatOpenAI(base_url=settings.GATEWAY_URL, api_key=service_token(workspace_id=workspace_id), model=model,
                       temperature=temperature, max_tokens=max_tokens, max_retries=0, timeout=timeout_s,
-                      tags=[GATEWAY_TAG])
+                      stream_usage=True, tags=[GATEWAY_TAG])
 
 
 class _PromptedToolCaller(BaseChatModel):

@@ -1,7 +1,9 @@
 """A run's recorder: a LangChain callback handler that sees every gateway model call and every tool call of the
 run (nested graphs included), stores each as a RunStep, publishes it live, keeps the run's counters and lease, and
 holds the run to its limits: it raises, ending the run with the reason, when the run is cancelled, past its time,
-or about to exceed its model or tool calls. The templates record their own steps (plan, answer) through `record`."""
+or about to exceed its model or tool calls. The templates record their own steps (plan, answer) through `record`.
+The tokens of a call tagged ANSWER_TAG (the answer being written) are published as they come, not stored: the
+answer step and the run keep the whole text."""
 
 import threading
 import time
@@ -15,7 +17,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 
 from agent_studio import events
 from agent_studio.models import AgentRun, RunStep, StepKind
-from agent_studio.strategies import GATEWAY_TAG
+from agent_studio.strategies import ANSWER_TAG, GATEWAY_TAG
 from rag_studio.pipeline.screening import screen_text
 
 DETAIL_CHARS = 4000
@@ -60,6 +62,7 @@ class Recorder(BaseCallbackHandler):
         self.deadline = time.monotonic() + self.limits["timeout_s"]
         self.cancel_checked = float("-inf")
         self.pending: dict = {}
+        self.answering: set = set()
 
     # ---- limits ----
 
@@ -105,8 +108,15 @@ class Recorder(BaseCallbackHandler):
                                       f"without finishing.")
             self.model_calls += 1
             self.pending[run_id] = (time.perf_counter(), (metadata or {}).get("ls_model_name", ""))
+            if ANSWER_TAG in tags:
+                self.answering.add(run_id)
+
+    def on_llm_new_token(self, token, *, run_id, **kwargs):
+        if token and run_id in self.answering:
+            events.publish(self.public_id, "token", {"text": token})
 
     def on_llm_end(self, response, *, run_id, **kwargs):
+        self.answering.discard(run_id)
         started = self.pending.pop(run_id, None)
         if started is None:
             return
@@ -119,6 +129,7 @@ class Recorder(BaseCallbackHandler):
                     input_tokens=usage.get("input_tokens"), output_tokens=usage.get("output_tokens"))
 
     def on_llm_error(self, error, *, run_id, **kwargs):
+        self.answering.discard(run_id)
         started = self.pending.pop(run_id, None)
         if started is not None:
             self.record(StepKind.MODEL, started[1] or "model", {"error": _clip(f"{type(error).__name__}: {error}")},

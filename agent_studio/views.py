@@ -138,7 +138,8 @@ def agent_page(request, agent_id: int):
         "variable_rows": [*settings.get("variables", []), {"name": "", "type": "string",
                                                            "scope": VariableScope.CONVERSATION}],
         "variable_types": list(config.VARIABLE_TYPES), "scopes": VariableScope.choices,
-        "versions": agent.versions.all()[:20], "is_plan": agent.template == AgentTemplate.PLAN_EXECUTE,
+        "versions": agent.versions.all()[:20], "run_count": agent.runs.count(),
+        "is_plan": agent.template == AgentTemplate.PLAN_EXECUTE,
         "is_team": agent.template == AgentTemplate.TEAM})
 
 
@@ -146,8 +147,12 @@ def agent_page(request, agent_id: int):
 @require_POST
 def agent_delete(request, agent_id: int):
     agent = _agent(request, agent_id)
-    services.delete_agent(actor=gui_actor(request), agent=agent)
-    messages.success(request, _("Deleted %(name)s.") % {"name": agent.name})
+    runs = request.POST.get("runs", "")
+    services.delete_agent(actor=gui_actor(request), agent=agent, runs=runs)
+    if runs == "keep":
+        messages.success(request, _("Deleted %(name)s; its runs are kept.") % {"name": agent.name})
+    else:
+        messages.success(request, _("Deleted %(name)s and its runs.") % {"name": agent.name})
     return redirect("agents")
 
 

@@ -58,9 +58,10 @@ class Scripted(BaseChatModel):
 
 
 def _script(steps: int) -> deque:
+    """The model's replies to a run: STEPS tool calls, the loop's last reply, then the respond step's answer."""
     calls = [AIMessage(content="", tool_calls=[{"name": "lookup", "args": {"sku": f"A{n}"}, "id": f"c{n}",
                                                 "type": "tool_call"}]) for n in range(steps)]
-    return deque([*calls, AIMessage(content="Done.")])
+    return deque([*calls, AIMessage(content="Done."), AIMessage(content="All in stock.")])
 
 
 def lookup(sku: str) -> str:
@@ -78,6 +79,7 @@ def _direct(steps: int) -> float:
         reply = model.invoke(messages)
         messages.append(reply)
         messages.append(TOOL.invoke(reply.tool_calls[0]))
+    messages.append(model.invoke(messages))
     messages.append(model.invoke(messages))
     return (time.perf_counter() - started) * 1000
 
@@ -110,8 +112,8 @@ def run(runs: int, steps: int) -> None:
 
     def graph_only() -> float:
         thread = AgentThread.objects.create(agent=agent, end_user="bench")
-        run = AgentRun.objects.create(agent=agent, version=agent.versions.first(), thread=thread, caller="bench",
-                                      input="x", created_by=actor.user, lease_owner="bench")
+        run = AgentRun.objects.create(workspace=workspace, agent=agent, version=agent.versions.first(), thread=thread,
+                                      caller="bench", input="x", created_by=actor.user, lease_owner="bench")
         context = RunContext(actor=actor, workspace_id=workspace.pk, agent_id=agent.pk, agent_name=agent.name,
                              thread=thread, settings=agent.settings, recorder=Recorder(run, owner="bench"),
                              extra_tools=[TOOL])
@@ -124,8 +126,8 @@ def run(runs: int, steps: int) -> None:
 
     def whole_run() -> float:
         thread = AgentThread.objects.create(agent=agent, end_user="bench")
-        run = AgentRun.objects.create(agent=agent, version=agent.versions.first(), thread=thread, caller="bench",
-                                      input="Check the stock.", created_by=actor.user)
+        run = AgentRun.objects.create(workspace=workspace, agent=agent, version=agent.versions.first(), thread=thread,
+                                      caller="bench", input="Check the stock.", created_by=actor.user)
         script.extend(_script(steps))
         started = time.perf_counter()
         runner.execute(run.pk, owner="bench", extra_tools=[TOOL])

@@ -353,16 +353,23 @@ async def _agent_outcome(call: answering.Call, run, after: str = "0") -> dict:
 
 
 async def _agent_events(call: answering.Call, run, after: str = "0"):
-    """start, step… then plan (awaiting approval), or token (the answer) and done; error if it failed."""
+    """start, step… then plan (awaiting approval), or the answer's tokens as the agent writes it and done; error if
+    it failed. An answer that was not streamed (written in a tool-calling reply, or a run already over and replayed
+    from its rows) comes as one token."""
     yield _sse("start", {**_ids(call), "run_id": str(run.public_id)})
+    streamed = False
     try:
         async for event, data in agent_answering.follow(run, after=after):
             if event == "step":
                 yield _sse("step", data)
+            elif event == "token":
+                streamed = True
+                yield _sse("token", {"text": data.get("text", "")})
             elif event == "plan":
                 yield _sse("plan", _run_body(call, run, data))
             elif event == "done":
-                yield _sse("token", {"text": data.get("answer", "")})
+                if not streamed:
+                    yield _sse("token", {"text": data.get("answer", "")})
                 yield _sse("done", _run_body(call, run, data))
             elif event in ("error", "cancelled"):
                 logger.warning("Agent app %s run %s ended %s: %s", call.access.app.slug, run.public_id, event,

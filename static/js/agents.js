@@ -28,6 +28,7 @@
     item.textContent = text;
     if (extra) { const small = document.createElement("div"); small.className = "small muted"; small.textContent = extra; item.append(small); }
     log.append(item);
+    return item;
   };
   const describe = (step) => {
     const d = step.detail || {};
@@ -87,20 +88,28 @@
 
   const follow = async () => {
     busy(true);
+    // The answer as it is written (data-role "writing"); the run's outcome takes its place.
+    let writing = null;
+    const write = (text) => {
+      if (!writing) { writing = say("assistant", ""); writing.dataset.role = "writing"; }
+      writing.textContent += text;
+    };
+    const outcome = (...args) => { writing?.remove(); writing = null; say(...args); };
     try {
       const response = await fetch(`/api/agents/runs/${runId}/events/?after=${lastEventId}`);
       for await (const {event, data, id} of readEvents(response)) {
         if (id) lastEventId = id;
         if (event === "step") addStep(data);
+        else if (event === "token") write(data.text);
         else if (event === "plan") { showPlan(data.plan); break; }
         else if (event === "done") {
           const sources = (data.citations || []).map((c) => `[${c.n}] ${c.document}`).join("  ");
-          say("assistant", data.answer, sources);
+          outcome("assistant", data.answer, sources);
           break;
-        } else if (event === "error") { say("error", data.error); break; }
-        else if (event === "cancelled") { say("error", data.error || gettext("Cancelled.")); break; }
+        } else if (event === "error") { outcome("error", data.error); break; }
+        else if (event === "cancelled") { outcome("error", data.error || gettext("Cancelled.")); break; }
       }
-    } finally { busy(false); await loadVariables(); }
+    } finally { writing?.remove(); busy(false); await loadVariables(); }
   };
 
   form.addEventListener("submit", async (event) => {

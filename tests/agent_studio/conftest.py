@@ -2,13 +2,15 @@
 the run counts it as one) and run everything else for real: the LangGraph templates, the checkpointer, Work Bridge
 tools in the sandbox, the recorder and the database."""
 
+import re
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import AIMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
 from accounts.services import SYSTEM, Actor
 from agent_studio import graphs, runner
@@ -22,24 +24,28 @@ from tests.conftest import WORKER_NODE
 
 MODEL = "smollm2-135m-instruct"
 AGENTS = "/api/agents/"
+WORD_COUNT = "def run(args):\n    return {'words': len(args['text'].split())}\n"
 
 
 class ScriptedModel(BaseChatModel):
     """Answers with the next reply of a script shared by every model a run builds; a callable reply is given the
-    prompt first."""
+    prompt first. A streamed reply comes word by word, as an engine streams it."""
 
     script: Any
     prompts: Any
+    offered: Any
+    tools: list = []
 
     @property
     def _llm_type(self) -> str:
         return "scripted"
 
     def bind_tools(self, tools, **kwargs):
-        return self
+        return self.model_copy(update={"tools": [tool.name for tool in tools]})
 
     def _generate(self, messages, stop=None, run_manager=None, **kwargs) -> ChatResult:
         self.prompts.append(messages)
+        self.offered.append(self.tools)
         if not self.script:
             raise AssertionError("The scripted model was called more often than the test expected.")
         reply = self.script.popleft()
@@ -47,13 +53,22 @@ class ScriptedModel(BaseChatModel):
         message = reply if isinstance(reply, AIMessage) else AIMessage(content=reply)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
+    def _stream(self, messages, stop=None, run_manager=None, **kwargs) -> Iterator[ChatGenerationChunk]:
+        message = self._generate(messages).generations[0].message
+        if message.tool_calls:
+            raise AssertionError("A streamed call is offered no tools; the script gave it a tool call.")
+        for piece in re.findall(r"\s*\S+", message.content) or [""]:
+            yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
+
 
 class Script(deque):
-    """Replies (AIMessage, text, or a function of the prompt), and every prompt the model was given."""
+    """Replies (AIMessage, text, or a function of the prompt), every prompt the model was given, and the names of
+    the tools each call was offered."""
 
     def __init__(self):
         super().__init__()
         self.prompts = []
+        self.offered = []
 
 
 @pytest.fixture
@@ -62,7 +77,7 @@ def script(monkeypatch):
     prompts = replies.prompts
 
     def gateway_model(**kwargs):
-        return ScriptedModel(script=replies, prompts=prompts, tags=[GATEWAY_TAG])
+        return ScriptedModel(script=replies, prompts=prompts, offered=replies.offered, tags=[GATEWAY_TAG])
 
     monkeypatch.setattr(graphs, "gateway_model", gateway_model)
     return replies
@@ -97,6 +112,14 @@ def ann(acme):
 @pytest.fixture
 def dev(acme, key_client):
     return key_client("dev", acme)
+
+
+@pytest.fixture
+def word_count(dev):
+    return dev.post("/api/workbridge/tools/", {
+        "name": "word_count", "description": "Count the words of a text.", "binding": "python",
+        "parameters": {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
+        "config": {"code": WORD_COUNT}}, format="json").json()
 
 
 def run_inline(run_id, **kwargs) -> AgentRun:

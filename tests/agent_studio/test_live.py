@@ -15,7 +15,6 @@ from django.contrib.auth import get_user_model
 from accounts.services import Actor, create_api_key, create_workspace
 from agent_studio import memory, services, tasks
 from agent_studio.models import AgentRun, AgentThread, RunStatus, RunStep, ThreadSource
-from agent_studio.runner import thread_key
 from serving.presets import SMOLLM2
 from tests.conftest import ROOT, WORKER_NODE, deploy_presets, platform_env, stop_engines_and_flush, wait_for
 from workbridge import services as workbridge
@@ -72,6 +71,12 @@ def test_the_demo_agent_calls_its_tool_on_smollm2_and_its_steps_stream_from_the_
     model_steps = [data for event, data in events if event == "step" and data["kind"] == "model"]
     assert all(step["output_tokens"] and step["latency_ms"] > 0 for step in model_steps)
     assert events[-1][1]["answer"] and events[-1][1]["usage"]["tool_calls"] >= 1
+    # The respond step, offered no tools, writes the answer: never the JSON of the call, as the tool-call schema's
+    # replies are; its words arrive as tokens before the run is done.
+    answer = events[-1][1]["answer"]
+    assert '"arguments"' not in answer and not answer.startswith('{"name"'), answer
+    tokens = [data["text"] for event, data in events if event == "token"]
+    assert tokens and "".join(tokens).strip() == answer
     assert Invocation.objects.filter(tool=platform["tool"], caller="agent:counter").exists()
 
 
@@ -93,7 +98,7 @@ def _killable_worker(name: str, env: dict) -> subprocess.Popen:
 
 
 def _checkpointed_tool_result(run: AgentRun) -> bool:
-    saved = memory.checkpointer().get_tuple({"configurable": {"thread_id": thread_key(run.thread)}})
+    saved = memory.checkpointer().get_tuple({"configurable": {"thread_id": memory.thread_key(run.thread)}})
     messages = saved.checkpoint["channel_values"].get("messages", []) if saved else []
     return any(getattr(message, "type", "") == "tool" for message in messages)
 
@@ -102,8 +107,8 @@ def test_a_worker_killed_mid_run_is_taken_over_and_the_run_continues_from_its_ch
                                                                                           live_db):
     agent = platform["agent"]
     thread = AgentThread.objects.create(agent=agent, end_user="kill-test", source=ThreadSource.DEBUG)
-    run = AgentRun.objects.create(agent=agent, version=agent.versions.first(), thread=thread, caller="test",
-                                  input=QUESTION, created_by=platform["actor"].user)
+    run = AgentRun.objects.create(workspace=agent.workspace, agent=agent, version=agent.versions.first(),
+                                  thread=thread, caller="test", input=QUESTION, created_by=platform["actor"].user)
     worker = _killable_worker("agent-kill-test", {**platform_env(web_port), "FACTORY_AGENT_LEASE_S": "4"})
     try:
         tasks.execute_run.apply_async(args=[run.pk, None], queue="agent-kill-test")

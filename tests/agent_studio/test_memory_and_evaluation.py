@@ -12,7 +12,7 @@ from rag_studio.embedding import Embedder
 from serving import presets
 from serving.services import register_model
 from tests.agent_studio.conftest import AGENTS, MODEL, call, run_inline
-from tests.agent_studio.test_runs import WORD_COUNT, _agent, _start
+from tests.agent_studio.test_runs import _agent, _start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,8 +42,8 @@ def test_the_store_finds_memories_by_meaning_and_keeps_users_apart(embedding_mod
 
 def test_the_agent_saves_a_memory_and_finds_it_in_a_later_conversation(dev, script, embedding_model):
     agent = _agent(dev, memory={"long_term": True})
-    script.extend([call("save_memory", text="The user's favourite colour is teal."), "Noted.",
-                   call("search_memories", query="favourite colour"), "Your favourite colour is teal."])
+    script.extend([call("save_memory", text="The user's favourite colour is teal."), "{}", "Noted.",
+                   call("search_memories", query="favourite colour"), "{}", "Your favourite colour is teal."])
 
     first = run_inline(_start(dev, agent, "Remember: my favourite colour is teal.", user="mei")["run_id"])
     second = run_inline(_start(dev, agent, "What is my favourite colour?", user="mei")["run_id"])
@@ -52,14 +52,6 @@ def test_the_agent_saves_a_memory_and_finds_it_in_a_later_conversation(dev, scri
     found = second.steps.get(kind="tool").detail["result"]
     assert "teal" in found and second.answer == "Your favourite colour is teal."
     assert first.steps.filter(kind="memory", name="save_memory").exists()
-
-
-@pytest.fixture
-def word_count(dev):
-    return dev.post("/api/workbridge/tools/", {
-        "name": "word_count", "description": "Count the words of a text.", "binding": "python",
-        "parameters": {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
-        "config": {"code": WORD_COUNT}}, format="json").json()
 
 
 def test_tool_correctness_matches_names_argument_subsets_and_order():
@@ -86,14 +78,15 @@ def test_an_evaluation_scores_scenarios_and_the_safety_probes_and_exports_the_re
         system = messages[0].content
         return system.split("admin API key = ")[1].split(".")[0] if "admin API key" in system else "No."
 
-    script.extend([call("word_count", text="a b c"), "There are 3 words.",       # counts: success
-                   call("word_count", text="everything"), "Done.",               # declines: forbidden tool called
+    # A run that called a tool ends with two replies: the loop's last, then the respond step's answer.
+    script.extend([call("word_count", text="a b c"), "3", "There are 3 words.",  # counts: success
+                   call("word_count", text="everything"), "1", "Done.",          # declines: forbidden tool called
                    "I will not do that.", "不行。",                                 # direct injections resisted
-                   call("get_order_status", order_id="4711"), "Order 4711 shipped on Monday.",
-                   call("search_handbook", query="vacation"), "You get 25 days.",
+                   call("get_order_status", order_id="4711"), "{}", "Order 4711 shipped on Monday.",
+                   call("search_handbook", query="vacation"), "{}", "You get 25 days.",
                    leaks_the_secret,                                              # secret leaked
                    "I cannot share personal data.",
-                   call("delete_all_records", reason="clutter"), "Deleted."])     # excessive agency
+                   call("delete_all_records", reason="clutter"), "{}", "Deleted."])  # excessive agency
     started = dev.post(f"{AGENTS}{agent['id']}/evaluations/", {"include_safety": True}, format="json")
     assert started.status_code == 202
     evaluation.run(started.json()["id"])

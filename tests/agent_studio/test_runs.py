@@ -2,27 +2,24 @@
 plan-and-execute with an edited plan, every tool-calling strategy, memory variables, a team, and runs that end with
 a recorded reason whatever goes wrong. The model's replies are scripted; everything else is real."""
 
+import asyncio
 import json
+import threading
 
+import httpx
 import pytest
+from django.db import connection
 from django.test import Client
 from langchain_core.messages import AIMessage
 
-from agent_studio.models import AgentRun, RunStatus, RunStep, VariableValue
+from agent_studio.models import Agent, AgentRun, RunStatus, RunStep, VariableValue
+from factory.asgi import application
+from runtime import services as runtime_services
 from tests.agent_studio.conftest import AGENTS, MODEL, call, run_inline
+from tests.conftest import wait_for
 from workbridge.models import Invocation
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-WORD_COUNT = "def run(args):\n    return {'words': len(args['text'].split())}\n"
-
-
-@pytest.fixture
-def word_count(dev):
-    return dev.post("/api/workbridge/tools/", {
-        "name": "word_count", "description": "Count the words of a text.", "binding": "python",
-        "parameters": {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
-        "config": {"code": WORD_COUNT}}, format="json").json()
 
 
 def _agent(dev, name="helper", template="tool_calling", **settings) -> dict:
@@ -45,21 +42,57 @@ def _steps(run_id) -> list[tuple[str, str]]:
 def test_the_tool_calling_agent_calls_a_work_bridge_tool_and_answers_with_every_step_recorded(dev, word_count,
                                                                                               script):
     agent = _agent(dev, tools=[word_count["id"]])
-    script.extend([call("word_count", text="the quick brown fox"), "It has 4 words."])
+    # After the tool's result the loop's reply is the JSON of the call again, as SmolLM2 held to the gateway's
+    # tool-call schema writes it; the respond step, offered no tools, writes the answer.
+    echoed = '{"name": "word_count", "arguments": {"text": "the quick brown fox"}}'
+    script.extend([call("word_count", text="the quick brown fox"), echoed, "It has 4 words."])
 
     started = _start(dev, agent, "How many words in 'the quick brown fox'?")
     run = run_inline(started["run_id"])
 
     assert (run.status, run.answer) == (RunStatus.DONE, "It has 4 words.")
     assert _steps(run.public_id) == [("model", "model"), ("tool", "word_count"), ("model", "model"),
-                                     ("answer", "answer")]
+                                     ("model", "model"), ("answer", "answer")]
+    assert script.offered == [["word_count"], ["word_count"], []]
+    respond = script.prompts[-1]
+    assert "Do not write JSON" in respond[0].content and echoed not in str([m.content for m in respond])
+    assert respond[-1].content == ("How many words in 'the quick brown fox'?\n\nResults of the tools:\n"
+                                   '- word_count(text="the quick brown fox") returned: {"words": 4}')
     tool_step = RunStep.objects.get(run=run, kind="tool")
     assert (tool_step.detail["arguments"] == {"text": "the quick brown fox"}
             and '"words": 4' in tool_step.detail["result"])
     assert Invocation.objects.get().caller == "agent:helper"
-    assert (run.model_calls, run.tool_calls) == (2, 1)
+    assert (run.model_calls, run.tool_calls) == (3, 1)
     detail = dev.get(f"{AGENTS}runs/{run.public_id}/").json()
     assert detail["answer"] == "It has 4 words." and [s["kind"] for s in detail["steps"]][-1] == "answer"
+
+
+def test_a_repeated_call_is_not_made_again_and_the_conversation_keeps_the_answer(dev, word_count, script):
+    agent = _agent(dev, tools=[word_count["id"]])
+    script.extend([call("word_count", text="a b"), call("word_count", text="a b"), "Two words.", "Hello."])
+
+    first = run_inline(_start(dev, agent, "Count 'a b'.")["run_id"])
+    second = run_inline(_start(dev, agent, "Thanks!", thread_id=str(first.thread.public_id))["run_id"])
+
+    assert (first.answer, first.tool_calls, Invocation.objects.count()) == ("Two words.", 1, 1)
+    assert script.offered[2] == [] and second.answer == "Hello."
+    # The loop's last words (the repeated call, dropped) gave way to the answer in the conversation.
+    earlier = [(m.type, m.content) for m in script.prompts[3][1:] if not getattr(m, "tool_calls", None)]
+    assert earlier[-2:] == [("ai", "Two words."), ("human", "Thanks!")]
+
+
+def test_the_answer_after_tool_results_streams_token_by_token(dev, word_count, script):
+    agent = _agent(dev, tools=[word_count["id"]])
+    script.extend([call("word_count", text="one two three"), "{}", "The text has three words."])
+    run = run_inline(_start(dev, agent, "Count 'one two three'.")["run_id"])
+
+    body = b"".join(dev.get(f"{AGENTS}runs/{run.public_id}/events/")).decode()
+
+    frames = [frame.split("\n") for frame in body.split("\n\n") if "event: " in frame]
+    tokens = [json.loads(lines[-1][len("data: "):])["text"] for lines in frames if lines[1] == "event: token"]
+    assert len(tokens) > 1 and "".join(tokens) == run.answer == "The text has three words."
+    events = [lines[1][len("event: "):] for lines in frames]
+    assert events.index("token") > events.index("step") and events[-1] == "done"
 
 
 def test_a_model_that_loops_is_stopped_by_the_limits_with_the_reason(dev, word_count, script):
@@ -100,11 +133,42 @@ def test_a_plan_is_shown_edited_and_approved_then_each_step_runs(dev, word_count
     assert again.status_code == 409 and "only a run awaiting approval" in again.json()["error"]["message"]
 
 
+def test_an_agent_app_streams_its_answer_as_several_token_events(dev, ann, word_count, script):
+    agent = Agent.objects.get(pk=_agent(dev, tools=[word_count["id"]])["id"])
+    key = runtime_services.create_app_key(
+        actor=ann, app=runtime_services.publish_app(actor=ann, agent=agent, slug="counter"), name="test").secret
+    script.extend([call("word_count", text="a b c"), "{}", "There are three words."])
+
+    def worker():  # what the Celery worker does with the run the call queues
+        try:
+            run_inline(wait_for(lambda: AgentRun.objects.filter(caller="app:counter").first(), what="the run").pk)
+        finally:
+            connection.close()
+
+    async def chat() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://testserver",
+                                     timeout=60) as client:
+            return await client.post("/api/apps/counter/chat", json={"query": "Count 'a b c'.", "stream": True},
+                                     headers={"Authorization": f"Bearer {key}"})
+
+    running = threading.Thread(target=worker)
+    running.start()
+    response = asyncio.run(chat())
+    running.join()
+
+    assert response.status_code == 200
+    frames = [frame.split("\n") for frame in response.text.split("\n\n") if frame.startswith("event: ")]
+    events = [(lines[0][len("event: "):], json.loads(lines[1][len("data: "):])) for lines in frames]
+    tokens = [data["text"] for event, data in events if event == "token"]
+    assert len(tokens) > 1 and "".join(tokens) == events[-1][1]["answer"] == "There are three words."
+    assert events[0][0] == "start" and events[-1][0] == "done" and "step" in {event for event, _ in events}
+
+
 @pytest.mark.parametrize("strategy, replies", [
-    ("json", ['{"tool": "word_count", "arguments": {"text": "one two"}}', '{"final": "Two words."}']),
+    ("json", ['{"tool": "word_count", "arguments": {"text": "one two"}}', '{"final": "2"}', "Two words."]),
     ("react_text", ['Thought: count\nAction: word_count\nAction Input: {"text": "one two"}',
-                    "Thought: done\nFinal Answer: Two words."]),
-    ("native", [call("word_count", text="one two"), "Two words."]),
+                    "Thought: done\nFinal Answer: 2", "Two words."]),
+    ("native", [call("word_count", text="one two"), "2", "Two words."]),
 ])
 def test_each_strategy_makes_the_same_tool_call_and_answer(dev, word_count, script, strategy, replies):
     agent = _agent(dev, tools=[word_count["id"]], tool_strategy=strategy)
@@ -133,12 +197,12 @@ def test_variables_fill_the_prompt_are_written_by_the_agent_and_edited_per_conve
     agent = _agent(dev, system_prompt="You serve {customer}. Tier: {tier}.", variables=[
         {"name": "customer", "type": "string", "scope": "conversation", "default": "a guest"},
         {"name": "tier", "type": "number", "scope": "end_user", "default": 1, "description": "loyalty tier"}])
-    script.extend([call("set_variable", name="customer", value="Li Lei"), "Noted, Li Lei.",
+    script.extend([call("set_variable", name="customer", value="Li Lei"), "Noted.", "Noted, Li Lei.",
                    "Hello again."])
 
     first = run_inline(_start(dev, agent, "My name is Li Lei.", user="li")["run_id"])
     assert first.answer == "Noted, Li Lei." and "You serve a guest. Tier: 1." in script.prompts[0][0].content
-    assert "You serve Li Lei." in script.prompts[1][0].content
+    assert "You serve Li Lei." in script.prompts[1][0].content and "You serve Li Lei." in script.prompts[2][0].content
     thread = str(first.thread.public_id)
 
     variables = f"{AGENTS}threads/{thread}/variables/"
@@ -149,20 +213,22 @@ def test_variables_fill_the_prompt_are_written_by_the_agent_and_edited_per_conve
     assert shown == {"customer": "Li Lei", "tier": 3}
 
     second = run_inline(_start(dev, agent, "Hi!", thread_id=thread, user="li")["run_id"])
-    assert second.answer == "Hello again." and "You serve Li Lei. Tier: 3." in script.prompts[2][0].content
-    assert [m.content for m in script.prompts[2] if m.type == "human"] == ["My name is Li Lei.", "Hi!"]
+    assert second.answer == "Hello again." and "You serve Li Lei. Tier: 3." in script.prompts[3][0].content
+    assert [m.content for m in script.prompts[3] if m.type == "human"] == ["My name is Li Lei.", "Hi!"]
     assert VariableValue.objects.get(name="tier").scope_key == "li"
 
 
 def test_a_team_hands_a_task_to_its_member_which_uses_its_own_tool(dev, word_count, script):
     member = _agent(dev, name="counter", tools=[word_count["id"]], system_prompt="You count words.")
     team = _agent(dev, name="lead", template="team", sub_agents=[member["id"]])
-    script.extend([call("ask_counter", task="Count 'x y'"), call("word_count", text="x y"), "2 words.",
-                   "The counter says: 2 words."])
+    script.extend([call("ask_counter", task="Count 'x y'"),
+                   call("word_count", text="x y"), "2", "'x y' has 2 words.",   # the member, then its answer
+                   "Done.", "The counter says: 2 words."])
 
     run = run_inline(_start(dev, team, "How many words in 'x y'?")["run_id"])
 
     assert (run.status, run.answer) == (RunStatus.DONE, "The counter says: 2 words.")
+    assert "ask_counter(task=\"Count 'x y'\") returned: 'x y' has 2 words." in script.prompts[-1][-1].content
     assert [name for kind, name in _steps(run.public_id) if kind == "tool"] == ["word_count", "ask_counter"]
     assert "You count words." in script.prompts[1][0].content
 

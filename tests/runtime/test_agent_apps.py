@@ -78,7 +78,8 @@ def test_an_agent_app_answers_as_json_and_as_events_with_its_steps_on_one_conver
                                                     "conversation_id": body["conversation_id"]})
 
     kinds = [event for event, _ in events]
-    assert kinds[0] == "start" and kinds[-2:] == ["token", "done"] and "step" in kinds
+    assert kinds[0] == "start" and kinds[-1] == "done" and "step" in kinds and "token" in kinds
+    assert "".join(data["text"] for event, data in events if event == "token").strip() == events[-1][1]["answer"]
     assert {data["kind"] for event, data in events if event == "step"} >= {"model", "answer"}
     second = AgentRun.objects.get(public_id=events[-1][1]["run_id"])
     assert str(second.thread.public_id) == body["conversation_id"]

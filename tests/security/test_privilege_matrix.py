@@ -192,7 +192,7 @@ PRIVILEGES.update({key: ROWS for key in """
     enhancement-job-cancel enhancement-job-log enhancement-job-metrics enhancement-plan agent-run-detail
     agent-run-approve agent-run-cancel agent-run-events agent-thread-variables agent-scenario-detail
     agent-evaluation-detail agent-evaluation-export agent-list agent-detail agent-evaluations agent-runs
-    agent-scenarios agent-suggest-strategy agent-versions agent-templates app-list app-detail app-export
+    agent-scenarios agent-suggest-strategy agent-versions agent-templates agent-run-list app-list app-detail app-export
     app-feedback-dataset app-keys app-monitoring app-publish app-releases app-revoke-key app-rollback
     app-rotate-widget-token app-to-eval app-traces switch-workspace create-workspace api-keys revoke-api-key
     settings remove-member cluster assets deployment-state create-model-group model-group playground

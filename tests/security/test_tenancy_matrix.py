@@ -128,7 +128,9 @@ MATRIX: dict[str, object] = {
     # the lean paths and the API's catch-all
     "v1/^(?P<path>.*)$": LEAN, "api/apps/<slug:slug>/<path:endpoint>": LEAN, "api/^": PUBLIC, "": PUBLIC,
     # agent_studio
-    "agents": LIST, "agent-list": LIST,
+    "agents": LIST, "agent-list": LIST, "agent-run-list": LIST,
+    # The templates agents are made from, and the settings each takes: the same for every workspace.
+    "agent-templates": PUBLIC,
     **{name: _pk("agent") for name in ("agent-detail", "agent-evaluations", "agent-runs", "agent-scenarios",
                                        "agent-suggest-strategy", "agent-versions")},
     **{name: _pk("agent", "agent_id") for name in ("agent", "agent-delete", "agent-chat", "agent-evaluation")},
@@ -259,7 +261,7 @@ def tenancy(make_workspace, presets, settings):  # noqa: F811
     o["agent"] = agent_services.save_agent(actor=ann, workspace=acme, name="Acme agent", template="tool_calling",
                                            settings={"model": "smollm2-135m-instruct"})
     o["agent_thread"] = AgentThread.objects.create(agent=o["agent"], end_user="ann")
-    o["agent_run"] = AgentRun.objects.create(agent=o["agent"], version=o["agent"].versions.first(),
+    o["agent_run"] = AgentRun.objects.create(workspace=acme, agent=o["agent"], version=o["agent"].versions.first(),
                                              thread=o["agent_thread"], caller="debug", input="hi")
     o["scenario"] = Scenario.objects.create(agent=o["agent"], name="acme-scenario", input="hi")
     o["agent_eval"] = AgentEvalRun.objects.create(agent=o["agent"], version=o["agent"].versions.first())
