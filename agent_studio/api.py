@@ -3,8 +3,9 @@ plan, cancel), conversation variables, scenarios and evaluations."""
 
 import json
 
+from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -14,6 +15,8 @@ from agent_studio import selectors, services, streaming
 from agent_studio.models import Agent, AgentEvalRun, AgentRun, AgentThread, AgentVersion, Scenario
 from agent_studio.runner import run_payload
 from agent_studio.strategies import probe
+from cluster import queues
+from cluster.api import QueuePlaceSerializer
 
 
 class AgentSerializer(serializers.ModelSerializer):
@@ -78,11 +81,21 @@ class EvalRequestSerializer(serializers.Serializer):
 class EvalRunSerializer(serializers.ModelSerializer):
     agent = serializers.CharField(source="agent.name", read_only=True)
     version = serializers.IntegerField(source="version.number", read_only=True)
+    queue = serializers.SerializerMethodField(help_text="Where a queued evaluation stands in the interactive line.")
 
     class Meta:
         model = AgentEvalRun
-        fields = ["id", "agent", "version", "status", "include_safety", "progress", "total", "scores", "results",
-                  "error", "created_at", "finished_at"]
+        fields = ["id", "agent", "version", "status", "queue", "include_safety", "progress", "total", "scores",
+                  "results", "error", "created_at", "finished_at"]
+
+    @extend_schema_field(QueuePlaceSerializer(allow_null=True))
+    def get_queue(self, evaluation) -> dict | None:
+        line = self.context.get("interactive_line")
+        if line is None:
+            line = self.context["interactive_line"] = queues.Line(queues.INTERACTIVE,
+                                                                  workers=settings.INTERACTIVE_SLOTS)
+        place = services.evaluation_place(line, evaluation)
+        return place.as_dict() if place else None
 
 
 def _run_summary(run: AgentRun) -> dict:

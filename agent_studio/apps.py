@@ -5,4 +5,8 @@ class AgentStudioConfig(AppConfig):
     name = "agent_studio"
 
     def ready(self) -> None:
-        from agent_studio import serving_prompts  # noqa: F401  offer scenarios to model-group calibration
+        # serving_prompts offers scenarios to model-group calibration.
+        from agent_studio import services, serving_prompts  # noqa: F401
+        from cluster import queues
+
+        queues.count_workload(services.active_evaluations)

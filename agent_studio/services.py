@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role, Workspace
@@ -20,12 +21,14 @@ from agent_studio.models import (
     AgentRun,
     AgentThread,
     AgentVersion,
+    EvalStatus,
     RunStatus,
     Scenario,
     ThreadSource,
 )
 from assets.models import AssetKind
 from assets.services import forget_asset, payload_checksum, register_asset
+from cluster import queues
 
 MAX_INPUT_CHARS = 8000
 MAX_END_USER_CHARS = 128
@@ -302,9 +305,28 @@ def start_evaluation(*, actor: Actor, agent: Agent, version_number: int | None =
     if not agent.scenarios.exists() and not include_safety:
         raise ValidationFailed("Add a scenario first, or include the safety probes.",
                                fields={"scenarios": ["None yet."]})
+    queues.check_job_limit(agent.workspace_id)
     evaluation = AgentEvalRun.objects.create(agent=agent, version=agent_version(agent, version_number),
                                              include_safety=bool(include_safety), created_by=actor.user)
     from agent_studio.tasks import run_evaluation
 
-    transaction.on_commit(lambda: run_evaluation.apply_async(args=[evaluation.pk], queue=settings.AGENT_QUEUE))
+    transaction.on_commit(lambda: queues.send(run_evaluation.name, [evaluation.pk], queue=queues.INTERACTIVE,
+                                              workspace_id=agent.workspace_id))
     return evaluation
+
+
+def active_evaluations(workspace_id: int) -> int:
+    """The workspace's agent evaluations queued or running (its job limit)."""
+    return AgentEvalRun.objects.filter(agent__workspace_id=workspace_id,
+                                       status__in=[EvalStatus.QUEUED, EvalStatus.RUNNING]).count()
+
+
+def evaluation_place(line: queues.Line, evaluation: AgentEvalRun) -> queues.Place | None:
+    """Where a queued evaluation stands in the interactive line."""
+    if evaluation.status != EvalStatus.QUEUED:
+        return None
+    from agent_studio.tasks import run_evaluation
+
+    return line.place(run_evaluation.name, [evaluation.pk], workspace_id=evaluation.agent.workspace_id,
+                      default_s=300.0, reason=_("waiting for the interactive worker (evaluations, tuning, "
+                                                "calibration)"))

@@ -1,4 +1,4 @@
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
@@ -32,14 +32,32 @@ class JobEventSerializer(serializers.ModelSerializer):
         fields = ["state", "message", "at"]
 
 
+class QueuePlaceSerializer(serializers.Serializer):
+    """Where a queued item stands in its line: the same shape for documents, evaluations and jobs."""
+
+    position = serializers.IntegerField(help_text="1: next to start")
+    ahead_in_your_workspace = serializers.IntegerField()
+    estimated_start_s = serializers.FloatField(allow_null=True)
+    reason = serializers.CharField()
+
+
 class JobSerializer(serializers.ModelSerializer):
     node = serializers.SlugRelatedField(slug_field="name", read_only=True)
     events = JobEventSerializer(many=True, read_only=True)
+    queue = serializers.SerializerMethodField(help_text="Where a queued job stands in its node's line.")
 
     class Meta:
         model = Job
-        fields = ["id", "kind", "node", "state", "progress", "payload", "result", "error", "celery_task_id",
-                  "worker", "created_at", "started_at", "finished_at", "events"]
+        fields = ["id", "kind", "node", "state", "queue", "progress", "payload", "result", "error",
+                  "celery_task_id", "worker", "created_at", "started_at", "finished_at", "events"]
+
+    @extend_schema_field(QueuePlaceSerializer(allow_null=True))
+    def get_queue(self, job) -> dict | None:
+        lines = self.context.setdefault("node_lines", {})
+        if job.node_id not in lines:
+            lines[job.node_id] = services.job_line(job.node)
+        place = services.job_place(lines[job.node_id], job)
+        return place.as_dict() if place else None
 
 
 class JobCreateSerializer(serializers.Serializer):

@@ -22,13 +22,13 @@ import threading
 import time
 from datetime import timedelta
 
-from celery import current_app
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connections
 from django.dispatch import Signal
 from django.utils import timezone
 
+from cluster import queues
 from cluster.models import Job, JobEvent, JobState, NodeStatus
 
 logger = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ def _redispatch_or_fail(job: Job, state: str, reason: str, outcome: dict, *, may
         JobEvent.objects.create(job=job, state=state, message=f"{REDISPATCHED} ({dispatches + 1} of "
                                                               f"{settings.CLUSTER_JOB_MAX_DISPATCHES}): {reason}")
         cache.delete(_suspect_key(job.pk))
-        result = current_app.send_task(RUN_JOB_TASK, args=[job.pk], queue=job.node.queue)
+        result = queues.send(RUN_JOB_TASK, [job.pk], queue=job.node.queue, workspace_id=job.workspace_id)
         Job.objects.filter(pk=job.pk).update(celery_task_id=result.id)
         outcome["redispatched"].append(job.pk)
         return

@@ -5,11 +5,12 @@ from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
-from cluster import inventory
+from cluster import inventory, queues
 from cluster.jobs import handler_for, job_handler, known_kinds, submittable_kinds
 from cluster.models import FINISHED_JOB_STATES, Device, Job, JobEvent, JobState, Node, NodeStatus
 
@@ -135,8 +136,20 @@ def cancel_job(*, actor: Actor, job: Job) -> Job:
 
 
 def _send(job: Job) -> None:
-    result = current_app.send_task(RUN_JOB_TASK, args=[job.pk], queue=job.node.queue)
+    result = queues.send(RUN_JOB_TASK, [job.pk], queue=job.node.queue, workspace_id=job.workspace_id)
     Job.objects.filter(pk=job.pk).update(celery_task_id=result.id)
+
+
+def job_line(node: Node) -> queues.Line:
+    return queues.Line(node.queue, workers=settings.NODE_CONCURRENCY)
+
+
+def job_place(line: queues.Line, job: Job) -> queues.Place | None:
+    """Where a queued job stands in its node's line (replica starts and stops, training, heartbeats)."""
+    if job.state != JobState.QUEUED:
+        return None
+    return line.place(RUN_JOB_TASK, [job.pk], workspace_id=job.workspace_id, default_s=30.0,
+                      reason=_("waiting for node %(node)s's worker") % {"node": job.node.name})
 
 
 def run_job(*, job_id: int, worker: str) -> Job:

@@ -1,5 +1,5 @@
 from django.conf import settings
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -7,6 +7,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import WorkspaceRole, WorkspaceScopedMixin, request_actor, request_workspace
+from cluster import services as cluster_services
+from cluster.api import QueuePlaceSerializer
 from cluster.models import Node
 from enhancement import runner, selectors, services
 from enhancement.formats import ColumnMapping
@@ -136,10 +138,11 @@ class JobSerializer(serializers.ModelSerializer):
     node = serializers.SlugRelatedField(slug_field="name", read_only=True)
     state = serializers.CharField(read_only=True)
     outputs = serializers.SerializerMethodField()
+    queue = serializers.SerializerMethodField(help_text="Where a queued job stands in its node's line.")
 
     class Meta:
         model = EnhancementJob
-        fields = ["id", "name", "kind", "state", "stage", "step", "total_steps", "base_model", "dataset",
+        fields = ["id", "name", "kind", "state", "queue", "stage", "step", "total_steps", "base_model", "dataset",
                   "dataset_sha256", "method", "hyperparameters", "quantizations", "compression", "plan", "node",
                   "report",
                   "outputs", "error", "created_at"]
@@ -147,6 +150,13 @@ class JobSerializer(serializers.ModelSerializer):
     def get_outputs(self, obj) -> list[dict]:
         return [{"id": m.pk, "name": m.name, "quantization": m.quantization, "size_bytes": m.size_bytes}
                 for m in obj.output_models.all()]
+
+    @extend_schema_field(QueuePlaceSerializer(allow_null=True))
+    def get_queue(self, job) -> dict | None:
+        if job.cluster_job is None:
+            return None
+        place = cluster_services.job_place(cluster_services.job_line(job.node), job.cluster_job)
+        return place.as_dict() if place else None
 
 
 class FinetuneSerializer(serializers.Serializer):

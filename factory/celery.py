@@ -1,10 +1,12 @@
 """The Celery app: configuration from Django's settings (CELERY_*), plus what decides where each task runs, for how
 long, and what beat sweeps.
 
-Queues: `node.<name>` carries the jobs of one machine (replica starts and stops, training) and its heartbeats;
-`default` carries beat's sweeps; `ingest` carries ingestion and evaluation. `scripts/proc.sh node` consumes the first
-two and `scripts/proc.sh worker` the last, as separate processes, so a parse or an eval run that occupies every
-ingestion process never delays a replica job or a heartbeat (the node would turn unhealthy).
+Queues (cluster/queues.py): `node.<name>` carries the jobs of one machine (replica starts and stops, training) and
+its heartbeats; `default` carries beat's sweeps; `ingest` carries ingestion, a few messages at a time in fair order
+(rag_studio/pipeline/line.py); `interactive` carries the short work a person waits for (eval runs and sets, tuning,
+calibration, agent evaluations). `scripts/proc.sh node`, `worker` and `interactive` consume them as separate
+processes, so a parse that occupies every ingestion process never delays a replica job, a heartbeat (the node
+would turn unhealthy) or someone's tuning job.
 
 Time limits: at the soft limit a task gets SoftTimeLimitExceeded, lets its lease run out and beat resumes it from
 its last saved step (counting an attempt: RAG_*_MAX_ATTEMPTS fail it with the reason); at the hard limit, a minute
@@ -20,11 +22,12 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "factory.settings")
 
 from django.conf import settings  # noqa: E402  (after DJANGO_SETTINGS_MODULE)
 
+from cluster import queues  # noqa: E402
+
 app = Celery("factory")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
-INGEST_QUEUE = "ingest"
 HARD_LIMIT_AFTER_SOFT_S = 60
 
 
@@ -36,15 +39,19 @@ def _limits(soft_s: float) -> dict:
 
 # Checked before settings.CELERY_TASK_ROUTES (the first match wins).
 app.conf.task_routes = ({
-    "rag_studio.tasks.ingest_document": {"queue": INGEST_QUEUE},
-    "rag_studio.tasks.generate_eval_set": {"queue": INGEST_QUEUE},
-    "rag_studio.tasks.run_eval": {"queue": INGEST_QUEUE},
-    "rag_studio.tasks.tune_retrieval": {"queue": INGEST_QUEUE},
+    "rag_studio.tasks.ingest_next": {"queue": queues.INGEST},
+    "rag_studio.tasks.ingest_document": {"queue": queues.INGEST},
+    "rag_studio.tasks.generate_eval_set": {"queue": queues.INTERACTIVE},
+    "rag_studio.tasks.run_eval": {"queue": queues.INTERACTIVE},
+    "rag_studio.tasks.tune_retrieval": {"queue": queues.INTERACTIVE},
+    "serving.tasks.calibrate_group": {"queue": queues.INTERACTIVE},
+    "agent_studio.tasks.run_evaluation": {"queue": queues.INTERACTIVE},
     # Beat's sweeps go to `default`, served by the node worker: they must run while ingestion is busy or stuck.
     "rag_studio.tasks.resume_stalled_documents": {"queue": "default"},
     "rag_studio.tasks.sweep_overdue_evaluations": {"queue": "default"},
 }, settings.CELERY_TASK_ROUTES)
 app.conf.task_annotations = {
+    "rag_studio.tasks.ingest_next": _limits(settings.RAG_INGEST_TIME_LIMIT_S),
     "rag_studio.tasks.ingest_document": _limits(settings.RAG_INGEST_TIME_LIMIT_S),
     "rag_studio.tasks.generate_eval_set": _limits(settings.RAG_EVAL_TIME_LIMIT_S),
     "rag_studio.tasks.run_eval": _limits(settings.RAG_EVAL_TIME_LIMIT_S),

@@ -279,9 +279,9 @@ RAG_INGEST_TIME_LIMIT_S = float(os.environ.get("FACTORY_RAG_INGEST_TIME_LIMIT_S"
 RAG_EVAL_MAX_ATTEMPTS = int(os.environ.get("FACTORY_RAG_EVAL_MAX_ATTEMPTS", "3"))
 RAG_EVAL_TIME_LIMIT_S = float(os.environ.get("FACTORY_RAG_EVAL_TIME_LIMIT_S", "3000"))
 RAG_EVAL_LEASE_S = float(os.environ.get("FACTORY_RAG_EVAL_LEASE_S", "60"))
-# A queued document, eval set or eval run whose task message was sent this long ago and never taken is sent again
-# (the message was lost, say with a Redis restart); a duplicate is harmless, the tasks are idempotent.
-RAG_QUEUED_REDISPATCH_S = float(os.environ.get("FACTORY_RAG_QUEUED_REDISPATCH_S", "600"))
+# A queued eval set, eval run or tuning whose task message was sent this long ago and is no longer in the broker
+# (lost, say with a Redis restart) is sent again; one still waiting its turn is left alone.
+RAG_QUEUED_REDISPATCH_S = float(os.environ.get("FACTORY_RAG_QUEUED_REDISPATCH_S", "120"))
 # Node jobs (cluster/deadlines.py): a queued job not taken this long on a healthy node is sent again, and a running
 # one whose worker stopped its heartbeat is run again, CLUSTER_JOB_MAX_DISPATCHES times in all; then it fails.
 CLUSTER_JOB_QUEUED_DEADLINE_S = float(os.environ.get("FACTORY_JOB_QUEUED_DEADLINE_S", "120"))
@@ -292,8 +292,23 @@ RAG_EMBED_BATCH_SIZE = int(os.environ.get("FACTORY_RAG_EMBED_BATCH_SIZE", "32"))
 RAG_EMBED_CONCURRENCY = int(os.environ.get("FACTORY_RAG_EMBED_CONCURRENCY", "2"))
 TORCH_THREADS = int(os.environ.get("FACTORY_TORCH_THREADS") or RAG_EMBED_CONCURRENCY)
 # Queued documents of one knowledge base that a worker ingests together (embedded in shared model calls, indexed in
-# one write).
+# one write); while other workspaces' documents wait, a group holds RAG_INGEST_SHARED_GROUP_DOCS, so their turn
+# comes soon (rag_studio/pipeline/line.py).
 RAG_INGEST_GROUP_DOCS = int(os.environ.get("FACTORY_RAG_INGEST_GROUP_DOCS", "32"))
+RAG_INGEST_SHARED_GROUP_DOCS = int(os.environ.get("FACTORY_RAG_INGEST_SHARED_GROUP_DOCS", "4"))
+# The ingestion workers' processes in all (every `scripts/proc.sh worker`'s FACTORY_WORKER_CONCURRENCY): the line
+# keeps that many messages waiting in the broker, no more.
+RAG_INGEST_SLOTS = int(os.environ.get("FACTORY_RAG_INGEST_SLOTS") or os.environ.get("FACTORY_WORKER_CONCURRENCY")
+                       or "2")
+# The node worker's processes (`scripts/proc.sh node`): for the line's time estimates of replica and training jobs.
+NODE_CONCURRENCY = int(os.environ.get("FACTORY_NODE_CONCURRENCY", "2"))
+# The interactive workers' processes in all (`scripts/proc.sh interactive`): for the line's time estimates.
+INTERACTIVE_SLOTS = int(os.environ.get("FACTORY_INTERACTIVE_SLOTS") or os.environ.get(
+    "FACTORY_INTERACTIVE_CONCURRENCY") or "1")
+# Per-workspace limits an operator may set (0: none): documents being ingested at once (the rest wait their turn in
+# the line, saying so), and evaluations, tunings and calibrations queued or running at once (one more is a 429).
+RAG_WORKSPACE_MAX_IN_FLIGHT = int(os.environ.get("FACTORY_WORKSPACE_MAX_INGESTING", "0"))
+WORKSPACE_MAX_JOBS = int(os.environ.get("FACTORY_WORKSPACE_MAX_JOBS", "0"))
 # A worker holds a document for this long after each step; a document whose lease ran out is resumed elsewhere.
 RAG_INGEST_LEASE_S = float(os.environ.get("FACTORY_RAG_INGEST_LEASE_S", "60"))
 RAG_STALLED_CHECK_INTERVAL_S = float(os.environ.get("FACTORY_RAG_STALLED_CHECK_INTERVAL_S", "15"))
@@ -336,7 +351,8 @@ CELERY_TASK_ROUTES = {"rag_studio.tasks.*": {"queue": "ingest"}}
 # worker from its last checkpoint; beat looks for such runs every AGENT_STALLED_CHECK_INTERVAL_S.
 AGENT_RUN_LEASE_S = float(os.environ.get("FACTORY_AGENT_LEASE_S", "120"))
 AGENT_STALLED_CHECK_INTERVAL_S = float(os.environ.get("FACTORY_AGENT_STALLED_CHECK_S", "30"))
-# The Celery queue agent runs and evaluations go to; a pool may give them workers of their own.
+# The Celery queue agent runs go to (evaluations are interactive work: cluster/queues.py); a pool may give them
+# workers of their own.
 AGENT_QUEUE = os.environ.get("FACTORY_AGENT_QUEUE", "default")
 CELERY_BEAT_SCHEDULE = {
     "cluster-heartbeats": {

@@ -1,5 +1,5 @@
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -7,9 +7,10 @@ from rest_framework.response import Response
 
 from accounts.permissions import WorkspaceScopedMixin
 from assets.views import bundle_download
+from cluster.api import QueuePlaceSerializer
 from rag_studio import selectors, services
 from rag_studio.bundles import export_config_bundle
-from rag_studio.evals import evaluation, tuning
+from rag_studio.evals import evaluation, jobs, tuning
 from rag_studio.models import (
     Chunk,
     Document,
@@ -26,6 +27,7 @@ from rag_studio.models import (
     RetrievalTuning,
     TuningTrial,
 )
+from rag_studio.pipeline import line
 from rag_studio.search.retrieval import retrieve
 
 
@@ -60,11 +62,40 @@ class KnowledgeBaseWriteSerializer(serializers.Serializer):
 
 
 class DocumentSerializer(serializers.ModelSerializer):
+    queue = serializers.SerializerMethodField(help_text="Where a queued document stands in the ingestion line; "
+                                                        "null once it is being ingested or done.")
+
     class Meta:
         model = Document
         fields = ["id", "knowledge_base", "filename", "kind", "size_bytes", "sha256", "status", "stage", "progress",
-                  "error_code", "error", "page_count", "char_count", "chunk_count", "attempts", "created_at",
-                  "indexed_at"]
+                  "queue", "error_code", "error", "page_count", "char_count", "chunk_count", "attempts",
+                  "created_at", "indexed_at"]
+
+    @extend_schema_field(QueuePlaceSerializer(allow_null=True))
+    def get_queue(self, document) -> dict | None:
+        place = _once(self.context, "ingestion_line", line.Snapshot).place(
+            document.pk, document.knowledge_base.workspace_id)
+        return place.as_dict() if place else None
+
+
+def _once(context: dict, key: str, make):
+    """One read of a line for a whole response: a list's items share their serializer's context."""
+    if key not in context:
+        context[key] = make()
+    return context[key]
+
+
+class InteractivePlace(serializers.Serializer):
+    """`queue`: where queued work stands in the interactive line; null once it runs or is done."""
+
+    queue = serializers.SerializerMethodField()
+    job_task = ""
+
+    @extend_schema_field(QueuePlaceSerializer(allow_null=True))
+    def get_queue(self, row) -> dict | None:
+        place = jobs.place(_once(self.context, "interactive_line", jobs.interactive_line), type(row), self.job_task,
+                           row)
+        return place.as_dict() if place else None
 
 
 class FindingSerializer(serializers.ModelSerializer):
@@ -166,7 +197,7 @@ class KnowledgeBaseViewSet(WorkspaceScopedMixin, viewsets.GenericViewSet, mixins
         """GET lists the documents with status and progress; POST uploads files (multipart field `files`)."""
         kb = self.get_object()
         if request.method == "GET":
-            return Response(DocumentSerializer(kb.documents.all(), many=True).data)
+            return Response(DocumentSerializer(kb.documents.select_related("knowledge_base"), many=True).data)
         outcomes = services.upload_documents(actor=self.actor, kb=kb, uploads=upload_files(request))
         return Response(UploadOutcomeSerializer(outcomes, many=True).data, status=status.HTTP_201_CREATED)
 
@@ -325,13 +356,14 @@ class EvalItemSerializer(serializers.ModelSerializer):
         fields = ["id", "question", "expected_answer", "expected_sources", "evidence", "source_chunk"]
 
 
-class EvalSetSerializer(serializers.ModelSerializer):
+class EvalSetSerializer(InteractivePlace, serializers.ModelSerializer):
     item_count = serializers.IntegerField(read_only=True)
+    job_task = jobs.GENERATE_TASK
 
     class Meta:
         model = EvalSet
-        fields = ["id", "name", "knowledge_base", "source", "status", "generator", "requested_items", "error",
-                  "item_count", "created_at"]
+        fields = ["id", "name", "knowledge_base", "source", "status", "queue", "generator", "requested_items",
+                  "error", "item_count", "created_at"]
 
 
 class EvalSetCreateSerializer(serializers.Serializer):
@@ -395,14 +427,15 @@ class EvalResultSerializer(serializers.ModelSerializer):
                   "judge_output", "error", "latency_ms"]
 
 
-class EvalRunSerializer(serializers.ModelSerializer):
+class EvalRunSerializer(InteractivePlace, serializers.ModelSerializer):
     config = serializers.CharField(source="config_version.config.name", read_only=True)
     config_version = serializers.IntegerField(source="config_version.number", read_only=True)
+    job_task = jobs.RUN_TASK
 
     class Meta:
         model = EvalRun
-        fields = ["id", "eval_set", "config", "config_version", "judge", "top_k", "status", "progress", "metrics",
-                  "judge_unparseable", "error", "created_at", "finished_at"]
+        fields = ["id", "eval_set", "config", "config_version", "judge", "top_k", "status", "queue", "progress",
+                  "metrics", "judge_unparseable", "error", "created_at", "finished_at"]
 
 
 class EvalRunCreateSerializer(serializers.Serializer):
@@ -447,14 +480,15 @@ class TuningTrialSerializer(serializers.ModelSerializer):
         fields = ["number", "params", "settings", "tuning_metrics", "holdout_metrics"]
 
 
-class TuningSerializer(serializers.ModelSerializer):
+class TuningSerializer(InteractivePlace, serializers.ModelSerializer):
     trials = TuningTrialSerializer(many=True, read_only=True)
+    job_task = jobs.TUNE_TASK
 
     class Meta:
         model = RetrievalTuning
         fields = ["id", "knowledge_base", "eval_set", "config", "trials_requested", "top_k", "rerank_model",
-                  "rewrite_model", "seed", "status", "progress", "report", "error", "applied_to", "created_at",
-                  "finished_at", "trials"]
+                  "rewrite_model", "seed", "status", "queue", "progress", "report", "error", "applied_to",
+                  "created_at", "finished_at", "trials"]
 
 
 class TuningCreateSerializer(serializers.Serializer):

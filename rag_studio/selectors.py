@@ -6,6 +6,7 @@ from accounts.errors import NotFound
 from accounts.models import Workspace
 from rag_studio.models import (
     Document,
+    DocumentStatus,
     EvalRun,
     EvalSet,
     KnowledgeBase,
@@ -13,6 +14,7 @@ from rag_studio.models import (
     RagConfigVersion,
     RetrievalTuning,
 )
+from rag_studio.pipeline import line
 from rag_studio.search.keywords import TOKENS_VERSION
 from serving.models import RoleHint, ServingState
 from serving.selectors import deployments_visible_to
@@ -46,10 +48,15 @@ def ready_embedding_deployments(workspace: Workspace):
 
 
 def document_progress(*, kb: KnowledgeBase) -> list[dict]:
-    """What the GUI polls: each document's status, stage and progress."""
-    return list(kb.documents.annotate(finding_count=Count("findings")).values(
+    """What the GUI polls: each document's status, stage and progress, and a queued one's place in line."""
+    documents = list(kb.documents.annotate(finding_count=Count("findings")).values(
         "id", "filename", "kind", "size_bytes", "status", "stage", "progress", "error", "error_code",
         "chunk_count", "page_count", "finding_count"))
+    snapshot = line.Snapshot() if any(d["status"] == DocumentStatus.QUEUED for d in documents) else None
+    for document in documents:
+        place = snapshot and snapshot.place(document["id"], kb.workspace_id)
+        document["queue"] = place.as_dict() if place else None
+    return documents
 
 
 # Chinese characters, against Latin letters, in a knowledge base's text.

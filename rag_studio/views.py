@@ -15,9 +15,9 @@ from accounts.models import Role
 from assets.views import bundle_download
 from rag_studio import selectors, services
 from rag_studio.bundles import export_config_bundle
-from rag_studio.evals import evaluation, tuning
+from rag_studio.evals import evaluation, jobs, tuning
 from rag_studio.evals.evaluation import METRIC_NAMES
-from rag_studio.models import JobStatus, RagTemplate
+from rag_studio.models import JobStatus, RagTemplate, RetrievalTuning
 from rag_studio.pipeline.chunking import CHUNK_MODES
 from rag_studio.pipeline.screening import ACTIONS, CATEGORIES
 from rag_studio.rag import DEFAULT_PROMPTS
@@ -448,8 +448,10 @@ def tuning_page(request, tuning_id):
         trial.summary = retrieval_summary(trial.settings)
         trial.tuning_hit, trial.holdout_hit = trial.tuning_metrics["hit@k"], trial.holdout_metrics["hit@k"]
     report = job.report or {}
+    place = jobs.place(jobs.interactive_line(), RetrievalTuning, jobs.TUNE_TASK, job)
     return render(request, "rag/tuning.html", {
         "job": job, "trials": trials, "report": report, "active": job.status in tuning.ACTIVE,
+        "place": place.as_dict() if place else None,
         "baseline": trials[0] if trials else None,
         "best": next((t for t in trials if t.number == report.get("best")), None),
         "chart": [{"number": t.number, "tuning": t.tuning_metrics["score"], "held_back": t.holdout_metrics["score"]}

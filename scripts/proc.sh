@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The platform's long-running processes, defined once: `make run` starts them in the background and
-# docker-compose.yml runs each as a service. Usage: scripts/proc.sh setup|web|node|worker|beat
+# docker-compose.yml runs each as a service. Usage: scripts/proc.sh setup|web|node|worker|interactive|beat
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] && export PATH="$PWD/.venv/bin:$PATH"
@@ -21,10 +21,16 @@ case "${1:-}" in
     exec uvicorn factory.asgi:application --host "${FACTORY_HOST:-127.0.0.1}" --port "${FACTORY_PORT:-8000}" \
       --workers "${FACTORY_WEB_WORKERS:-2}" --no-access-log --lifespan off ;;
   worker)
-    # Ingestion and evaluation (queue ingest). A parse or an eval run that takes every one of these processes
-    # never delays this machine's replica jobs or heartbeats: those have the node worker to themselves.
+    # Bulk ingestion (queue ingest), in the fair order of the ingestion line. A parse that takes every one of these
+    # processes never delays this machine's replica jobs or heartbeats, nor anyone's evaluation: those have the
+    # node and interactive workers to themselves. FACTORY_RAG_INGEST_SLOTS counts these processes in the pool.
     exec celery -A factory worker --queues ingest \
       --hostname "worker@$FACTORY_NODE_NAME" --concurrency "${FACTORY_WORKER_CONCURRENCY:-2}" --loglevel INFO ;;
+  interactive)
+    # The short work a person waits for (eval runs and sets, tuning, calibration, agent evaluations): capacity of
+    # its own, so it starts within seconds however much ingestion is queued.
+    exec celery -A factory worker --queues interactive --hostname "interactive@$FACTORY_NODE_NAME" \
+      --concurrency "${FACTORY_INTERACTIVE_CONCURRENCY:-1}" --loglevel INFO ;;
   node)
     # This machine's jobs (replica starts and stops, training), its heartbeats and beat's sweeps.
     exec celery -A factory worker --queues "default,node.$FACTORY_NODE_NAME" \
@@ -32,5 +38,5 @@ case "${1:-}" in
   beat)
     exec celery -A factory beat --schedule "${FACTORY_DATA_DIR:-data}/celerybeat-schedule" --loglevel INFO ;;
   *)
-    echo "usage: $0 setup|web|node|worker|beat" >&2; exit 2 ;;
+    echo "usage: $0 setup|web|node|worker|interactive|beat" >&2; exit 2 ;;
 esac

@@ -5,7 +5,7 @@ proc_pattern() {
   case "$1" in
     redis) echo "redis-server" ;;
     web) echo "uvicorn" ;;
-    node|worker|beat) echo "celery" ;;
+    node|worker|interactive|beat) echo "celery" ;;
   esac
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make run: install, migrate, bootstrap, then start redis, the Celery workers (node and ingestion), beat and the
-# web server.
+# make run: install, migrate, bootstrap, then start redis, the Celery workers (node, ingestion, interactive), beat
+# and the web server.
 # Each process's PID goes to .run/<name>.pid; a process already running is left alone, so re-running is safe.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +33,7 @@ fi
 scripts/proc.sh setup
 
 # The long-running processes, in start order; docker-compose.yml has one service for each.
-PROCESSES="node worker beat web"
+PROCESSES="node worker interactive beat web"
 for name in $PROCESSES; do
   start_proc "$name"
 done
@@ -56,6 +56,6 @@ AI Factory is running at $url
   login:   ${FACTORY_ADMIN_USER:-admin} (password printed above on first run, or \$FACTORY_ADMIN_PASSWORD)
   API:     $url/api/docs/
   gateway: $url/v1 (OpenAI-compatible; create an API key on the API keys page)
-  logs:    logs/web.log logs/node.log logs/worker.log logs/beat.log
+  logs:    logs/web.log logs/node.log logs/worker.log logs/interactive.log logs/beat.log
   stop:    make stop
 MSG

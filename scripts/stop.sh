@@ -8,6 +8,6 @@ source scripts/procs.lib.sh
 # shellcheck disable=SC1091
 [ -f .run/env ] && source .run/env
 [ -x .venv/bin/python ] && .venv/bin/python manage.py stop_engines
-for name in web beat worker node redis; do
+for name in web beat interactive worker node redis; do
   stop_proc "$name"
 done

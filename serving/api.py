@@ -1,10 +1,12 @@
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
 from accounts.permissions import WorkspaceScopedMixin
+from cluster import services as cluster_services
+from cluster.api import QueuePlaceSerializer
 from cluster.models import Node
 from serving import selectors, services
 from serving.engines.base import engine
@@ -60,10 +62,20 @@ class ChatTemplateSerializer(serializers.Serializer):
 
 class ReplicaSerializer(serializers.ModelSerializer):
     node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    queue = serializers.SerializerMethodField(help_text="Where a replica's queued start stands in its node's line.")
 
     class Meta:
         model = Replica
-        fields = ["id", "node", "weight", "state", "base_url", "pid", "restarts", "last_error", "last_health_at"]
+        fields = ["id", "node", "weight", "state", "queue", "base_url", "pid", "restarts", "last_error",
+                  "last_health_at"]
+
+    @extend_schema_field(QueuePlaceSerializer(allow_null=True))
+    def get_queue(self, replica) -> dict | None:
+        start = selectors.queued_start(replica)
+        if start is None:
+            return None
+        place = cluster_services.job_place(cluster_services.job_line(replica.node), start)
+        return place.as_dict() if place else None
 
 
 class DeploymentSerializer(serializers.ModelSerializer):
@@ -298,11 +310,17 @@ class CalibrationStartSerializer(serializers.Serializer):
 
 class CalibrationRunSerializer(serializers.ModelSerializer):
     group = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    queue = serializers.SerializerMethodField(help_text="Where a queued run stands in the interactive line.")
 
     class Meta:
         model = CalibrationRun
-        fields = ["id", "group", "state", "source", "metric", "judge", "max_tokens", "temperature", "curves", "summary",
-                  "chosen", "error", "created_at", "finished_at"]
+        fields = ["id", "group", "state", "queue", "source", "metric", "judge", "max_tokens", "temperature", "curves",
+                  "summary", "chosen", "error", "created_at", "finished_at"]
+
+    @extend_schema_field(QueuePlaceSerializer(allow_null=True))
+    def get_queue(self, run) -> dict | None:
+        place = group_services.calibration_place(run)
+        return place.as_dict() if place else None
 
 
 class CalibrationRunDetailSerializer(CalibrationRunSerializer):

@@ -3,6 +3,7 @@ from datetime import timedelta
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from cluster.models import Job, JobState
 from serving.engines.base import CHAT, engine
 from serving.metrics import percentile
 from serving.models import (
@@ -151,3 +152,13 @@ def engine_stats(*, deployment: Deployment) -> dict[int, dict]:
             if reported is not None:
                 stats[replica.pk] = reported
     return stats
+
+
+def queued_start(replica: Replica) -> Job | None:
+    """The replica's start job while it waits in its node's line."""
+    from serving.services import START_REPLICA  # services reads these selectors
+
+    if replica.state not in (ServingState.PENDING, ServingState.STARTING):
+        return None
+    return Job.objects.filter(kind=START_REPLICA, payload__replica_id=replica.pk,
+                              state=JobState.QUEUED).select_related("node").order_by("-pk").first()

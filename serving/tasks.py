@@ -1,11 +1,12 @@
 from celery import shared_task
 
+from cluster import queues
 from cluster.models import Node
 from serving import services
 
-# Calibration runs in the worker process that runs evaluations (scripts/proc.sh worker), so minutes of generation
-# never hold up the replica jobs of the node's own queue.
-CALIBRATION_QUEUE = "ingest"
+# Calibration is interactive work (cluster/queues.py): its own worker process, so neither bulk ingestion nor the
+# node's replica jobs hold it up, nor it them.
+CALIBRATION_QUEUE = queues.INTERACTIVE
 
 
 @shared_task(name="serving.tasks.check_local_replicas", ignore_result=True)

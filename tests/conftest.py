@@ -93,6 +93,21 @@ def tasks_to_unread_queue():
         yield
 
 
+@contextmanager
+def consumers_paused(hostname: str, *queues: str):
+    """The worker `hostname` takes nothing from `queues` meanwhile, so that a worker the test starts (and kills)
+    does that work: any ingestion worker takes any document in the line."""
+    from celery import current_app
+
+    for queue in queues:
+        current_app.control.cancel_consumer(queue, destination=[hostname], reply=True)
+    try:
+        yield
+    finally:
+        for queue in queues:
+            current_app.control.add_consumer(queue, destination=[hostname], reply=True)
+
+
 @pytest.fixture(autouse=True)
 def in_process_tasks_stay_unread(request):
     """A test without real workers (not marked `worker`) runs its tasks itself, so whatever it dispatches (a
@@ -181,7 +196,7 @@ def platform_env(web_port: int) -> dict:
 @pytest.fixture(scope="session")
 def celery_worker_process(django_db_setup, django_db_blocker, web_port):
     """A real `celery worker` process on the test database and the Redis that `make test` started, listening on
-    the default queues and on the queue of node `pytest-node`."""
+    the default, ingestion and interactive queues and on the queue of node `pytest-node`."""
     from celery import current_app
 
     node = WORKER_NODE
@@ -190,9 +205,9 @@ def celery_worker_process(django_db_setup, django_db_blocker, web_port):
     env = {**os.environ, **platform_env(web_port)}
     hostname = f"pytest@{node}"
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "factory", "worker", "--queues", f"default,ingest,node.{node}",
-         "--hostname", hostname, "--concurrency", "1", "--loglevel", "INFO", "--without-gossip",
-         "--without-mingle"],
+        [sys.executable, "-m", "celery", "-A", "factory", "worker", "--queues",
+         f"default,ingest,interactive,node.{node}", "--hostname", hostname, "--concurrency", "1", "--loglevel",
+         "INFO", "--without-gossip", "--without-mingle"],
         cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 60

@@ -33,7 +33,16 @@ from serving import services as serving_services
 from serving.engines import process
 from serving.models import Deployment, Replica, ServingState
 from serving.presets import SMOLLM2
-from tests.conftest import ROOT, WORKER_NODE, deploy_presets, free_port, platform_env, stop_engines_and_flush, wait_for
+from tests.conftest import (
+    ROOT,
+    WORKER_NODE,
+    consumers_paused,
+    deploy_presets,
+    free_port,
+    platform_env,
+    stop_engines_and_flush,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.worker, pytest.mark.timeout(600)]
 
@@ -56,12 +65,10 @@ def platform(celery_worker_process, web_server, django_db_blocker):
 
 @pytest.fixture
 def session_worker_off_ingest(platform):
-    """The session's worker stops taking from the ingest queue, so that the workers a test starts (and kills) do
-    the ingestion and evaluation there; it takes from it again afterwards."""
-    hostname = platform["session_worker"]["hostname"]
-    current_app.control.cancel_consumer("ingest", destination=[hostname], reply=True)
-    yield
-    current_app.control.add_consumer("ingest", destination=[hostname], reply=True)
+    """The session's worker stops taking from the ingest and interactive queues, so that the workers a test starts
+    (and kills) do the ingestion and evaluation there; it takes from them again afterwards."""
+    with consumers_paused(platform["session_worker"]["hostname"], "ingest", "interactive"):
+        yield
 
 
 class Worker:
@@ -159,7 +166,7 @@ def test_a_worker_killed_mid_eval_run_resumes_and_scores_each_question_once(plat
     actor, workspace = platform["actor"], platform["workspace"]
     kb = services.create_knowledge_base(actor=actor, workspace=workspace, name="Kill eval")
     services.upload_documents(actor=actor, kb=kb, uploads=_maintenance_log(1, words=300))
-    worker = workers("fault-eval", "ingest", web_port=web_port, env={"FACTORY_RAG_EVAL_LEASE_S": "3"})
+    worker = workers("fault-eval", "ingest,interactive", web_port=web_port, env={"FACTORY_RAG_EVAL_LEASE_S": "3"})
     with override_settings(RAG_QUEUED_REDISPATCH_S=5):  # beat sends the task again should its message be lost
         wait_for(lambda: _all_final(kb), timeout=300, interval=2, what="indexing")
     questions = "question,expected_answer\n" + "".join(f"What did unit 0-{i} log?,a lidar check\n" for i in range(8))

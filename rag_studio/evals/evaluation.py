@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from accounts.errors import Conflict, ValidationFailed
 from accounts.models import Role
 from accounts.services import Actor, record_audit, require_role
+from cluster import queues
 from rag_studio.evals import eval_metrics, jobs
 from rag_studio.evals.eval_files import EvalFileError, parse_eval_file
 from rag_studio.gateway_client import openai_client
@@ -122,6 +123,7 @@ def start_generation(*, actor: Actor, kb: KnowledgeBase, name: str, generator: s
     if not Chunk.objects.filter(knowledge_base=kb, searchable=True,
                                 document__status=DocumentStatus.INDEXED).exists():
         raise Conflict("The knowledge base has no indexed chunks to generate questions from.")
+    queues.check_job_limit(kb.workspace_id)
     with transaction.atomic():
         eval_set = EvalSet.objects.create(
             workspace=kb.workspace, knowledge_base=kb, name=name.strip() or f"Generated from {kb.name}",
@@ -205,6 +207,7 @@ def start_run(*, actor: Actor, eval_set: EvalSet, version: RagConfigVersion, jud
         raise ValidationFailed("top_k must be between 1 and 50.", fields={"top_k": ["range"]})
     if eval_set.status != JobStatus.DONE or not eval_set.items.exists():
         raise Conflict(f"Eval set '{eval_set.name}' has no items yet.")
+    queues.check_job_limit(eval_set.workspace_id)
     with transaction.atomic():
         run = EvalRun.objects.create(eval_set=eval_set, config_version=version, judge=judge, top_k=top_k)
         record_audit(actor=actor, workspace=eval_set.workspace, action="rag.eval.run", target=run,

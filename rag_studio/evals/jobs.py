@@ -9,12 +9,13 @@ work saves each piece as it completes, so a task that takes over resumes rather 
 import logging
 from datetime import timedelta
 
-from celery import current_app
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db.models import F, Q
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
+from cluster import queues
 from rag_studio.leases import LeaseKeeper, lease_until
 from rag_studio.models import EvalRun, EvalSet, JobStatus, RetrievalTuning
 
@@ -24,9 +25,34 @@ TASKS = ((EvalSet, GENERATE_TASK), (EvalRun, RUN_TASK), (RetrievalTuning, TUNE_T
 logger = logging.getLogger(__name__)
 
 
+def active_in(workspace_id: int) -> int:
+    """The workspace's eval sets being generated, eval runs and tunings, queued or running (its job limit)."""
+    active = {"status__in": [JobStatus.QUEUED, JobStatus.RUNNING]}
+    return (EvalSet.objects.filter(workspace_id=workspace_id, **active).count()
+            + EvalRun.objects.filter(eval_set__workspace_id=workspace_id, **active).count()
+            + RetrievalTuning.objects.filter(workspace_id=workspace_id, **active).count())
+
+
+def workspace_of(model, pk: int) -> int | None:
+    field = "eval_set__workspace_id" if model is EvalRun else "workspace_id"
+    return model.objects.filter(pk=pk).values_list(field, flat=True).first()
+
+
 def dispatch(model, task: str, pk: int) -> None:
     model.objects.filter(pk=pk).update(dispatched_at=timezone.now())
-    current_app.send_task(task, args=[pk])
+    queues.send(task, [pk], queue=queues.INTERACTIVE, workspace_id=workspace_of(model, pk))
+
+
+def place(line: queues.Line, model, task: str, row) -> queues.Place | None:
+    """Where a queued piece of work stands in the interactive line; None once it runs."""
+    if row.status != JobStatus.QUEUED:
+        return None
+    return line.place(task, [row.pk], workspace_id=workspace_of(model, row.pk), default_s=60.0,
+                      reason=_("waiting for the interactive worker (evaluations, tuning, calibration)"))
+
+
+def interactive_line() -> queues.Line:
+    return queues.Line(queues.INTERACTIVE, workers=settings.INTERACTIVE_SLOTS)
 
 
 class Held(Exception):
@@ -95,8 +121,10 @@ def run_held(model, pk: int, owner: str, work, *, failure: str = "") -> str:
 
 
 def sweep_overdue() -> dict[str, list[int]]:
-    """Beat: dispatch again every piece of work whose worker stopped renewing its lease, or whose task message was
-    sent RAG_QUEUED_REDISPATCH_S ago and never taken. A claim past the attempts fails it."""
+    """Beat: dispatch again every piece of work whose worker stopped renewing its lease, and every queued one whose
+    message is really gone: sent RAG_QUEUED_REDISPATCH_S ago (or never) and no longer waiting in the broker. A
+    message that is only waiting its turn is left alone, so the line never fills with copies. A claim past the
+    attempts fails the work."""
     now = timezone.now()
     overdue = now - timedelta(seconds=settings.RAG_QUEUED_REDISPATCH_S)
     # Queued (or running with no lease at all: left by a version without leases) and sent long ago, or never.
@@ -104,9 +132,11 @@ def sweep_overdue() -> dict[str, list[int]]:
     stalled = (Q(status=JobStatus.RUNNING, lease_until__lt=now)
                | never_held & Q(dispatched_at__lt=overdue)
                | never_held & Q(dispatched_at__isnull=True, created_at__lt=overdue))
+    waiting = {(message.task, message.args) for message in queues.waiting(queues.INTERACTIVE)}
     swept = {}
     for model, task in TASKS:
-        swept[task] = list(model.objects.filter(stalled).order_by("pk").values_list("pk", flat=True))
+        candidates = model.objects.filter(stalled).order_by("pk").values_list("pk", flat=True)
+        swept[task] = [pk for pk in candidates if (task, (pk,)) not in waiting]
         for pk in swept[task]:
             dispatch(model, task, pk)
     return swept

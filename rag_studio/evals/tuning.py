@@ -27,6 +27,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from accounts.errors import Conflict, ValidationFailed
 from accounts.models import Role
 from accounts.services import Actor, record_audit, require_role
+from cluster import queues
 from rag_studio import services
 from rag_studio.evals import eval_metrics, jobs
 from rag_studio.evals.evaluation import evidence_chunks, hit_keys
@@ -126,6 +127,7 @@ def start_tuning(*, actor: Actor, kb: KnowledgeBase, eval_set: EvalSet, config: 
     usable, skipped = _usable_items(eval_set, kb)
     if len(usable) < MIN_QUESTIONS:
         raise ValidationFailed(_too_few(eval_set, len(usable), skipped), fields={"eval_set": ["too few questions"]})
+    queues.check_job_limit(kb.workspace_id)
     with transaction.atomic():
         KnowledgeBase.objects.select_for_update().filter(pk=kb.pk).first()  # one start at a time per base
         running = RetrievalTuning.objects.filter(knowledge_base=kb, status__in=ACTIVE).first()

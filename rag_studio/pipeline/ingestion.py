@@ -1,10 +1,10 @@
 """The ingestion pipeline: parse → clean → screen → chunk → embed → index.
 
-Each document has its own task, but the worker that runs one also claims the knowledge base's other queued
-documents, up to RAG_INGEST_GROUP_DOCS: they go through the first four stages one by one, then are embedded
-together, in model calls that mix their chunks (sorted by length, so batches are full and hold little padding;
-per-document batches of a few chunks ran at about half the model's rate), and indexed in one write (each write
-copies the whole index). The other documents' own tasks then find them done.
+A worker takes documents in the fair order of the ingestion line (rag_studio/pipeline/line.py), and with each
+the knowledge base's other queued documents, up to a group's size: they go through the first four stages one by
+one, then are embedded together, in model calls that mix their chunks (sorted by length, so batches are full and
+hold little padding; per-document batches of a few chunks ran at about half the model's rate), and indexed in one
+write (each write copies the whole index).
 
 Each stage writes its output (a file of its own in the document's work dir, or rows) before the document's `stage`
 moves on, and the embed stage saves each batch of vectors as it goes. A worker holds a document through a lease
@@ -20,12 +20,11 @@ entry, so however often the last stage runs, each chunk is in the index exactly 
 """
 
 import logging
+import time
 import uuid
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 
 import numpy as np
-from celery import current_app
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
@@ -36,6 +35,7 @@ from rag_studio import files, selectors
 from rag_studio.embedding import Embedder, EmbeddingFailed
 from rag_studio.leases import LeaseKeeper, lease_until
 from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, Stage
+from rag_studio.pipeline import line
 from rag_studio.pipeline.chunking import chunk_pages
 from rag_studio.pipeline.cleaning import clean_pages
 from rag_studio.pipeline.parsing import ParsedPage, ParseError, parse_document
@@ -44,7 +44,6 @@ from rag_studio.pipeline.storage import DISK_FULL
 from rag_studio.search.index_store import store_for
 
 logger = logging.getLogger(__name__)
-INGEST_TASK = "rag_studio.tasks.ingest_document"
 ORDER = [Stage.PARSE, Stage.CLEAN, Stage.SCREEN, Stage.CHUNK, Stage.EMBED, Stage.INDEX, Stage.DONE]
 # Progress shown when each stage starts; embedding takes most of the time, so it spans most of the bar.
 PROGRESS_AT = {Stage.PARSE: 0, Stage.CLEAN: 10, Stage.SCREEN: 15, Stage.CHUNK: 20, Stage.EMBED: 25,
@@ -107,10 +106,27 @@ def _event(document: Document, worker: str, message: str) -> None:
     DocumentEvent.objects.create(document=document, stage=document.stage, message=message[:500], worker=worker)
 
 
-def ingest(document_id: int, worker: str) -> str:
-    """Run the remaining stages of the document and of the queued documents it takes along. Returns the
-    document's final status (also when an earlier task's group already took it), or 'skipped' when another worker
-    has it now. `worker` must be unique to this process and task (`leases.owner_name`)."""
+def ingest_next(worker: str) -> str:
+    """What an `ingest_next` message does: ingest the next group in fair order (rag_studio/pipeline/line.py), then
+    top the line's messages up. Returns the status of the group's first document, or 'idle'."""
+    status = "idle"
+    for _ in range(5):  # another worker may claim the pick first: pick again
+        pick = line.next_pick()
+        if pick is None:
+            break
+        line.mark_served(pick)
+        status = ingest(pick.document_id, worker, group=pick.group)
+        if status != "skipped":
+            break
+    line.pump()
+    return status
+
+
+def ingest(document_id: int, worker: str, *, group: int | None = None) -> str:
+    """Run the remaining stages of the document and of up to `group` - 1 queued documents of its knowledge base
+    it takes along (RAG_INGEST_GROUP_DOCS in all by default). Returns the document's final status (also when an
+    earlier task's group already took it), or 'skipped' when another worker has it now. `worker` must be unique to
+    this process and task (`leases.owner_name`)."""
     document, previous_owner = claim(document_id, worker)
     if document is None:
         status = Document.objects.filter(pk=document_id).values_list("status", flat=True).first()
@@ -120,9 +136,11 @@ def ingest(document_id: int, worker: str) -> str:
                                  f"lease")
     held = Document.objects.filter(status=DocumentStatus.PROCESSING)
     with LeaseKeeper(held, worker, lease_s=settings.RAG_INGEST_LEASE_S):
-        group = [document, *_claim_companions(document, worker)]
+        group = [document, *_claim_companions(document, worker, (group or settings.RAG_INGEST_GROUP_DOCS) - 1)]
+        started = time.monotonic()
         try:
             _run_group(group, worker)
+            line.record_document_seconds((time.monotonic() - started) / len(group))
         except SoftTimeLimitExceeded:
             _release(group, worker, f"Stopped at the task's time limit ({settings.RAG_INGEST_TIME_LIMIT_S:.0f} s); "
                                     f"it resumes from the last saved step")
@@ -151,11 +169,11 @@ def _release(documents: list[Document], worker: str, message: str) -> None:
     released.update(lease_until=timezone.now())
 
 
-def _claim_companions(document: Document, worker: str) -> list[Document]:
+def _claim_companions(document: Document, worker: str, count: int) -> list[Document]:
     waiting = Document.objects.filter(knowledge_base_id=document.knowledge_base_id, status=DocumentStatus.QUEUED,
                                       lease_until__isnull=True).exclude(pk=document.pk).order_by("pk")
     companions = []
-    for document_id in waiting.values_list("pk", flat=True)[:settings.RAG_INGEST_GROUP_DOCS - 1]:
+    for document_id in waiting.values_list("pk", flat=True)[:max(count, 0)]:
         companion, _ = claim(document_id, worker)
         if companion is not None:
             companions.append(companion)
@@ -514,26 +532,20 @@ def switch_to_built_index(kb_id: int) -> bool:
 
 
 def dispatch_ingest(document_id: int) -> None:
-    """Send the document's task; when it was sent is recorded, so that beat can tell a lost message (see
-    `resume_stalled`)."""
+    """Put the document in the ingestion line (rag_studio/pipeline/line.py): when it joined is recorded, and the
+    line's broker messages are topped up. No message of its own is sent."""
     Document.objects.filter(pk=document_id).update(dispatched_at=timezone.now())
-    current_app.send_task(INGEST_TASK, args=[document_id])
+    line.pump()
 
 
 def resume_stalled() -> list[int]:
-    """Dispatch again every document whose worker stopped renewing its lease (killed, or its machine lost), and
-    every queued document whose task message was sent RAG_QUEUED_REDISPATCH_S ago and never taken (lost with a
-    Redis restart, or never sent: the process died before its transaction's on_commit ran). The task is
-    idempotent, so a message that was only slow costs a no-op; claim() fails a document past its attempts."""
-    now = timezone.now()
-    overdue = now - timedelta(seconds=settings.RAG_QUEUED_REDISPATCH_S)
-    stalled = list(Document.objects.filter(
-        Q(status=DocumentStatus.PROCESSING, lease_until__lt=now)
-        | Q(status=DocumentStatus.QUEUED, lease_until__isnull=True, dispatched_at__lt=overdue)
-        | Q(status=DocumentStatus.QUEUED, lease_until__isnull=True, dispatched_at__isnull=True, created_at__lt=overdue)
-    ).order_by("pk").values_list("pk", flat=True))
-    for document_id in stalled:
-        dispatch_ingest(document_id)
+    """Beat: the documents whose worker stopped renewing its lease (killed, or its machine lost) are ready again,
+    first in line; and while any document is ready, the line's messages are topped up (a message lost with a Redis
+    restart, or never sent because a process died before its transaction's on_commit ran, is replaced here). Only
+    missing messages are sent: one per free slot, never one per document. Returns the stalled documents."""
+    stalled = list(Document.objects.filter(status=DocumentStatus.PROCESSING, lease_until__lt=timezone.now())
+                   .order_by("pk").values_list("pk", flat=True))
+    line.pump()
     return stalled
 
 

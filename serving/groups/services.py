@@ -6,12 +6,15 @@ changed by its developers, shared ones (no workspace) only by platform administr
 
 import math
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils.text import slugify
+from django.utils.translation import gettext as _
 
 from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role, require_role_or_platform
+from cluster import queues
 from serving.engines.base import CHAT, EngineRefused, engine
 from serving.groups import calibration, classifier, policies, scoring, sources
 from serving.models import (
@@ -225,6 +228,7 @@ def start_calibration(*, actor: Actor, workspace: Workspace, group: ModelGroup, 
     not_ready = [d.name for d in (group.big, group.small) if d.state != ServingState.READY]
     if not_ready:
         raise Conflict(f"Calibration runs both members; start {', '.join(not_ready)} first.")
+    queues.check_job_limit(getattr(workspace, "pk", None))
     run = CalibrationRun.objects.create(group=group, workspace=workspace, created_by=actor.user, items=items,
                                         source=source[:200], metric=metric, max_tokens=max_tokens,
                                         temperature=float(temperature), judge=judge)
@@ -232,8 +236,26 @@ def start_calibration(*, actor: Actor, workspace: Workspace, group: ModelGroup, 
                  detail={"run": run.pk, "items": len(items), "source": run.source})
     from serving.tasks import CALIBRATION_QUEUE, calibrate_group
 
-    transaction.on_commit(lambda: calibrate_group.apply_async((run.pk,), queue=CALIBRATION_QUEUE))
+    transaction.on_commit(lambda: queues.send(calibrate_group.name, [run.pk], queue=CALIBRATION_QUEUE,
+                                              workspace_id=getattr(workspace, "pk", None)))
     return run
+
+
+def active_calibrations(workspace_id: int) -> int:
+    """The workspace's calibrations queued or running (its job limit)."""
+    return CalibrationRun.objects.filter(workspace_id=workspace_id,
+                                         state__in=[CalibrationState.QUEUED, CalibrationState.RUNNING]).count()
+
+
+def calibration_place(run: CalibrationRun) -> queues.Place | None:
+    """Where a queued calibration stands in the interactive line."""
+    if run.state != CalibrationState.QUEUED:
+        return None
+    from serving.tasks import CALIBRATION_QUEUE, calibrate_group
+
+    return queues.Line(CALIBRATION_QUEUE, workers=settings.INTERACTIVE_SLOTS).place(
+        calibrate_group.name, [run.pk], workspace_id=run.workspace_id, default_s=120.0,
+        reason=_("waiting for the interactive worker (evaluations, tuning, calibration)"))
 
 
 def calibration_items_from_source(*, workspace: Workspace, source: str, set_id: int) -> tuple[list[dict], str]:

@@ -54,6 +54,19 @@ const STATE_LABELS = {
 };
 const stateLabel = (value) => STATE_LABELS[value] || value;
 
+// A queued item's place in its line (cluster/queues.py), in the page's language.
+function placeText(place) {
+  if (!place) return "";
+  const parts = [interpolate(gettext("#%(position)s in line · about %(seconds)s s"),
+    { position: place.position, seconds: Math.round(place.estimated_start_s ?? 0) }, true)];
+  if (place.ahead_in_your_workspace) {
+    parts.push(interpolate(ngettext("%(count)s of yours ahead", "%(count)s of yours ahead",
+      place.ahead_in_your_workspace), { count: place.ahead_in_your_workspace }, true));
+  }
+  parts.push(place.reason);
+  return parts.join(" · ");
+}
+
 async function refreshDocuments(reloadOnNew = false) {
   const response = await fetch(documentsTable.dataset.url, { credentials: "same-origin" });
   if (!response.ok) return;
@@ -66,6 +79,7 @@ async function refreshDocuments(reloadOnNew = false) {
     badge.textContent = stateLabel(d.status); badge.className = `badge ${d.status}`;
     row.querySelector('[data-field="stage"]').textContent = stateLabel(d.stage);
     row.querySelector('[data-field="error"]').textContent = d.error;
+    row.querySelector('[data-field="queue"]').textContent = placeText(d.queue);
     row.querySelector('[data-field="progress"]').value = d.progress;
     row.querySelector('[data-field="percent"]').textContent = `${d.progress}%`;
     row.querySelector('[data-field="chunks"]').textContent = d.chunk_count;

@@ -32,12 +32,12 @@ def sent(monkeypatch) -> list[tuple[int, str]]:
     class Sent:
         id = "sent-task"
 
-    def send_task(name, args, queue):
+    def send(name, args, *, queue, workspace_id):
         assert name == deadlines.RUN_JOB_TASK
         messages.append((args[0], queue))
         return Sent()
 
-    monkeypatch.setattr(deadlines.current_app, "send_task", send_task)
+    monkeypatch.setattr(deadlines.queues, "send", send)
     return messages
 
 

@@ -6,7 +6,7 @@ import yaml
 
 from tests.conftest import ROOT
 
-FACTORY_ROLES = {"setup", "web", "node", "worker", "beat"}
+FACTORY_ROLES = {"setup", "web", "node", "worker", "interactive", "beat"}
 
 
 def _compose() -> dict:
@@ -43,12 +43,12 @@ def test_compose_runs_the_same_processes_as_make_run():
 
 def test_compose_services_use_postgres_and_the_shared_redis():
     services = _compose()["services"]
-    for name in ("web", "node", "worker", "beat", "setup"):
+    for name in ("web", "node", "worker", "interactive", "beat", "setup"):
         env = services[name]["environment"]
         assert env["DATABASE_URL"].startswith("postgres://"), name
         assert env["REDIS_URL"] == "redis://redis:6379/0", name
         assert env["FACTORY_ENV"] == "prod", name
-    for name in ("web", "node", "worker", "beat"):
+    for name in ("web", "node", "worker", "interactive", "beat"):
         assert services[name]["depends_on"]["setup"]["condition"] == "service_completed_successfully"
     assert services["setup"]["depends_on"]["postgres"]["condition"] == "service_healthy"
 

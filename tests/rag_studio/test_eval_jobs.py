@@ -8,12 +8,16 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from accounts.errors import RateLimited
+from cluster import queues
 from rag_studio import selectors, services
 from rag_studio.evals import evaluation, jobs
 from rag_studio.models import Document, EvalResult, EvalRun, EvalSet, JobStatus
 from serving.models import Deployment
+from tests.conftest import UNREAD_QUEUE
 
 CHAT = "smollm2-135m-instruct"
+real_send = queues.send
 # The tests on the knowledge base share one (the test that needs no database does not make it).
 shares_northwind = pytest.mark.usefixtures("shared_northwind")
 
@@ -21,7 +25,7 @@ shares_northwind = pytest.mark.usefixtures("shared_northwind")
 @pytest.fixture
 def dispatched(monkeypatch) -> list[tuple[str, int]]:
     sent = []
-    monkeypatch.setattr(jobs.current_app, "send_task", lambda task, args: sent.append((task, args[0])))
+    monkeypatch.setattr(jobs.queues, "send", lambda task, args, **options: sent.append((task, args[0])))
     return sent
 
 
@@ -102,3 +106,41 @@ def test_beat_dispatches_lost_and_abandoned_eval_work_again_and_fails_it_after_t
     eval_set.refresh_from_db()
     assert eval_set.status == JobStatus.FAILED and eval_set.error.startswith("Stopped 2 times without finishing")
     assert jobs.sweep_overdue() == {jobs.GENERATE_TASK: [], jobs.RUN_TASK: [], jobs.TUNE_TASK: []}
+
+
+@shares_northwind
+def test_a_queued_run_says_where_it_stands_and_a_workspace_holds_at_most_its_limit_of_jobs(
+        acme, ann, eval_set, key_client, settings, monkeypatch, django_capture_on_commit_callbacks):
+    """Its message waits in the interactive line (here the tests' unread queue, where every message goes), behind
+    another workspace's job, whose name it never sees."""
+    monkeypatch.setattr(jobs.queues, "send", real_send)
+    monkeypatch.setattr(jobs.queues, "INTERACTIVE", UNREAD_QUEUE)
+    queues.broker().delete(UNREAD_QUEUE)
+    queues.send(jobs.RUN_TASK, [987654], queue=UNREAD_QUEUE, workspace_id=acme.pk + 1000)
+    run = _run(acme, ann, eval_set, [], django_capture_on_commit_callbacks)
+
+    shown = key_client("ann", acme).get(f"/api/rag/eval-runs/{run.pk}/").json()
+    assert shown["status"] == "queued" and shown["queue"]["position"] == 2
+    assert shown["queue"]["ahead_in_your_workspace"] == 0 and shown["queue"]["estimated_start_s"] > 0
+    assert "interactive worker" in shown["queue"]["reason"]
+
+    settings.WORKSPACE_MAX_JOBS = 1
+    with pytest.raises(RateLimited, match="limit of 1 evaluations"):
+        evaluation.start_run(actor=ann, eval_set=EvalSet.objects.get(pk=eval_set.pk),
+                             version=run.config_version)
+    queues.broker().delete(UNREAD_QUEUE)
+
+
+@shares_northwind
+def test_beat_leaves_a_queued_job_alone_while_its_message_waits_its_turn(acme, ann, eval_set, dispatched, settings,
+                                                                        monkeypatch,
+                                                                        django_capture_on_commit_callbacks):
+    settings.RAG_QUEUED_REDISPATCH_S = 60
+    monkeypatch.setattr(jobs.queues, "INTERACTIVE", UNREAD_QUEUE)
+    queues.broker().delete(UNREAD_QUEUE)
+    run = _run(acme, ann, eval_set, dispatched, django_capture_on_commit_callbacks)
+    EvalRun.objects.filter(pk=run.pk).update(dispatched_at=timezone.now() - timedelta(seconds=600))
+    real_send(jobs.RUN_TASK, [run.pk], queue=UNREAD_QUEUE, workspace_id=acme.pk)
+    assert jobs.sweep_overdue()[jobs.RUN_TASK] == []  # in line still, only slow: no copy
+    queues.broker().delete(UNREAD_QUEUE)  # lost, as with a Redis restart
+    assert jobs.sweep_overdue()[jobs.RUN_TASK] == [run.pk]

@@ -1,6 +1,7 @@
 """Ingestion leases, in one process: a worker that lost its document never undoes the work of the one that took it
 over, a document never fails for a race or a lost file, stalled and lost work is dispatched again, and work that
-keeps stopping fails with the reason after RAG_INGEST_MAX_ATTEMPTS."""
+keeps stopping fails with the reason after RAG_INGEST_MAX_ATTEMPTS. (A queued document has no message of its own to
+lose: tests/rag_studio/test_line.py.)"""
 
 import threading
 from datetime import timedelta
@@ -113,19 +114,6 @@ def test_a_document_that_keeps_stopping_fails_with_the_stage_after_the_attempts(
     assert "stopped 3 times in the parse stage" in document.error
     retried = services.retry_document(actor=ann, document=document)
     assert (retried.status, retried.attempts) == (DocumentStatus.QUEUED, 0)
-
-
-def test_a_queued_document_whose_message_was_lost_is_dispatched_again(acme, ann, settings, dispatched):
-    settings.RAG_QUEUED_REDISPATCH_S = 60
-    kb = services.create_knowledge_base(actor=ann, workspace=acme, name="Lost")
-    lost, fresh = services.upload_documents(actor=ann, kb=kb, uploads=[upload("a.txt", b"Alpha text."),
-                                                                       upload("b.txt", b"Beta text.")])
-    long_ago = timezone.now() - timedelta(seconds=120)
-    Document.objects.filter(pk=lost.document.pk).update(dispatched_at=long_ago)
-    Document.objects.filter(pk=fresh.document.pk).update(dispatched_at=timezone.now())
-
-    assert ingestion.resume_stalled() == [lost.document.pk]
-    assert dispatched == [lost.document.pk]
 
 
 def test_a_queued_document_can_be_retried_by_hand(acme, ann, key_client):

@@ -21,7 +21,15 @@ from rag_studio.search.index_store import store_for
 from rag_studio.search.retrieval import retrieve
 from rag_studio.tasks import ingest_document
 from serving.presets import SMOLLM2
-from tests.conftest import ROOT, WORKER_NODE, deploy_presets, platform_env, stop_engines_and_flush, wait_for
+from tests.conftest import (
+    ROOT,
+    WORKER_NODE,
+    consumers_paused,
+    deploy_presets,
+    platform_env,
+    stop_engines_and_flush,
+    wait_for,
+)
 from tests.rag_studio.conftest import SAMPLE_FILES, sample
 
 pytestmark = pytest.mark.worker
@@ -75,21 +83,24 @@ def _long_document(kb) -> Document:
                                    size_bytes=len(content), sha256=sha256)
 
 
-def test_a_worker_killed_mid_ingestion_is_resumed_and_indexes_exactly_once(platform, web_port, live_db):
+def test_a_worker_killed_mid_ingestion_is_resumed_and_indexes_exactly_once(platform, web_port, live_db,
+                                                                           celery_worker_process):
     kb = services.create_knowledge_base(actor=platform["actor"], workspace=platform["workspace"], name="Logs")
     document = _long_document(kb)
     env = {**platform_env(web_port), "FACTORY_RAG_EMBED_BATCH_SIZE": "4", "FACTORY_RAG_INGEST_LEASE_S": "3"}
-    worker = _killable_worker("kill-test", env)
-    ingest_document.apply_async(args=[document.pk], queue="kill-test")
 
     def embedding_half_done() -> bool:
         document.refresh_from_db()
         assert document.status != DocumentStatus.FAILED, document.error
         return document.stage == Stage.EMBED and document.progress >= 45
 
-    wait_for(embedding_half_done, timeout=120, interval=0.05, what="embedding to be under way")
-    os.killpg(worker.pid, signal.SIGKILL)
-    worker.wait(timeout=10)
+    # The session's worker would take the queued document from the line: the killable one must have it.
+    with consumers_paused(celery_worker_process["hostname"], "ingest"):
+        worker = _killable_worker("kill-test", env)
+        ingest_document.apply_async(args=[document.pk], queue="kill-test")
+        wait_for(embedding_half_done, timeout=120, interval=0.05, what="embedding to be under way")
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
     document.refresh_from_db()
     assert document.status == DocumentStatus.PROCESSING and document.stage == Stage.EMBED
     saved_batches = len(list(files.work_dir(document.pk).glob("vectors-*.npy")))

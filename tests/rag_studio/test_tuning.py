@@ -40,7 +40,7 @@ QUESTIONS = [
 @pytest.fixture
 def dispatched(monkeypatch) -> list[tuple[str, int]]:
     sent = []
-    monkeypatch.setattr(jobs.current_app, "send_task", lambda task, args: sent.append((task, args[0])))
+    monkeypatch.setattr(jobs.queues, "send", lambda task, args, **options: sent.append((task, args[0])))
     return sent
 
 

@@ -1,0 +1,160 @@
+"""Issue 31: the ingestion line. Workspaces take turns whatever their upload's size, the broker holds a few
+interchangeable messages (never one per document), every queued document says where it stands, a workspace at its
+limit waits its turn out, and short jobs go to a line of their own with a place and a limit. The picks, the
+documents, the leases and Redis are real; messages go to the tests' unread queue (tests/conftest.py)."""
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from accounts.services import Actor
+from cluster import queues
+from rag_studio import services
+from rag_studio.models import Document, DocumentStatus
+from rag_studio.pipeline import ingestion, line
+from tests.conftest import UNREAD_QUEUE
+from tests.rag_studio.conftest import upload
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def fresh_turns():
+    """The line's memory of whose turn it was, and the unread queue, empty for each test."""
+    queues.broker().delete(line.SERVED, UNREAD_QUEUE)
+    yield
+    queues.broker().delete(line.SERVED, UNREAD_QUEUE)
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """The line's messages as sent; the broker's ingest queue is as long as what was sent and not yet taken."""
+    messages = []
+    monkeypatch.setattr(queues, "send", lambda task, args, **kwargs: messages.append((task, kwargs["queue"])))
+    monkeypatch.setattr(queues, "length", lambda queue: sum(1 for _, q in messages if q == queue))
+    return messages
+
+
+def _files(prefix: str, count: int) -> list:
+    return [upload(f"{prefix}-{n}.txt", f"{prefix} note {n}: the pump on line {n} was serviced.".encode())
+            for n in range(count)]
+
+
+@pytest.fixture
+def two_teams(make_workspace, presets, sent):
+    acme = make_workspace("Acme", owner="ann")
+    globex = make_workspace("Globex", owner="bob")
+    ann, bob = (Actor(user=w.memberships.get(role="owner").user) for w in (acme, globex))
+    manuals = services.create_knowledge_base(actor=ann, workspace=acme, name="Manuals")
+    services.upload_documents(actor=ann, kb=manuals, uploads=_files("manual", 12))
+    notes = services.create_knowledge_base(actor=bob, workspace=globex, name="Notes")
+    first, = services.upload_documents(actor=bob, kb=notes, uploads=_files("note", 1))
+    return {"acme": acme, "globex": globex, "ann": ann, "bob": bob, "manuals": manuals, "notes": notes,
+            "globex_first": first.document}
+
+
+def _serve(pick: line.Pick) -> None:
+    """What a worker does with a pick, short of ingesting: take the group's documents off the line."""
+    line.mark_served(pick)
+    group = Document.objects.filter(knowledge_base_id=pick.knowledge_base_id,
+                                    status=DocumentStatus.QUEUED).order_by("pk")[:pick.group]
+    Document.objects.filter(pk__in=[d.pk for d in group]).update(status=DocumentStatus.INDEXED)
+
+
+def test_workspaces_take_turns_whatever_their_uploads_size(two_teams):
+    first = line.next_pick()
+    # Acme uploaded first; while Globex waits, Acme's group is a small one.
+    assert first.workspace_id == two_teams["acme"].pk and first.group == 4
+    _serve(first)
+    second = line.next_pick()
+    assert (second.workspace_id, second.document_id) == (two_teams["globex"].pk, two_teams["globex_first"].pk)
+    _serve(second)
+    alone = line.next_pick()
+    assert alone.workspace_id == two_teams["acme"].pk and alone.group == 32  # alone again: full groups
+
+
+def test_a_workspaces_knowledge_bases_take_turns_and_a_stalled_document_goes_first(two_teams):
+    ann, acme = two_teams["ann"], two_teams["acme"]
+    faq = services.create_knowledge_base(actor=ann, workspace=acme, name="FAQ")
+    services.upload_documents(actor=ann, kb=faq, uploads=_files("faq", 2))
+    picks = []
+    for _turn in range(4):
+        pick = line.next_pick()
+        picks.append((pick.workspace_id, pick.knowledge_base_id))
+        _serve(pick)
+    assert picks == [(acme.pk, two_teams["manuals"].pk), (two_teams["globex"].pk, two_teams["notes"].pk),
+                     (acme.pk, faq.pk), (acme.pk, two_teams["manuals"].pk)]
+
+    # A worker died holding one of them: it goes first, alone.
+    stalled = Document.objects.filter(knowledge_base=two_teams["manuals"]).order_by("pk").last()
+    Document.objects.filter(pk=stalled.pk).update(status=DocumentStatus.PROCESSING, lease_owner="worker@x/1/t",
+                                                  lease_until=timezone.now())
+    assert (line.next_pick().document_id, line.next_pick().group) == (stalled.pk, 1)
+
+
+def test_the_broker_holds_at_most_a_message_per_worker_slot_however_many_documents_wait(two_teams, sent,
+                                                                                        settings):
+    settings.RAG_INGEST_SLOTS = 2
+    assert Document.objects.filter(status=DocumentStatus.QUEUED).count() == 13
+    # Thirteen uploads (one pump each) and a sweep: still two messages waiting, none per document.
+    assert ingestion.resume_stalled() == []
+    assert sent == [(line.NEXT_TASK, queues.INGEST)] * 2
+    sent.clear()
+    Document.objects.update(status=DocumentStatus.INDEXED)
+    assert line.pump() == 0 and sent == []
+
+
+def test_every_queued_document_says_where_it_stands_and_never_whose_work_is_ahead(two_teams, key_client,
+                                                                                 settings):
+    settings.RAG_INGEST_SLOTS = 2
+    globex = key_client("bob", two_teams["globex"])
+    [mine] = globex.get(f"/api/rag/knowledge-bases/{two_teams['notes'].pk}/documents/").json()
+    # One turn of Acme's comes first, then this document: second in line, though twelve of Acme's were queued.
+    assert mine["queue"]["position"] == 2 and mine["queue"]["ahead_in_your_workspace"] == 0
+    assert mine["queue"]["reason"] == "waiting for the ingestion workers" and mine["queue"]["estimated_start_s"] > 0
+    acme = key_client("ann", two_teams["acme"]).get("/api/rag/documents/").json()["results"]
+    last = max(acme, key=lambda d: d["id"])
+    assert last["queue"]["ahead_in_your_workspace"] == 11 and last["queue"]["position"] == 13
+    assert "Globex" not in str(acme) and "note-0" not in str(acme)
+
+    page = key_client("bob", two_teams["globex"])
+    gui = Client()
+    gui.login(username="bob", password="correct-horse-battery")
+    assert "#2 in line" in gui.get(f"/rag/kb/{two_teams['notes'].pk}/").content.decode()
+    Document.objects.filter(knowledge_base=two_teams["notes"]).update(status=DocumentStatus.INDEXED)
+    assert page.get(f"/api/rag/documents/{mine['id']}/").json()["queue"] is None
+
+
+def test_a_workspace_at_its_limit_of_documents_in_flight_waits_its_turn_out_and_says_so(two_teams, key_client,
+                                                                                       settings):
+    settings.RAG_WORKSPACE_MAX_IN_FLIGHT = 1
+    busy = Document.objects.filter(knowledge_base=two_teams["manuals"]).order_by("pk").first()
+    Document.objects.filter(pk=busy.pk).update(status=DocumentStatus.PROCESSING, lease_owner="worker@x/1/t",
+                                               lease_until=timezone.now() + timedelta(seconds=60))
+    assert line.next_pick().workspace_id == two_teams["globex"].pk
+    Document.objects.filter(knowledge_base=two_teams["notes"]).update(status=DocumentStatus.INDEXED)
+    assert line.next_pick() is None  # Acme's documents wait for its one in flight
+    waiting = key_client("ann", two_teams["acme"]).get("/api/rag/documents/").json()["results"]
+    queued = [d for d in waiting if d["status"] == "queued"]
+    assert queued and all("limit of 1 documents in flight" in d["queue"]["reason"] for d in queued)
+
+
+def test_the_line_is_the_database_redis_loses_only_whose_turn_it_was(two_teams):
+    _serve(line.next_pick())
+    queues.broker().delete(line.SERVED)  # a Redis restart
+    assert line.next_pick().workspace_id == two_teams["acme"].pk  # turns start afresh, oldest first
+    services.delete_knowledge_base(actor=two_teams["ann"], kb=two_teams["manuals"])
+    # Eleven queued documents left the line with their knowledge base, at once.
+    assert line.next_pick().workspace_id == two_teams["globex"].pk
+    assert line.ready().count() == 1
+
+
+def test_a_line_message_ingests_the_next_group_in_fair_order(two_teams, settings):
+    settings.RAG_INGEST_SHARED_GROUP_DOCS = 3
+    assert ingestion.ingest_next("worker@n/1/t1") == DocumentStatus.INDEXED
+    assert Document.objects.filter(knowledge_base=two_teams["manuals"], status=DocumentStatus.INDEXED).count() == 3
+    assert ingestion.ingest_next("worker@n/1/t2") == DocumentStatus.INDEXED
+    assert Document.objects.get(pk=two_teams["globex_first"].pk).status == DocumentStatus.INDEXED
+    assert queues.typical_seconds(line.DOCUMENT_SECONDS, 0.0) > 0
