@@ -1,8 +1,10 @@
+import json
 import os
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -268,6 +270,24 @@ def web_server(django_db_setup, web_port):
                         log=Path(os.environ["FACTORY_DATA_DIR"]) / f"web-{os.getpid()}.log"), \
             override_settings(GATEWAY_URL=f"{url}/v1"):
         yield url
+
+
+class JsonService(BaseHTTPRequestHandler):
+    """A loopback test service answering every GET with the JSON that `answer()` gives; it logs nothing."""
+
+    def answer(self) -> object:
+        raise NotImplementedError
+
+    def do_GET(self) -> None:
+        body = json.dumps(self.answer()).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
 
 
 @contextmanager

@@ -8,7 +8,6 @@ The model's replies are scripted; the tool, the service, the run, the evaluation
 import base64
 import json
 import uuid
-from http.server import BaseHTTPRequestHandler
 from urllib.parse import quote
 
 import pytest
@@ -20,7 +19,7 @@ from agent_studio.models import AgentRun
 from runtime import services as runtime_services
 from runtime.models import Channel, Trace
 from tests.agent_studio.conftest import AGENTS, MODEL, call, run_inline
-from tests.conftest import local_http_server
+from tests.conftest import JsonService, local_http_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOKEN = "tok-Echoed+Secret/42=="
@@ -28,22 +27,14 @@ SHORT = "k9!"
 LEAKS = [TOKEN, base64.b64encode(TOKEN.encode()).decode(), quote(TOKEN, safe=""), SHORT]
 
 
-class Echoing(BaseHTTPRequestHandler):
+class Echoing(JsonService):
     """What a careless service does: repeats the credential it was sent, in every spelling."""
 
-    def do_GET(self) -> None:
+    def answer(self) -> dict:
         auth = self.headers.get("Authorization", "")
         sent = auth.removeprefix("Bearer ")
-        body = json.dumps({"headers": {"Authorization": auth}, "b64": base64.b64encode(sent.encode()).decode(),
-                           "url": f"/echo?token={quote(sent, safe='')}", "note": f"pin {SHORT} accepted"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
+        return {"headers": {"Authorization": auth}, "b64": base64.b64encode(sent.encode()).decode(),
+                "url": f"/echo?token={quote(sent, safe='')}", "note": f"pin {SHORT} accepted"}
 
 
 @pytest.fixture

@@ -3,12 +3,11 @@ and rename an operation, try it with the form made from its schema; write a pyth
 that is shown masked; then see the failed call in the filtered invocation log."""
 
 import json
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import local_http_server
+from tests.conftest import JsonService, local_http_server
 from tests.e2e.conftest import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -23,20 +22,9 @@ SPEC = {
 }
 
 
-class WeatherApi(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        if self.path == "/openapi.json":
-            body = json.dumps(SPEC).encode()
-        else:
-            body = json.dumps({"path": self.path, "sky": "sunny"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
+class WeatherApi(JsonService):
+    def answer(self) -> dict:
+        return SPEC if self.path == "/openapi.json" else {"path": self.path, "sky": "sunny"}
 
 
 def test_import_a_spec_try_its_tool_write_a_python_tool_and_read_the_log(browser_page, make_workspace):

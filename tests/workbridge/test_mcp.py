@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
@@ -22,7 +21,7 @@ from rest_framework.test import APIClient
 
 from accounts.models import Role
 from accounts.services import Actor, create_api_key, create_workspace
-from tests.conftest import free_port, local_http_server, stop_engines_and_flush, wait_for
+from tests.conftest import JsonService, free_port, local_http_server, stop_engines_and_flush, wait_for
 from workbridge import services, vault
 from workbridge.models import Invocation
 
@@ -222,17 +221,9 @@ def test_a_local_command_registered_before_the_catalogue_is_disabled_with_its_re
     assert saved["disabled_reason"] == "" and owner.get(f"{SERVERS}{old.pk}/tools/").status_code == 200
 
 
-class EchoesItsToken(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = json.dumps({"you_sent": self.headers.get("Authorization", "")}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
+class EchoesItsToken(JsonService):
+    def answer(self) -> dict:
+        return {"you_sent": self.headers.get("Authorization", "")}
 
 
 ECHOED_TOKEN = "tok-mcp-echo-31337"
