@@ -97,10 +97,12 @@ def test_a_worker_killed_mid_ingestion_is_resumed_and_indexes_exactly_once(platf
     # The session's worker would take the queued document from the line: the killable one must have it.
     with consumers_paused(celery_worker_process["hostname"], "ingest"):
         worker = _killable_worker("kill-test", env)
-        ingest_document.apply_async(args=[document.pk], queue="kill-test")
-        wait_for(embedding_half_done, timeout=120, interval=0.05, what="embedding to be under way")
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(timeout=10)
+        try:
+            ingest_document.apply_async(args=[document.pk], queue="kill-test")
+            wait_for(embedding_half_done, timeout=120, interval=0.05, what="embedding to be under way")
+        finally:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
     document.refresh_from_db()
     assert document.status == DocumentStatus.PROCESSING and document.stage == Stage.EMBED
     saved_batches = len(list(files.work_dir(document.pk).glob("vectors-*.npy")))
