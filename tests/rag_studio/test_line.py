@@ -22,8 +22,10 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def fresh_turns():
-    """The line's memory of whose turn it was, and the unread queue, empty for each test."""
+    """The line's memory of whose turn it was, the pace measured by earlier tests, and the unread queue: empty for
+    each test."""
     queues.broker().delete(line.SERVED, UNREAD_QUEUE)
+    queues.broker().hdel(queues.DURATIONS, line.DOCUMENT_SECONDS)
     yield
     queues.broker().delete(line.SERVED, UNREAD_QUEUE)
 
@@ -113,7 +115,8 @@ def test_every_queued_document_says_where_it_stands_and_never_whose_work_is_ahea
     [mine] = globex.get(f"/api/rag/knowledge-bases/{two_teams['notes'].pk}/documents/").json()
     # One turn of Acme's comes first, then this document: second in line, though twelve of Acme's were queued.
     assert mine["queue"]["position"] == 2 and mine["queue"]["ahead_in_your_workspace"] == 0
-    assert mine["queue"]["reason"] == "waiting for the ingestion workers" and mine["queue"]["estimated_start_s"] > 0
+    # One document ahead, two slots, no pace measured yet (5 s a document).
+    assert mine["queue"]["reason"] == "waiting for the ingestion workers" and mine["queue"]["estimated_start_s"] == 2.5
     acme = key_client("ann", two_teams["acme"]).get("/api/rag/documents/").json()["results"]
     last = max(acme, key=lambda d: d["id"])
     assert last["queue"]["ahead_in_your_workspace"] == 11 and last["queue"]["position"] == 13
