@@ -32,11 +32,10 @@ def fresh_turns():
 
 @pytest.fixture
 def sent(monkeypatch):
-    """The line's messages as sent; the broker's ingest queue is as long as what was sent and not yet taken."""
-    messages = []
-    monkeypatch.setattr(queues, "send", lambda task, args, **kwargs: messages.append((task, kwargs["queue"])))
-    monkeypatch.setattr(queues, "length", lambda queue: sum(1 for _, q in messages if q == queue))
-    return messages
+    """The line's messages, as they wait in Redis: the tests' messages go to the unread queue (tests/conftest.py),
+    so that queue stands for the ingest queue here."""
+    monkeypatch.setattr(queues, "INGEST", UNREAD_QUEUE)
+    return lambda: [message.task for message in queues.waiting(UNREAD_QUEUE)]
 
 
 def _files(prefix: str, count: int) -> list:
@@ -100,12 +99,12 @@ def test_the_broker_holds_at_most_a_message_per_worker_slot_however_many_documen
                                                                                         settings):
     settings.RAG_INGEST_SLOTS = 2
     assert Document.objects.filter(status=DocumentStatus.QUEUED).count() == 13
-    # Thirteen uploads (one pump each) and a sweep: still two messages waiting, none per document.
-    assert ingestion.resume_stalled() == []
-    assert sent == [(line.NEXT_TASK, queues.INGEST)] * 2
-    sent.clear()
+    # Thirteen documents waiting and two sweeps: two messages wait in the broker, none per document.
+    assert ingestion.resume_stalled() == [] and ingestion.resume_stalled() == []
+    assert sent() == [line.NEXT_TASK] * 2
+    queues.broker().delete(UNREAD_QUEUE)  # the workers took them, and ingested everything
     Document.objects.update(status=DocumentStatus.INDEXED)
-    assert line.pump() == 0 and sent == []
+    assert line.pump() == 0 and sent() == []
 
 
 def test_every_queued_document_says_where_it_stands_and_never_whose_work_is_ahead(two_teams, key_client,
