@@ -252,7 +252,7 @@ def import_verified_bundle(*, actor: Actor, workspace: Workspace, bundle: Bundle
             if on_extra is not None:
                 on_extra(config, extra)
             queued = [d.pk for d in documents.values() if d.status == DocumentStatus.QUEUED]
-            transaction.on_commit(lambda: [ingestion.dispatch_ingest(pk) for pk in queued])
+            transaction.on_commit(lambda: ingestion.dispatch_ingest(queued))
     except BaseException:
         if kb_dir is not None:
             _clear(kb_dir)

@@ -182,7 +182,7 @@ def start_reindex(*, actor: Actor, kb: KnowledgeBase) -> str:
              for d in documents])
         record_audit(actor=actor, workspace=kb.workspace, action="rag.kb.reindex", target=kb,
                      detail={"index": kb.building_key, "documents": len(documents)})
-        transaction.on_commit(lambda: [ingestion.dispatch_ingest(d.pk) for d in documents])
+        transaction.on_commit(lambda: ingestion.dispatch_ingest([d.pk for d in documents]))
     if previous_build:
         shutil.rmtree(files.index_dir(kb.pk, previous_build), ignore_errors=True)
     if not documents:
@@ -263,7 +263,7 @@ def _store_upload(kb: KnowledgeBase, upload) -> UploadOutcome:
             DocumentEvent.objects.create(document=document, stage=Stage.PARSE,
                                          message=f"Rejected: {failure[1]}" if failure else "Uploaded and queued")
             if failure is None:
-                transaction.on_commit(lambda: ingestion.dispatch_ingest(document.pk))
+                transaction.on_commit(lambda: ingestion.dispatch_ingest([document.pk]))
     except IntegrityError:
         # The same file uploaded twice at once: the other upload stored it first (the file is the same bytes).
         existing = kb.documents.get(sha256=sha256)
@@ -307,7 +307,7 @@ def retry_document(*, actor: Actor, document: Document) -> Document:
                                                        updated_at=timezone.now())
         DocumentEvent.objects.create(document=document, stage=document.stage, message="Retry requested")
         record_audit(actor=actor, workspace=kb.workspace, action="rag.document.retry", target=document)
-        transaction.on_commit(lambda: ingestion.dispatch_ingest(document.pk))
+        transaction.on_commit(lambda: ingestion.dispatch_ingest([document.pk]))
     document.refresh_from_db()
     return document
 

@@ -59,7 +59,7 @@ def globex(make_workspace):
 def dispatched(monkeypatch):
     """The document ids whose ingestion is dispatched (run the import under django_capture_on_commit_callbacks)."""
     ids = []
-    monkeypatch.setattr(ingestion, "dispatch_ingest", ids.append)
+    monkeypatch.setattr(ingestion, "dispatch_ingest", ids.extend)
     return ids
 
 

@@ -24,7 +24,7 @@ from tests.rag_studio.conftest import sample, upload
 def dispatched(monkeypatch) -> list[int]:
     """The document ids whose task would be sent; nothing reaches Redis, these tests run the tasks themselves."""
     ids = []
-    monkeypatch.setattr(ingestion, "dispatch_ingest", ids.append)
+    monkeypatch.setattr(ingestion, "dispatch_ingest", ids.extend)
     return ids
 
 
