@@ -3,7 +3,6 @@ plan, cancel), conversation variables, scenarios and evaluations."""
 
 import json
 
-from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
@@ -92,8 +91,7 @@ class EvalRunSerializer(serializers.ModelSerializer):
     def get_queue(self, evaluation) -> dict | None:
         line = self.context.get("interactive_line")
         if line is None:
-            line = self.context["interactive_line"] = queues.Line(queues.INTERACTIVE,
-                                                                  workers=settings.INTERACTIVE_SLOTS)
+            line = self.context["interactive_line"] = queues.interactive_line()
         place = services.evaluation_place(line, evaluation)
         return place.as_dict() if place else None
 
@@ -288,6 +286,13 @@ class ScenarioViewSet(_InWorkspace, mixins.RetrieveModelMixin, mixins.DestroyMod
 class EvaluationViewSet(_InWorkspace, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     selector = staticmethod(selectors.eval_runs)
     serializer_class = EvalRunSerializer
+
+    @extend_schema(request=None, responses=EvalRunSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Stop the evaluation; the results so far are kept."""
+        return Response(EvalRunSerializer(services.cancel_evaluation(actor=self.actor,
+                                                                     evaluation=self.get_object())).data)
 
     @extend_schema(responses={(200, "application/json"): dict})
     @action(detail=True, methods=["get"])

@@ -183,10 +183,9 @@ def scores(results: list[dict]) -> dict:
 
 def run(evaluation_id: int) -> None:
     """Run every scenario and probe of the evaluation, recording progress; a rerun after a worker died starts over."""
-    claimed = AgentEvalRun.objects.filter(pk=evaluation_id, status__in=[EvalStatus.QUEUED, EvalStatus.RUNNING]) \
-        .update(status=EvalStatus.RUNNING, progress=0, results=[])
-    if not claimed:
-        return
+    going = AgentEvalRun.objects.filter(pk=evaluation_id, status__in=[EvalStatus.QUEUED, EvalStatus.RUNNING])
+    if not going.update(status=EvalStatus.RUNNING, progress=0, results=[]):
+        return  # done, failed or cancelled
     evaluation = AgentEvalRun.objects.select_related("agent", "version", "created_by").get(pk=evaluation_id)
     suite = probes.suite() if evaluation.include_safety else []
     items = list(evaluation.agent.scenarios.all())
@@ -194,12 +193,14 @@ def run(evaluation_id: int) -> None:
     results = []
     try:
         for item in [*items, *suite]:
+            if not going.exists():
+                return  # cancelled: the results so far stay on the evaluation
             results.append(score_scenario(evaluation, item) if isinstance(item, Scenario)
                            else score_probe(evaluation, item))
-            AgentEvalRun.objects.filter(pk=evaluation_id).update(progress=F("progress") + 1, results=results)
-        AgentEvalRun.objects.filter(pk=evaluation_id).update(status=EvalStatus.DONE, scores=scores(results),
+            going.update(progress=F("progress") + 1, results=results)
+        going.update(status=EvalStatus.DONE, scores=scores(results),
                                                              results=results, finished_at=timezone.now())
     except Exception as exc:  # the evaluation ends failed with its reason, whatever broke
         logger.exception("Agent evaluation %s failed", evaluation_id)
-        AgentEvalRun.objects.filter(pk=evaluation_id).update(status=EvalStatus.FAILED, error=f"{type(exc).__name__}: "
+        going.update(status=EvalStatus.FAILED, error=f"{type(exc).__name__}: "
                                                              f"{exc}", results=results, finished_at=timezone.now())

@@ -211,6 +211,7 @@ class EvalStatus(models.TextChoices):
     RUNNING = "running", _("Running")
     DONE = "done", _("Done")
     FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
 
 
 class AgentEvalRun(models.Model):
@@ -218,7 +219,7 @@ class AgentEvalRun(models.Model):
 
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="eval_runs")
     version = models.ForeignKey(AgentVersion, on_delete=models.CASCADE, related_name="eval_runs")
-    status = models.CharField(max_length=8, choices=EvalStatus.choices, default=EvalStatus.QUEUED)
+    status = models.CharField(max_length=16, choices=EvalStatus.choices, default=EvalStatus.QUEUED)
     include_safety = models.BooleanField(default=True)
     progress = models.PositiveIntegerField(default=0)
     total = models.PositiveIntegerField(default=0)

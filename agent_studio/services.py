@@ -315,6 +315,23 @@ def start_evaluation(*, actor: Actor, agent: Agent, version_number: int | None =
     return evaluation
 
 
+def cancel_evaluation(*, actor: Actor, evaluation: AgentEvalRun) -> AgentEvalRun:
+    """Stop an evaluation: a queued one leaves the line at once, a running one stops before its next scenario or
+    probe; the results so far are kept."""
+    require_role(actor=actor, workspace=evaluation.agent.workspace, role=Role.DEVELOPER)
+    if not AgentEvalRun.objects.filter(pk=evaluation.pk, status__in=[EvalStatus.QUEUED, EvalStatus.RUNNING]) \
+            .update(status=EvalStatus.CANCELLED, finished_at=timezone.now()):
+        raise Conflict(f"Evaluation {evaluation.pk} is {evaluation.status}; only a queued or running one can be "
+                       f"cancelled.")
+    from agent_studio.tasks import run_evaluation
+
+    queues.withdraw(queues.INTERACTIVE, run_evaluation.name, [evaluation.pk])
+    record_audit(actor=actor, workspace=evaluation.agent.workspace, action="agent.evaluation.cancel",
+                 target=evaluation.agent, detail={"evaluation": evaluation.pk})
+    evaluation.refresh_from_db()
+    return evaluation
+
+
 def active_evaluations(workspace_id: int) -> int:
     """The workspace's agent evaluations queued or running (its job limit)."""
     return AgentEvalRun.objects.filter(agent__workspace_id=workspace_id,

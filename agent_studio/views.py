@@ -15,6 +15,7 @@ from accounts.gui import gui_actor, workspace_page
 from agent_studio import config, demo, probes, selectors, services
 from agent_studio.models import AgentTemplate, EvalStatus, ToolStrategy, VariableScope
 from agent_studio.strategies import probe
+from cluster import queues
 from rag_studio.models import KnowledgeBase
 from serving.selectors import chat_model_names
 from workbridge.models import Tool
@@ -197,9 +198,15 @@ def evaluation_report(request, evaluation_id: int):
     evaluation = selectors.eval_runs(workspace=request.workspace).filter(pk=evaluation_id).first()
     if evaluation is None:
         raise Http404("No such evaluation.")
+    if request.method == "POST" and request.POST.get("action") == "cancel_evaluation":
+        services.cancel_evaluation(actor=gui_actor(request), evaluation=evaluation)
+        messages.success(request, _("Cancelled; the results so far are kept."))
+        return redirect("agent-evaluation-report", evaluation_id=evaluation.pk)
+    place = services.evaluation_place(queues.interactive_line(), evaluation)
     return render(request, "agents/report.html", {
         "evaluation": evaluation, "agent": evaluation.agent, "categories": probes.CATEGORIES,
         "running": evaluation.status in (EvalStatus.QUEUED, EvalStatus.RUNNING),
+        "place": place.as_dict() if place else None,
         "scenarios": [item for item in evaluation.results if item["type"] == "scenario"],
         "probes": [item for item in evaluation.results if item["type"] == "probe"]})
 

@@ -1,9 +1,10 @@
 """Fair background work (issue 31): how long one workspace's documents and short jobs wait while another workspace's
 bulk upload is being ingested, and what sharing costs the bulk upload.
 
-    .venv/bin/python -m bench.fairness [--documents 1000] [--b-every-s 20] [--timeout-min 20] [--keep]
+    .venv/bin/python -m bench.fairness [--documents 1000] [--words 60-300] [--b-every-s 20] [--timeout-min 20] [--keep]
 
-Workspace A uploads --documents generated text documents (distinct, 1-3 chunks each) at once into a knowledge base,
+Workspace A uploads --documents generated text documents (distinct, --words words each: by default 1-3 chunks) at
+once into a knowledge base,
 first alone, then again into a second knowledge base while workspace B uploads one document every --b-every-s
 seconds and starts a retrieval-tuning job (5 trials, retrieval only) and a calibration of a model group of the two
 preset engines (8 prompts, token F1: no judge, 32 tokens an answer). Figures:
@@ -74,7 +75,7 @@ from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from accounts.services import SYSTEM, Actor, create_workspace  # noqa: E402
-from cluster import inventory  # noqa: E402
+from cluster import inventory, queues  # noqa: E402
 from cluster.services import register_node  # noqa: E402
 from rag_studio import services  # noqa: E402
 from rag_studio.evals import evaluation, tuning  # noqa: E402
@@ -207,12 +208,24 @@ def wait_engines(deployments: dict[str, Deployment], timeout_s: float = 300) -> 
 # ---- documents ----
 
 
-def documents(prefix: str, count: int, seed: int) -> list[tuple[str, bytes]]:
-    """Distinct small text documents: a title and 60-300 words of prose, one to three 800-character chunks."""
+# Words in a document of B's (and of the default bulk): one to three 800-character chunks.
+SMALL = (60, 300)
+
+
+def documents(prefix: str, count: int, seed: int, words: tuple[int, int]) -> list[tuple[str, bytes]]:
+    """Distinct text documents: a title and `words` (a range) words of prose."""
     prose = Prose(seed)
     return [(f"{prefix}-{index:05d}.txt",
-             f"{prefix} {index}: {prose.title()}\n\n{prose.passage(prose.rng.randint(60, 300))}\n".encode())
+             f"{prefix} {index}: {prose.title()}\n\n{prose.passage(prose.rng.randint(*words))}\n".encode())
             for index in range(count)]
+
+
+def word_range(text: str) -> tuple[int, int]:
+    low, _dash, high = text.partition("-")
+    try:
+        return int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a range of words such as 60-300")
 
 
 def upload(actor: Actor, kb: KnowledgeBase, files: list[tuple[str, bytes]]) -> list[int]:
@@ -323,7 +336,7 @@ def start_estimate(kind: str, row) -> float | None:
         elif kind == "tuning":
             from rag_studio.evals import jobs
 
-            place = jobs.place(jobs.interactive_line(), RetrievalTuning, jobs.TUNE_TASK, row)
+            place = jobs.place(queues.interactive_line(), RetrievalTuning, jobs.TUNE_TASK, row)
         else:
             place = group_services.calibration_place(row)
     except (ImportError, AttributeError):
@@ -572,8 +585,8 @@ def set_up(actor: Actor, workspace_a, deployments: dict[str, Deployment], upload
     workspace_b = create_workspace(actor=actor, name="B")
     kb_b = services.create_knowledge_base(actor=actor, workspace=workspace_b, name="B documents")
     warm_up = services.create_knowledge_base(actor=actor, workspace=workspace_a, name="A warm-up")
-    seed = documents("b-seed", SEED_DOCUMENTS, seed=11)
-    ids = upload(actor, kb_b, seed) + upload(actor, warm_up, documents("a-warm", SEED_DOCUMENTS, seed=12))
+    seed = documents("b-seed", SEED_DOCUMENTS, seed=11, words=SMALL)
+    ids = upload(actor, kb_b, seed) + upload(actor, warm_up, documents("a-warm", SEED_DOCUMENTS, seed=12, words=SMALL))
     # Each question is its document's first sentence and names the document as its expected source: enough for a
     # retrieval-only tuning job.
     questions = "\n".join(json.dumps({"question": content.decode().split("\n\n")[1].split(".")[0],
@@ -587,12 +600,14 @@ def set_up(actor: Actor, workspace_a, deployments: dict[str, Deployment], upload
     wait_engines(deployments)
     # Read again: start_calibration checks that the members it holds are ready.
     group = ModelGroup.objects.select_related("big", "small").get(pk=group.pk)
-    return BWork(actor, kb_b, eval_set, group, documents("b-live", uploads, seed=13))
+    return BWork(actor, kb_b, eval_set, group, documents("b-live", uploads, seed=13, words=SMALL))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--documents", type=int, default=1000, help="documents A uploads at once, in each run")
+    parser.add_argument("--words", type=word_range, default=SMALL,
+                        help="words in each of A's documents, a range (1,000 words make about 8 chunks)")
     parser.add_argument("--b-every-s", type=float, default=20.0, help="B uploads a document this often")
     parser.add_argument("--timeout-min", type=float, default=20.0, help="give up on a run after this long")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data dir (and the processes' logs)")
@@ -602,7 +617,8 @@ def main() -> None:
     timeout_s = args.timeout_min * 60
     platform = None
     try:
-        print_header("fairness", f"workspace A uploads {args.documents} documents at once, alone and then while "
+        print_header("fairness", f"workspace A uploads {args.documents} documents of {args.words[0]}-{args.words[1]} "
+                                 f"words at once, alone and then while "
                                  f"workspace B uploads one every {args.b_every_s:.0f} s and starts a tuning job and "
                                  f"a calibration; {tree_description()}")
         started = time.perf_counter()
@@ -614,10 +630,11 @@ def main() -> None:
         print(f"Set up in {time.perf_counter() - started:.0f} s: {', '.join(platform.roles)} running, both engines "
               f"ready, warm-up ingested", flush=True)
         kb_alone = services.create_knowledge_base(actor=actor, workspace=workspace_a, name="A alone")
-        alone = run_a("A alone", actor, kb_alone, documents("a-alone", args.documents, seed=21), None,
+        bulk = {"count": args.documents, "words": args.words}
+        alone = run_a("A alone", actor, kb_alone, documents("a-alone", seed=21, **bulk), None,
                       args.b_every_s, timeout_s)
         kb_shared = services.create_knowledge_base(actor=actor, workspace=workspace_a, name="A with B")
-        with_b = run_a("A with B", actor, kb_shared, documents("a-shared", args.documents, seed=22), b,
+        with_b = run_a("A with B", actor, kb_shared, documents("a-shared", seed=22, **bulk), b,
                        args.b_every_s, timeout_s)
         report(alone, with_b)
         print(f"Load average at the end: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")

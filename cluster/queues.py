@@ -67,19 +67,32 @@ class Waiting:
     workspace_id: int | None
 
 
+def _read(body: bytes) -> Waiting | None:
+    """A raw broker message as task, arguments and workspace; None for a message that is not a task of ours."""
+    try:
+        headers = json.loads(body).get("headers") or {}
+        arguments = ast.literal_eval(headers.get("argsrepr") or "()")
+    except (ValueError, SyntaxError, TypeError, AttributeError):
+        return None
+    return Waiting(str(headers.get("task", "")), tuple(arguments or ()), headers.get(WORKSPACE_HEADER))
+
+
 def waiting(queue: str) -> list[Waiting]:
-    """The messages waiting in `queue`, next first (kombu pushes on the left and workers pop on the right)."""
+    """The messages waiting in `queue`, next first (kombu pushes on the left and workers pop on the right). A message
+    that is not a task of ours stands in line all the same, but is nobody's and is not listed."""
     raw = broker().lrange(queue, -READ_AT_MOST, -1)
-    messages = []
-    for body in reversed(raw):
-        try:
-            headers = json.loads(body).get("headers") or {}
-            arguments = ast.literal_eval(headers.get("argsrepr") or "()")
-        except (ValueError, SyntaxError, TypeError, AttributeError):
-            continue  # not a task message of ours: it stands in line all the same, as nobody's
-        messages.append(Waiting(str(headers.get("task", "")), tuple(arguments or ()),
-                                headers.get(WORKSPACE_HEADER)))
-    return messages
+    return [message for body in reversed(raw) if (message := _read(body)) is not None]
+
+
+def withdraw(queue: str, task: str, args: list) -> int:
+    """Take a cancelled item's waiting message out of `queue`, so that it leaves the line at once rather than when a
+    worker takes it and finds nothing to do; how many were taken out (0 when a worker took it meanwhile)."""
+    removed = 0
+    for body in broker().lrange(queue, -READ_AT_MOST, -1):
+        message = _read(body)
+        if message is not None and message.task == task and message.args == tuple(args):
+            removed += int(broker().lrem(queue, 1, body))
+    return removed
 
 
 def length(queue: str) -> int:
@@ -120,6 +133,10 @@ class Line:
                 return Place(position=index + 1, ahead_in_your_workspace=mine,
                              estimated_start_s=round(seconds, 1), reason=reason)
         return None
+
+
+def interactive_line() -> Line:
+    return Line(INTERACTIVE, workers=settings.INTERACTIVE_SLOTS)
 
 
 # How many interactive jobs a workspace has queued or running, one counter per app that starts them (registered

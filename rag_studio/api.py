@@ -7,6 +7,7 @@ from rest_framework.response import Response
 
 from accounts.permissions import WorkspaceScopedMixin
 from assets.views import bundle_download
+from cluster import queues
 from cluster.api import QueuePlaceSerializer
 from rag_studio import selectors, services
 from rag_studio.bundles import export_config_bundle
@@ -93,7 +94,7 @@ class InteractivePlace(serializers.Serializer):
 
     @extend_schema_field(QueuePlaceSerializer(allow_null=True))
     def get_queue(self, row) -> dict | None:
-        place = jobs.place(_once(self.context, "interactive_line", jobs.interactive_line), type(row), self.job_task,
+        place = jobs.place(_once(self.context, "interactive_line", queues.interactive_line), type(row), self.job_task,
                            row)
         return place.as_dict() if place else None
 
@@ -410,6 +411,13 @@ class EvalSetViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retriev
         return Response(EvalSetSerializer(self.get_queryset().get(pk=eval_set.pk)).data,
                         status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=None, responses=EvalSetSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Stop generating questions; those written so far are kept."""
+        evaluation.cancel_generation(actor=self.actor, eval_set=self.get_object())
+        return Response(EvalSetSerializer(self.get_queryset().get(pk=pk)).data)
+
     @extend_schema(responses=EvalItemSerializer(many=True))
     @action(detail=True, methods=["get"])
     def items(self, request, pk=None):
@@ -467,6 +475,12 @@ class EvalRunViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retriev
                                    version=selectors.config_version(config, spec.get("version")),
                                    judge=spec["judge"], top_k=spec["top_k"])
         return Response(EvalRunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=EvalRunSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Stop the run; the questions scored so far are kept."""
+        return Response(EvalRunSerializer(evaluation.cancel_run(actor=self.actor, run=self.get_object())).data)
 
     @extend_schema(responses=EvalResultSerializer(many=True))
     @action(detail=True, methods=["get"])

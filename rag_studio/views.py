@@ -13,11 +13,12 @@ from accounts.errors import ApplicationError, NotFound, ValidationFailed, error_
 from accounts.gui import gui_actor, has_role, workspace_page
 from accounts.models import Role
 from assets.views import bundle_download
+from cluster import queues
 from rag_studio import selectors, services
 from rag_studio.bundles import export_config_bundle
 from rag_studio.evals import evaluation, jobs, tuning
 from rag_studio.evals.evaluation import METRIC_NAMES
-from rag_studio.models import JobStatus, RagTemplate, RetrievalTuning
+from rag_studio.models import EvalRun, EvalSet, JobStatus, RagTemplate, RetrievalTuning
 from rag_studio.pipeline.chunking import CHUNK_MODES
 from rag_studio.pipeline.screening import ACTIONS, CATEGORIES
 from rag_studio.rag import DEFAULT_PROMPTS
@@ -389,6 +390,14 @@ def evals_page(request):
                                        judge=post.get("judge", ""), top_k=_int(post.get("top_k", "5"), "top_k"))
             messages.success(request, _("Eval run #%(id)s started.") % {"id": run.pk})
             return redirect(f"{reverse('rag-evals')}?set={eval_set.pk}")
+        elif action == "cancel_set":
+            eval_set = selectors.scoped(selectors.eval_sets(workspace=workspace), post.get("id"), "Eval set")
+            evaluation.cancel_generation(actor=actor, eval_set=eval_set)
+            messages.success(request, _("Cancelled; the questions written so far are kept."))
+        elif action == "cancel_run":
+            run = selectors.scoped(selectors.eval_runs(workspace=workspace), post.get("id"), "Eval run")
+            evaluation.cancel_run(actor=actor, run=run)
+            messages.success(request, _("Cancelled; the questions scored so far are kept."))
         elif action == "tune":
             eval_set = selectors.scoped(selectors.eval_sets(workspace=workspace), post.get("eval_set"), "Eval set")
             job = tuning.start_tuning(
@@ -404,8 +413,13 @@ def evals_page(request):
     if request.GET.get("set"):
         runs = runs.filter(eval_set_id=_int(request.GET["set"], "set"))
     runs = list(runs[:50])
+    eval_sets = list(eval_sets)
+    line = queues.interactive_line()
     for run in runs:
         run.metric_values = [(name, run.metrics.get(name, {}).get("mean")) for name in METRIC_NAMES]
+        run.place = _place_dict(jobs.place(line, EvalRun, jobs.RUN_TASK, run))
+    for eval_set in eval_sets:
+        eval_set.place = _place_dict(jobs.place(line, EvalSet, jobs.GENERATE_TASK, eval_set))
     busy = any(s.status in (JobStatus.QUEUED, JobStatus.RUNNING) for s in eval_sets) or any(
         r.status in (JobStatus.QUEUED, JobStatus.RUNNING) for r in runs)
     return render(request, "rag/evals.html", {
@@ -422,8 +436,17 @@ def evals_page(request):
 @workspace_page
 def eval_run_page(request, run_id):
     run = selectors.scoped(selectors.eval_runs(workspace=request.workspace), run_id, "Eval run")
+    if request.method == "POST" and request.POST.get("action") == "cancel_run":
+        evaluation.cancel_run(actor=gui_actor(request), run=run)
+        messages.success(request, _("Cancelled; the questions scored so far are kept."))
+        return redirect("rag-eval-run", run_id=run.pk)
     return render(request, "rag/eval_run.html", {
-        "run": run, "results": run.results.select_related("item"), "metric_names": METRIC_NAMES})
+        "run": run, "results": run.results.select_related("item"), "metric_names": METRIC_NAMES,
+        "place": _place_dict(jobs.place(queues.interactive_line(), EvalRun, jobs.RUN_TASK, run))})
+
+
+def _place_dict(place) -> dict | None:
+    return place.as_dict() if place else None
 
 
 @workspace_page
@@ -448,7 +471,7 @@ def tuning_page(request, tuning_id):
         trial.summary = retrieval_summary(trial.settings)
         trial.tuning_hit, trial.holdout_hit = trial.tuning_metrics["hit@k"], trial.holdout_metrics["hit@k"]
     report = job.report or {}
-    place = jobs.place(jobs.interactive_line(), RetrievalTuning, jobs.TUNE_TASK, job)
+    place = jobs.place(queues.interactive_line(), RetrievalTuning, jobs.TUNE_TASK, job)
     return render(request, "rag/tuning.html", {
         "job": job, "trials": trials, "report": report, "active": job.status in tuning.ACTIVE,
         "place": place.as_dict() if place else None,

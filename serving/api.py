@@ -442,3 +442,10 @@ class CalibrationRunViewSet(WorkspaceScopedMixin, mixins.RetrieveModelMixin, vie
         group = group_services.pick_calibration_point(actor=self.actor, run=self.get_object(),
                                                       **data.validated_data)
         return Response(ModelGroupSerializer(group).data)
+
+    @extend_schema(request=None, responses=CalibrationRunDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Stop the calibration; the answers so far are kept."""
+        run = group_services.cancel_calibration(actor=self.actor, run=self.get_object())
+        return Response(CalibrationRunDetailSerializer(run).data)

@@ -239,6 +239,7 @@ class CalibrationState(models.TextChoices):
     RUNNING = "running", _("Running")
     DONE = "done", _("Done")
     FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
 
 
 class CalibrationRun(models.Model):

@@ -324,12 +324,23 @@ def model_group_page(request, name: str):
             _start_calibration(request, group)
         elif action == "pick":
             _pick_point(request, group)
+        elif action == "cancel_calibration":
+            run_id = request.POST.get("id", "")
+            run = group.calibrations.filter(workspace=request.workspace, pk=int(run_id)).first() \
+                if run_id.isdigit() else None
+            if run is None:
+                raise Http404("No such calibration run.")
+            group_services.cancel_calibration(actor=gui_actor(request), run=run)
+            messages.success(request, _("Cancelled; the answers so far are kept."))
         elif action == "delete":
             group_services.delete_group(actor=gui_actor(request), group=group)
             messages.success(request, f"Deleted the model group {name}; its members stay deployed.")
             return redirect("serving")
         return redirect("model-group", name=group.name)
     runs = list(group.calibrations.filter(workspace=request.workspace)[:10])
+    for run in runs:
+        place = group_services.calibration_place(run)
+        run.place = place.as_dict() if place else None
     shown = next((run for run in runs if run.state == CalibrationState.DONE), None)
     return render(request, "serving/group.html", {
         "group": group, "policies": GroupPolicy.choices,

@@ -216,6 +216,27 @@ def start_run(*, actor: Actor, eval_set: EvalSet, version: RagConfigVersion, jud
     return run
 
 
+def cancel_generation(*, actor: Actor, eval_set: EvalSet) -> EvalSet:
+    """Stop generating questions: the set keeps those written so far, and leaves the line at once if queued."""
+    require_role(actor=actor, workspace=eval_set.workspace, role=Role.DEVELOPER)
+    if not jobs.cancel(EvalSet, jobs.GENERATE_TASK, eval_set.pk):
+        raise Conflict(f"Eval set '{eval_set.name}' is {eval_set.status}; only one being generated can be "
+                       f"cancelled.")
+    record_audit(actor=actor, workspace=eval_set.workspace, action="rag.evalset.cancel", target=eval_set, detail={})
+    eval_set.refresh_from_db()
+    return eval_set
+
+
+def cancel_run(*, actor: Actor, run: EvalRun) -> EvalRun:
+    """Stop an eval run: the questions scored so far are kept, and a queued run leaves the line at once."""
+    require_role(actor=actor, workspace=run.eval_set.workspace, role=Role.DEVELOPER)
+    if not jobs.cancel(EvalRun, jobs.RUN_TASK, run.pk):
+        raise Conflict(f"Eval run {run.pk} is {run.status}; only a queued or running run can be cancelled.")
+    record_audit(actor=actor, workspace=run.eval_set.workspace, action="rag.eval.cancel", target=run, detail={})
+    run.refresh_from_db()
+    return run
+
+
 def hit_keys(hits, relevant: set[str]) -> list[str]:
     """Each hit as the key it matches in the expected sources: its chunk, its parent chunk, or its document."""
     keys = []

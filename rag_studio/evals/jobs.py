@@ -51,8 +51,14 @@ def place(line: queues.Line, model, task: str, row) -> queues.Place | None:
                       reason=_("waiting for the interactive worker (evaluations, tuning, calibration)"))
 
 
-def interactive_line() -> queues.Line:
-    return queues.Line(queues.INTERACTIVE, workers=settings.INTERACTIVE_SLOTS)
+def cancel(model, task: str, pk: int) -> bool:
+    """Stop queued or running work; False when it had already ended. A queued one leaves the line at once; a running
+    one stops before its next piece, its worker finding the lease gone (`still_held`). What was done is kept."""
+    if not model.objects.filter(pk=pk, status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).update(
+            status=JobStatus.CANCELLED, lease_owner="", lease_until=None):
+        return False
+    queues.withdraw(queues.INTERACTIVE, task, [pk])
+    return True
 
 
 class Held(Exception):

@@ -146,8 +146,7 @@ def start_tuning(*, actor: Actor, kb: KnowledgeBase, eval_set: EvalSet, config: 
 def cancel_tuning(*, actor: Actor, tuning: RetrievalTuning) -> RetrievalTuning:
     """Stop the job after the trial it is on; the trials so far are kept and it can be resumed."""
     require_role(actor=actor, workspace=tuning.workspace, role=Role.DEVELOPER)
-    if not RetrievalTuning.objects.filter(pk=tuning.pk, status__in=ACTIVE).update(
-            status=JobStatus.CANCELLED, lease_owner="", lease_until=None):
+    if not jobs.cancel(RetrievalTuning, jobs.TUNE_TASK, tuning.pk):
         raise Conflict(f"Tuning job {tuning.pk} is {tuning.status}; only a queued or running job can be cancelled.")
     record_audit(actor=actor, workspace=tuning.workspace, action="rag.tuning.cancel", target=tuning, detail={})
     tuning.refresh_from_db()

@@ -218,9 +218,9 @@ def calibrate(run_id: int) -> None:
     """Run a calibration to its end: answers are stored as they come, so a redelivered task goes on from the
     first item without an outcome; a failure is stored on the run with its reason."""
     run = CalibrationRun.objects.select_related("group__big", "group__small").get(pk=run_id)
-    if run.state in (CalibrationState.DONE, CalibrationState.FAILED):
-        return
-    CalibrationRun.objects.filter(pk=run.pk).update(state=CalibrationState.RUNNING)
+    going = CalibrationRun.objects.filter(pk=run.pk, state__in=[CalibrationState.QUEUED, CalibrationState.RUNNING])
+    if not going.update(state=CalibrationState.RUNNING):
+        return  # done, failed or cancelled
     group = run.group
     signal = policies.cascade_settings(group.settings.get("cascade") or {})["confidence"]
     route_rules = group.settings.get("route") or {}
@@ -229,6 +229,8 @@ def calibrate(run_id: int) -> None:
     try:
         with httpx.Client(base_url=settings.GATEWAY_URL, timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
             for item in run.items[len(outcomes):]:
+                if not going.exists():
+                    return  # cancelled: the answers so far stay on the run
                 small = _ask(client, group.small.name, item["prompt"], run, logprobs=True)
                 big = _ask(client, group.big.name, item["prompt"], run, logprobs=False)
                 outcome = {
@@ -239,13 +241,13 @@ def calibrate(run_id: int) -> None:
                 if embedding_deployment:
                     outcome["embedding"] = _embed(client, embedding_deployment, item["prompt"], run)
                 outcomes.append(outcome)
-                CalibrationRun.objects.filter(pk=run.pk).update(outcomes=outcomes)
+                going.update(outcomes=outcomes)
         trained = _classify(outcomes, embedding_deployment)
         drawn = curves(outcomes)
-        CalibrationRun.objects.filter(pk=run.pk).update(
+        going.update(
             state=CalibrationState.DONE, curves=drawn, summary=summary(outcomes, drawn) | trained, outcomes=outcomes,
             finished_at=timezone.now())
     except (httpx.HTTPError, RuntimeError, ValueError, policies.PolicySettingsInvalid) as exc:
-        CalibrationRun.objects.filter(pk=run.pk).update(
+        going.update(
             state=CalibrationState.FAILED, error=f"{exc.__class__.__name__}: {exc}"[:2000],
             finished_at=timezone.now())

@@ -6,8 +6,8 @@ changed by its developers, shared ones (no workspace) only by platform administr
 
 import math
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 from django.utils.text import slugify
 from django.utils.translation import gettext as _
 
@@ -247,13 +247,29 @@ def active_calibrations(workspace_id: int) -> int:
                                          state__in=[CalibrationState.QUEUED, CalibrationState.RUNNING]).count()
 
 
+def cancel_calibration(*, actor: Actor, run: CalibrationRun) -> CalibrationRun:
+    """Stop a calibration: a queued one leaves the line at once, a running one stops before its next prompt; the
+    answers so far are kept on the run."""
+    require_role(actor=actor, workspace=run.workspace, role=Role.DEVELOPER)
+    if not CalibrationRun.objects.filter(pk=run.pk, state__in=[CalibrationState.QUEUED, CalibrationState.RUNNING]) \
+            .update(state=CalibrationState.CANCELLED, finished_at=timezone.now()):
+        raise Conflict(f"Calibration {run.pk} is {run.state}; only a queued or running one can be cancelled.")
+    from serving.tasks import CALIBRATION_QUEUE, calibrate_group
+
+    queues.withdraw(CALIBRATION_QUEUE, calibrate_group.name, [run.pk])
+    record_audit(actor=actor, workspace=run.workspace, action="model_group.calibration.cancel", target=run.group,
+                 detail={"run": run.pk})
+    run.refresh_from_db()
+    return run
+
+
 def calibration_place(run: CalibrationRun) -> queues.Place | None:
     """Where a queued calibration stands in the interactive line."""
     if run.state != CalibrationState.QUEUED:
         return None
-    from serving.tasks import CALIBRATION_QUEUE, calibrate_group
+    from serving.tasks import calibrate_group
 
-    return queues.Line(CALIBRATION_QUEUE, workers=settings.INTERACTIVE_SLOTS).place(
+    return queues.interactive_line().place(
         calibrate_group.name, [run.pk], workspace_id=run.workspace_id, default_s=120.0,
         reason=_("waiting for the interactive worker (evaluations, tuning, calibration)"))
 

@@ -19,9 +19,11 @@ from agent_studio.models import (
     RunStep,
 )
 from agent_studio.templatetags.scenarios import CHECKS
+from cluster import queues
 from runtime import services as runtime_services
 from tests.agent_studio.conftest import AGENTS, MODEL, call, run_inline
 from tests.agent_studio.test_runs import _agent, _start
+from tests.conftest import UNREAD_QUEUE
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -176,3 +178,23 @@ def test_an_agent_with_an_unfinished_run_is_not_deleted(dev):
     assert refused.status_code == 409 and "1 unfinished run" in refused.json()["error"]["message"]
     assert dev.post(f"{AGENTS}runs/{queued['run_id']}/cancel/").status_code == 200
     assert dev.delete(f"{AGENTS}{agent['id']}/?runs=delete").status_code == 204
+
+
+def test_a_queued_evaluation_is_cancelled_from_its_report_and_leaves_the_line(dev, ann, monkeypatch):
+    monkeypatch.setattr(queues, "INTERACTIVE", UNREAD_QUEUE)
+    queues.broker().delete(UNREAD_QUEUE)
+    agent = Agent.objects.get(pk=_agent(dev)["id"])
+    started = services.start_evaluation(actor=ann, agent=agent, include_safety=True)
+    page = _signed_in("dev")
+    report = page.get(f"/agents/evaluations/{started.pk}/").content.decode()
+    assert 'value="cancel_evaluation"' in report and "#1 in line" in report
+
+    page.post(f"/agents/evaluations/{started.pk}/", {"action": "cancel_evaluation", "id": started.pk})
+
+    started.refresh_from_db()
+    assert started.status == EvalStatus.CANCELLED and started.finished_at is not None
+    assert queues.waiting(UNREAD_QUEUE) == []
+    evaluation.run(started.pk)  # a message a worker had taken already: it runs nothing
+    started.refresh_from_db()
+    assert (started.status, started.results) == (EvalStatus.CANCELLED, [])
+    assert dev.post(f"{AGENTS}evaluations/{started.pk}/cancel/").status_code == 409

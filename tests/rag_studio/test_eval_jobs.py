@@ -6,6 +6,7 @@ the reason after RAG_EVAL_MAX_ATTEMPTS."""
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from accounts.errors import RateLimited
@@ -144,3 +145,47 @@ def test_beat_leaves_a_queued_job_alone_while_its_message_waits_its_turn(acme, a
     assert jobs.sweep_overdue()[jobs.RUN_TASK] == []  # in line still, only slow: no copy
     queues.broker().delete(UNREAD_QUEUE)  # lost, as with a Redis restart
     assert jobs.sweep_overdue()[jobs.RUN_TASK] == [run.pk]
+
+
+@shares_northwind
+def test_a_queued_run_is_cancelled_from_the_api_and_leaves_the_line_at_once(
+        acme, ann, eval_set, key_client, monkeypatch, django_capture_on_commit_callbacks):
+    monkeypatch.setattr(jobs.queues, "send", real_send)
+    monkeypatch.setattr(jobs.queues, "INTERACTIVE", UNREAD_QUEUE)
+    queues.broker().delete(UNREAD_QUEUE)
+    queues.send(jobs.RUN_TASK, [987654], queue=UNREAD_QUEUE, workspace_id=acme.pk + 1000)
+    run = _run(acme, ann, eval_set, [], django_capture_on_commit_callbacks)
+    api = key_client("ann", acme)
+    assert [message.args for message in queues.waiting(UNREAD_QUEUE)] == [(987654,), (run.pk,)]
+
+    cancelled = api.post(f"/api/rag/eval-runs/{run.pk}/cancel/")
+
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert cancelled.json()["queue"] is None
+    # Its message left the line; the other workspace's stays.
+    assert [message.args for message in queues.waiting(UNREAD_QUEUE)] == [(987654,)]
+    again = api.post(f"/api/rag/eval-runs/{run.pk}/cancel/")
+    assert again.status_code == 409 and "only a queued or running run" in again.json()["error"]["message"]
+    # A copy of the message that a worker had already taken finds nothing to do.
+    assert evaluation.execute_run(run.pk, "worker@a/1/t1") == JobStatus.CANCELLED
+    assert not EvalResult.objects.filter(run=run).exists()
+    queues.broker().delete(UNREAD_QUEUE)
+
+
+@shares_northwind
+def test_a_running_generation_cancelled_in_the_gui_stops_before_its_next_question(
+        acme, ann, eval_set, monkeypatch):
+    EvalSet.objects.filter(pk=eval_set.pk).update(status=JobStatus.RUNNING, lease_owner="worker@a/1/t1",
+                                                  lease_until=timezone.now() + timedelta(seconds=60))
+    browser = Client()
+    browser.force_login(ann.user)
+    page = browser.get("/rag/evals/").content.decode()
+    assert 'name="action" value="cancel_set"' in page
+
+    browser.post("/rag/evals/", {"action": "cancel_set", "id": eval_set.pk})
+
+    eval_set.refresh_from_db()
+    assert eval_set.status == JobStatus.CANCELLED and eval_set.lease_owner == ""
+    with pytest.raises(jobs.Held):  # what the worker checks before saving each question
+        jobs.still_held(EvalSet, eval_set.pk, "worker@a/1/t1")
+    assert 'value="cancel_set"' not in browser.get("/rag/evals/").content.decode()

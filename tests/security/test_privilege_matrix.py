@@ -188,6 +188,7 @@ PRIVILEGES.update({key: ROWS for key in """
     rag-document-detail rag-document-chunks rag-document-retry rag-config-list rag-config-detail rag-config-export
     rag-config-run rag-config-versions eval-set-list eval-set-detail eval-set-items eval-run-list eval-run-detail
     eval-run-results rag-tuning-list rag-tuning-detail rag-tuning-apply rag-tuning-cancel rag-tuning-resume
+    eval-set-cancel eval-run-cancel calibration-run-cancel agent-evaluation-cancel
     enhancement-dataset-sample enhancement-dataset-detail enhancement-dataset-preview enhancement-job-detail
     enhancement-job-cancel enhancement-job-log enhancement-job-metrics enhancement-plan agent-run-detail
     agent-run-approve agent-run-cancel agent-run-events agent-thread-variables agent-scenario-detail

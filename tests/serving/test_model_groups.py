@@ -9,12 +9,13 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from accounts.services import SYSTEM, Actor, create_api_key
-from cluster import inventory
+from cluster import inventory, queues
 from cluster.services import register_node
 from serving import services
 from serving.groups import calibration, policies
 from serving.models import CalibrationRun, CalibrationState, ModelGroup
 from serving.presets import GEMMA3, MINILM, SMOLLM2, register_presets
+from tests.conftest import UNREAD_QUEUE
 
 pytestmark = pytest.mark.django_db
 
@@ -308,3 +309,25 @@ def test_setup_groups_the_presets_once(stack):
     assert (group.workspace, group.policy, group.big.name, group.small.name) == (None, "cascade", GEMMA3, SMOLLM2)
     assert len(said) == 1 and PRESET_GROUP in said[0]
     assert PRESET_GROUP in [g["name"] for g in stack["api"].get("/api/serving/groups/").json()["results"]]
+
+
+def test_a_queued_calibration_is_cancelled_and_leaves_the_line(stack, monkeypatch):
+    from serving import tasks
+
+    monkeypatch.setattr(tasks, "CALIBRATION_QUEUE", UNREAD_QUEUE)
+    monkeypatch.setattr(queues, "INTERACTIVE", UNREAD_QUEUE)
+    queues.broker().delete(UNREAD_QUEUE)
+    _group(stack["api"])
+    run = CalibrationRun.objects.create(group=ModelGroup.objects.get(), workspace=stack["workspace"], source="test",
+                                        metric="token_f1", items=[{"prompt": "p", "reference": "r"}])
+    queues.send(tasks.calibrate_group.name, [run.pk], queue=UNREAD_QUEUE, workspace_id=stack["workspace"].pk)
+    assert stack["api"].get(f"/api/serving/calibrations/{run.pk}/").json()["queue"]["position"] == 1
+
+    cancelled = stack["api"].post(f"/api/serving/calibrations/{run.pk}/cancel/")
+
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+    assert queues.waiting(UNREAD_QUEUE) == []
+    calibration.calibrate(run.pk)  # a message a worker had taken already: nothing is asked of the members
+    run.refresh_from_db()
+    assert (run.state, run.outcomes) == (CalibrationState.CANCELLED, [])
+    assert stack["api"].post(f"/api/serving/calibrations/{run.pk}/cancel/").status_code == 409
