@@ -78,6 +78,7 @@ MATRIX: dict[str, object] = {
         "model-group", "model-group-detail", "model-group-requests", "model-group-share", "model-group-calibrate",
         "model-group-calibrations")},
     "calibration-run-detail": _pk("calibration_run"), "calibration-run-pick": _pk("calibration_run"),
+    "calibration-run-cancel": _pk("calibration_run"),
     # workbridge
     "tools": LIST, "tool-new": OWN, "tools-import-openapi": OWN, "tools-import-curl": OWN, "secret-set": OWN,
     "egress-rule-add": OWN, "mcp-server-add": OWN,
@@ -107,7 +108,9 @@ MATRIX: dict[str, object] = {
     **{name: _pk("config", "config_id") for name in ("rag-config", "rag-config-chat", "rag-config-export-gui",
                                                      "rag-config-chat-stream")},
     "eval-set-list": LIST, "eval-set-detail": _pk("eval_set"), "eval-set-items": _pk("eval_set"),
+    "eval-set-cancel": _pk("eval_set"),
     "eval-run-list": LIST, "eval-run-detail": _pk("eval_run"), "eval-run-results": _pk("eval_run"),
+    "eval-run-cancel": _pk("eval_run"),
     "rag-eval-run": _pk("eval_run", "run_id"),
     "rag-tuning-list": LIST, "rag-tuning-detail": _pk("tuning"), "rag-tuning-apply": _pk("tuning"),
     "rag-tuning-cancel": _pk("tuning"), "rag-tuning-resume": _pk("tuning"), "rag-tuning": _pk("tuning", "tuning_id"),
@@ -138,7 +141,8 @@ MATRIX: dict[str, object] = {
         "agent-run-detail", "agent-run-approve", "agent-run-cancel", "agent-run-events")},
     "agent-thread-variables": Scoped("agent_thread", lambda o: {"public_id": o["agent_thread"].public_id}),
     "agent-scenario-detail": _pk("scenario"), "agent-evaluation-detail": _pk("agent_eval"),
-    "agent-evaluation-export": _pk("agent_eval"), "agent-evaluation-report": _pk("agent_eval", "evaluation_id"),
+    "agent-evaluation-export": _pk("agent_eval"), "agent-evaluation-cancel": _pk("agent_eval"),
+    "agent-evaluation-report": _pk("agent_eval", "evaluation_id"),
     "agent-evaluation-export-gui": _pk("agent_eval", "evaluation_id"),
     # enhancement
     "enhancement": LIST, "enhancement-new-job": OWN, "enhancement-plan": OWN,
