@@ -1,27 +1,34 @@
 """What Work Bridge adds to an HTTP tool call: the same GET to a local endpoint sent straight with httpx and as a
 tool through `workbridge.services.invoke_tool` (schema check, secret lookup, egress check and pinning, the
-invocation recorded), alternated call by call, and the difference of the medians.
+invocation recorded), alternated call by call, and the difference of the medians. Then an MCP tool of a local stdio
+server like `mcp-server-time` (bench/mcp_time_server.py, a catalogue entry, sandboxed as in production) through
+invoke_tool: a session started for each call (the pool off, as before pooling) beside calls on the warm pooled
+session.
 
-    .venv/bin/python -m bench.tool_overhead [--calls 500] [--keep]
+    .venv/bin/python -m bench.tool_overhead [--calls 500] [--mcp-calls 200] [--mcp-start-calls 10] [--keep]
 
 Self-contained like bench.ingest, whose private environment (temporary data dir and SQLite database) it shares.
 """
 
 import argparse
 import json
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 from django.test import override_settings
 
-from bench.ingest import bench_workspace, clean_up, print_header
+from bench.ingest import DATA_DIR, bench_workspace, clean_up, print_header
 from serving.metrics import percentile
-from workbridge import services
+from workbridge import mcp_client, sandbox, services
 
 TARGET_ADDED_P50_MS = 2.0
+TARGET_WARM_MCP_P50_MS = 50.0
 WARMUP = 20
+TIME_SERVER = Path(__file__).with_name("mcp_time_server.py")
 
 
 class Endpoint(BaseHTTPRequestHandler):
@@ -45,6 +52,8 @@ class Endpoint(BaseHTTPRequestHandler):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--mcp-calls", type=int, default=200, help="calls on the warm pooled MCP session")
+    parser.add_argument("--mcp-start-calls", type=int, default=10, help="MCP calls that each start the server")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
     server = ThreadingHTTPServer(("127.0.0.1", 0), Endpoint)
@@ -52,16 +61,17 @@ def main() -> None:
     base = f"http://127.0.0.1:{server.server_port}"
     try:
         with override_settings(EGRESS_ALLOW=["127.0.0.1/32"]):
-            run(base, args.calls)
+            actor, workspace = bench_workspace()
+            run(base, args.calls, actor, workspace)
+            run_mcp(args.mcp_calls, args.mcp_start_calls, actor, workspace)
     finally:
         server.shutdown()
         clean_up(args.keep)
 
 
-def run(base: str, calls: int) -> None:
+def run(base: str, calls: int, actor, workspace) -> None:
     print_header("Work Bridge tool overhead", f"{calls} GETs to a loopback endpoint each way, alternated: "
                                               f"httpx straight, and an http tool through invoke_tool")
-    actor, workspace = bench_workspace()
     services.set_secret(actor=actor, workspace=workspace, name="STOCK_TOKEN", value="bench-token")
     tool = services.save_tool(
         actor=actor, workspace=workspace, name="stock_level", description="Units of a SKU in stock.",
@@ -91,6 +101,40 @@ def run(base: str, calls: int) -> None:
           f"{percentile(added, 95):.2f} ms")
     print(f"target: p50 added <= {TARGET_ADDED_P50_MS:g} ms: "
           f"{'met' if added_p50 <= TARGET_ADDED_P50_MS else 'NOT met'}")
+
+
+def run_mcp(calls: int, start_calls: int, actor, workspace) -> None:
+    print(f"\n== MCP tool calls: get_current_time on a stdio server like mcp-server-time, through invoke_tool, "
+          f"sandbox {sandbox.mode()}")
+    catalogue = DATA_DIR / "mcp-commands.toml"
+    catalogue.write_text(f"[time]\ncommand = [{json.dumps(sys.executable)}, {json.dumps(str(TIME_SERVER))}]\n"
+                         f"read_only_paths = [{json.dumps(str(TIME_SERVER.parent))}]\n")
+    with override_settings(MCP_COMMANDS_FILE=catalogue):
+        server = services.save_mcp_server(actor=actor, workspace=workspace, name="time", transport="stdio",
+                                          catalog_entry="time")
+        [tool] = services.import_mcp_tools(actor=actor, server=server, names=["get_current_time"])
+        mcp_client.close_all()
+
+        def call_ms() -> float:
+            started = time.perf_counter()
+            result = services.invoke_tool(actor=actor, tool=tool, arguments={"timezone": "Asia/Shanghai"},
+                                          caller="bench")
+            elapsed = (time.perf_counter() - started) * 1000
+            assert result.ok and "Asia/Shanghai" in json.dumps(result.output), result.invocation.error
+            return elapsed
+
+        with override_settings(MCP_POOL_SIZE=0):
+            per_call_start = [call_ms() for _ in range(start_calls)]
+        first = call_ms()
+        warm = [call_ms() for _ in range(calls)]
+        mcp_client.close_all()
+    print(f"{'session':<24}{'calls':>7}{'p50 ms':>10}{'p95 ms':>10}")
+    for name, values in (("started per call", per_call_start), ("pooled, first (start)", [first]),
+                         ("pooled, warm", warm)):
+        print(f"{name:<24}{len(values):>7}{percentile(values, 50):>10.2f}{percentile(values, 95):>10.2f}")
+    warm_p50 = percentile(warm, 50)
+    print(f"target: warm pooled p50 <= {TARGET_WARM_MCP_P50_MS:g} ms: "
+          f"{'met' if warm_p50 <= TARGET_WARM_MCP_P50_MS else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ FACTORY_EGRESS_ALLOW   hosts and networks (with an optional :port or :port-port)
                        though they are not public; only an entry naming a port opens the platform's own ports
 FACTORY_MCP_COMMANDS   the operator's catalogue of local (stdio) MCP commands workspaces may use, a TOML file
                        (default <data dir>/mcp-commands.toml; README "Local MCP commands")
+FACTORY_MCP_POOL_SIZE, FACTORY_MCP_POOL_IDLE_S  open MCP sessions each process keeps, and how long one stays unused
+                       (16, 300 s)
 FACTORY_WORKSPACE_CREATION  staff (default) or anyone: who may create workspaces
 FACTORY_MCP_ALLOWED_HOSTS    the names /mcp answers to (default: loopback, FACTORY_HOST, ALLOWED_HOSTS)
 FACTORY_SANDBOX        bwrap (default) or unsafe-dev: how python tools are isolated
@@ -255,6 +257,10 @@ MCP_ALLOWED_HOSTS = [host for host in os.environ.get("FACTORY_MCP_ALLOWED_HOSTS"
 # The operator's catalogue of local MCP commands (workbridge/mcp_catalogue.py): the only commands a workspace can
 # have the platform run, each sandboxed unless its entry says why not.
 MCP_COMMANDS_FILE = Path(os.environ.get("FACTORY_MCP_COMMANDS") or DATA_DIR / "mcp-commands.toml")
+# Each process keeps one open session per MCP server it uses (workbridge/mcp_client.py): at most MCP_POOL_SIZE (the
+# least recently used closed beyond; 0: a session per call), each closed after MCP_POOL_IDLE_S unused.
+MCP_POOL_SIZE = int(os.environ.get("FACTORY_MCP_POOL_SIZE", "16"))
+MCP_POOL_IDLE_S = float(os.environ.get("FACTORY_MCP_POOL_IDLE_S", "300"))
 # Who may create workspaces: `staff` (platform administrators hand them out) or `anyone` signed in.
 WORKSPACE_CREATION = os.environ.get("FACTORY_WORKSPACE_CREATION", "staff")
 if WORKSPACE_CREATION not in ("staff", "anyone"):

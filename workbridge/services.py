@@ -382,6 +382,7 @@ def _stdio_argv(server: McpServer) -> tuple[list[str], dict]:
 def _connection(server: McpServer) -> mcp_client.Connection:
     """How to reach the server; McpUnreachable when it may not be started or called."""
     if server.disabled_reason:
+        mcp_client.close_session(_pool_key(server))
         raise mcp_client.McpUnreachable(f"This MCP server is disabled: {server.disabled_reason}")
     command, env = (), {}
     if server.transport == McpTransport.STDIO:
@@ -393,7 +394,11 @@ def _connection(server: McpServer) -> mcp_client.Connection:
         if server.auth_secret else {}
     return mcp_client.Connection(transport=server.transport, url=server.url, command=tuple(command), env=env,
                                  headers=headers, allowlist=allowlist_for(workspace_id=server.workspace_id),
-                                 timeout_s=server.timeout_s)
+                                 timeout_s=server.timeout_s, pool_key=_pool_key(server))
+
+
+def _pool_key(server: McpServer) -> str:
+    return f"mcp-server:{server.pk}"
 
 
 def _workspace_secret_values(workspace_id: int) -> list[str]:
@@ -473,6 +478,7 @@ def save_mcp_server(*, actor: Actor, workspace: Workspace, server: McpServer | N
             else:
                 McpServer.objects.filter(pk=server.pk).update(**fields)
                 server.refresh_from_db()
+                mcp_client.close_session(_pool_key(server))  # the next call starts it as it is now
     except IntegrityError:
         raise Conflict(f"This workspace already has an MCP server called '{name}'.", fields={"name": ["Taken."]})
     record_audit(actor=actor, workspace=workspace, action="mcp_server.save", target=server,
@@ -490,6 +496,7 @@ def delete_mcp_server(*, actor: Actor, server: McpServer) -> None:
         delete_tool(actor=actor, tool=tool)
     record_audit(actor=actor, workspace=server.workspace, action="mcp_server.delete", target=server,
                  detail={"name": server.name})
+    mcp_client.close_session(_pool_key(server))
     server.delete()
 
 

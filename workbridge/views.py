@@ -1,6 +1,7 @@
 """Work Bridge's GUI: tools (list, create and edit per binding, try with a form made from the schema, invocation
 log), the OpenAPI and cURL import wizards, MCP servers, secrets and the egress allowlist. Thin: every rule and
-permission lives in workbridge.services."""
+permission lives in workbridge.services. A tool or MCP server form that is refused comes back as it was typed, with
+the reason beside the field it is about."""
 
 import json
 import shlex
@@ -12,7 +13,7 @@ from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _, gettext_lazy, pgettext_lazy
 from django.views.decorators.http import require_POST
 
-from accounts.errors import ValidationFailed
+from accounts.errors import Conflict, ValidationFailed
 from accounts.gui import gui_actor, has_role, workspace_page
 from accounts.models import Role
 from accounts.services import is_platform_admin
@@ -20,13 +21,22 @@ from workbridge import mcp_catalogue, sandbox, selectors, services
 from workbridge.http_tools import AUTH_TYPES, BODIES, METHODS
 from workbridge.models import Binding, InvocationStatus, McpTransport
 
-# What the HTTP form shows for each body and auth kind (the value is what the tool's config stores).
-BODY_LABELS = {"json": "JSON", "form": pgettext_lazy("HTTP request body", "form fields"),
-               "none": gettext_lazy("none")}
+# What the HTTP form shows for each body and auth kind (the value is what the tool's config stores), in the order
+# offered: the first is a new tool's default (a GET with no auth and no body).
+BODY_LABELS = {"none": gettext_lazy("none"), "json": "JSON",
+               "form": pgettext_lazy("HTTP request body", "form fields")}
 AUTH_LABELS = {"none": gettext_lazy("none"), "bearer": pgettext_lazy("HTTP auth", "bearer token"),
                "header": pgettext_lazy("HTTP auth", "key in a header"),
                "query": pgettext_lazy("HTTP auth", "key in the query"),
                "basic": pgettext_lazy("HTTP auth", "basic (user and password)")}
+METHOD_ORDER = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+# The argument table's types (JSON Schema's), with what a person reads.
+PARAMETER_TYPES = [("string", pgettext_lazy("argument type", "text (string)")),
+                   ("integer", pgettext_lazy("argument type", "whole number (integer)")),
+                   ("number", pgettext_lazy("argument type", "number")),
+                   ("boolean", pgettext_lazy("argument type", "yes or no (boolean)")),
+                   ("array", pgettext_lazy("argument type", "list (array)")),
+                   ("object", pgettext_lazy("argument type", "object"))]
 
 
 def _tool(request, tool_id: int):
@@ -47,7 +57,8 @@ def _json_field(post, field: str, label: str, default):
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise ValidationFailed(_("%(label)s is not valid JSON: %(error)s") % {"label": label, "error": exc})
+        message = _("%(label)s is not valid JSON: %(error)s") % {"label": label, "error": exc}
+        raise ValidationFailed(message, fields={field: [message]})
 
 
 def _number(post, field: str, label: str, default: float) -> float:
@@ -55,7 +66,8 @@ def _number(post, field: str, label: str, default: float) -> float:
     try:
         return float(text) if text else default
     except ValueError:
-        raise ValidationFailed(_("%(label)s must be a number, not '%(value)s'.") % {"label": label, "value": text})
+        message = _("%(label)s must be a number, not '%(value)s'.") % {"label": label, "value": text}
+        raise ValidationFailed(message, fields={field: [message]})
 
 
 def _wire_map(text: str) -> dict[str, str]:
@@ -74,7 +86,8 @@ def _header_lines(text: str) -> dict[str, str]:
         if line:
             name, colon, value = line.partition(":")
             if not colon:
-                raise ValidationFailed(_("Write each header as 'Name: value', not '%(line)s'.") % {"line": line})
+                message = _("Write each header as 'Name: value', not '%(line)s'.") % {"line": line}
+                raise ValidationFailed(message, fields={"headers": [message]})
             headers[name.strip()] = value.strip()
     return headers
 
@@ -113,9 +126,13 @@ def _tool_fields(post, binding: str, tool=None) -> dict:
 
 @workspace_page
 def tools_home(request):
+    return render(request, "workbridge/home.html", _home_context(request))
+
+
+def _home_context(request) -> dict:
     workspace = request.workspace
     available, reason = sandbox.availability()
-    return render(request, "workbridge/home.html", {
+    return {
         "tools": selectors.tools_with_last_call(workspace=workspace),
         "specs": selectors.api_specs(workspace=workspace),
         "servers": selectors.mcp_servers(workspace=workspace),
@@ -126,7 +143,7 @@ def tools_home(request):
         "can_admin": has_role(request, Role.ADMIN), "can_develop": has_role(request, Role.DEVELOPER),
         "transports": McpTransport.choices,
         **_catalogue_context(), "may_register_free_form": is_platform_admin(gui_actor(request)),
-    })
+    }
 
 
 def _catalogue_context() -> dict:
@@ -138,15 +155,37 @@ def _catalogue_context() -> dict:
         return {"catalogue": [], "catalogue_note": str(exc)}
 
 
-def _form_context(request, binding: str, tool=None, post=None) -> dict:
+def _refused(exc: ValidationFailed | Conflict, shown: set[str]) -> dict:
+    """The reason a save was refused, beside each field it names that the form shows, else above the form."""
+    errors = {name: exc.message for name in exc.fields if name in shown}
+    return {"errors": errors, "form_error": "" if errors else exc.message}
+
+
+# The tool form's fields an error can stand beside ("config" is the request as a whole).
+TOOL_FIELDS = {"name", "description", "parameters", "output_schema", "config", "headers", "code", "timeout_s",
+               "max_output_bytes"}
+MCP_SERVER_FIELDS = {"name", "transport", "url", "catalog_entry", "arguments", "command", "auth_secret"}
+
+
+def _form_context(request, binding: str, tool=None, post=None, refused=None) -> dict:
     available, reason = sandbox.availability()
+    config = tool.config if tool is not None else {}
+    auth = config.get("auth") or {}
+    typed = post or {}
     return {"binding": binding, "binding_label": Binding(binding).label, "tool": tool, "post": post,
-            "methods": sorted(METHODS),
-            "bodies": [(body, BODY_LABELS.get(body, body)) for body in sorted(BODIES)],
-            "auth_types": [(kind, AUTH_LABELS.get(kind, kind)) for kind in sorted(AUTH_TYPES)],
+            "methods": [method for method in METHOD_ORDER if method in METHODS],
+            "bodies": [(body, BODY_LABELS.get(body, body)) for body in BODY_LABELS if body in BODIES],
+            "auth_types": [(kind, AUTH_LABELS.get(kind, kind)) for kind in AUTH_LABELS if kind in AUTH_TYPES],
+            "parameter_types": PARAMETER_TYPES,
+            # What the selects show: as typed, else as saved, else a new tool's defaults.
+            "selected": {"method": typed.get("method") or config.get("method") or "GET",
+                         "body": typed.get("body") or config.get("body") or "none",
+                         "auth_type": typed.get("auth_type") or auth.get("type") or "none",
+                         "auth_secret": typed.get("auth_secret", "") if post else auth.get("secret", "")},
             "secret_names": selectors.secrets(workspace=request.workspace).values_list("name", flat=True),
             "sandbox_available": available, "sandbox_reason": reason,
-            "sandbox_unsafe": sandbox.mode() != sandbox.BWRAP}
+            "sandbox_unsafe": sandbox.mode() != sandbox.BWRAP,
+            **(_refused(refused, TOOL_FIELDS) if refused else {"errors": {}, "form_error": ""})}
 
 
 @workspace_page
@@ -154,8 +193,12 @@ def tool_new(request, binding: str):
     if binding not in (Binding.HTTP, Binding.PYTHON):
         raise Http404("Tools of this binding are imported, not written.")
     if request.method == "POST":
-        tool = services.save_tool(actor=gui_actor(request), workspace=request.workspace,
-                                  **_tool_fields(request.POST, binding))
+        try:
+            tool = services.save_tool(actor=gui_actor(request), workspace=request.workspace,
+                                      **_tool_fields(request.POST, binding))
+        except (ValidationFailed, Conflict) as exc:
+            return render(request, "workbridge/tool_form.html",
+                          _form_context(request, binding, post=request.POST, refused=exc), status=exc.status)
         messages.success(request, _("Saved the tool %(name)s.") % {"name": tool.name})
         return redirect("tool", tool_id=tool.pk)
     return render(request, "workbridge/tool_form.html", _form_context(request, binding))
@@ -165,26 +208,30 @@ def tool_new(request, binding: str):
 def tool_page(request, tool_id: int):
     tool = _tool(request, tool_id)
     if request.method == "POST":
-        tool = services.save_tool(actor=gui_actor(request), workspace=request.workspace, tool=tool,
-                                  **_tool_fields(request.POST, tool.binding, tool))
+        try:
+            saved = services.save_tool(actor=gui_actor(request), workspace=request.workspace, tool=tool,
+                                       **_tool_fields(request.POST, tool.binding, tool))
+        except (ValidationFailed, Conflict) as exc:
+            return _tool_view(request, tool, post=request.POST, refused=exc)
+        tool = saved
         messages.success(request, _("Saved the tool %(name)s: a new version is in the asset registry.")
                          % {"name": tool.name})
         return redirect("tool", tool_id=tool.pk)
     return _tool_view(request, tool)
 
 
-def _tool_view(request, tool, *, result=None, tried=None):
+def _tool_view(request, tool, *, result=None, tried=None, post=None, refused=None):
     status = request.GET.get("status", "")
     calls = tool.invocations.select_related("actor")
     if status in InvocationStatus.values:
         calls = calls.filter(status=status)
-    context = _form_context(request, tool.binding, tool) | {
+    context = _form_context(request, tool.binding, tool, post=post, refused=refused) | {
         "try_fields": _try_fields(tool.parameters, tried or {}), "result": result,
         "invocations": calls[:50], "status_filter": status, "statuses": InvocationStatus.choices,
         "config_json": json.dumps(tool.config, indent=2, ensure_ascii=False),
         "parameters_json": json.dumps(tool.parameters, indent=2, ensure_ascii=False),
         "output_schema_json": json.dumps(tool.output_schema, indent=2, ensure_ascii=False)}
-    return render(request, "workbridge/tool.html", context)
+    return render(request, "workbridge/tool.html", context, status=refused.status if refused else 200)
 
 
 def _try_fields(schema: dict, tried: dict) -> list[dict]:
@@ -351,13 +398,19 @@ def rule_delete(request, rule_id: int):
 @workspace_page
 @require_POST
 def mcp_server_add(request):
-    server = services.save_mcp_server(
-        actor=gui_actor(request), workspace=request.workspace, name=request.POST.get("name", "").strip(),
-        transport=request.POST.get("transport", McpTransport.HTTP), url=request.POST.get("url", "").strip(),
-        catalog_entry=request.POST.get("catalog_entry", "").strip(),
-        arguments=_words(request.POST, "arguments"), command=_words(request.POST, "command"),
-        auth_secret=request.POST.get("auth_secret", "").strip(),
-        timeout_s=_number(request.POST, "timeout_s", _("Timeout"), 30.0))
+    try:
+        server = services.save_mcp_server(
+            actor=gui_actor(request), workspace=request.workspace, name=request.POST.get("name", "").strip(),
+            transport=request.POST.get("transport", McpTransport.HTTP), url=request.POST.get("url", "").strip(),
+            catalog_entry=request.POST.get("catalog_entry", "").strip(),
+            arguments=_words(request.POST, "arguments"), command=_words(request.POST, "command"),
+            auth_secret=request.POST.get("auth_secret", "").strip(),
+            timeout_s=_number(request.POST, "timeout_s", _("Timeout"), 30.0))
+    except (ValidationFailed, Conflict) as exc:
+        refused = _refused(exc, MCP_SERVER_FIELDS)
+        return render(request, "workbridge/home.html", _home_context(request) | {
+            "mcp_post": request.POST, "mcp_errors": refused["errors"], "mcp_error": refused["form_error"]},
+            status=exc.status)
     messages.success(request, _("Registered the MCP server %(name)s.") % {"name": server.name})
     return redirect("mcp-server", server_id=server.pk)
 

@@ -6,7 +6,7 @@ import sys
 
 from mcp.server.fastmcp import FastMCP
 
-server = FastMCP("inventory", host="127.0.0.1", port=int(sys.argv[2]) if len(sys.argv) > 2 else 8000)
+server = FastMCP("inventory", host="127.0.0.1", port=int(sys.argv[2]) if sys.argv[1:2] == ["http"] else 8000)
 
 
 @server.tool(name="stock-level", description="How many units of a SKU are in stock.")

@@ -7,11 +7,13 @@ import asyncio
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from django.apps import apps as django_apps
 from django.contrib.auth import get_user_model
@@ -22,8 +24,8 @@ from rest_framework.test import APIClient
 from accounts.models import Role
 from accounts.services import Actor, create_api_key, create_workspace
 from tests.conftest import JsonService, free_port, local_http_server, stop_engines_and_flush, wait_for
-from workbridge import services, vault
-from workbridge.models import Invocation
+from workbridge import mcp_client, services, vault
+from workbridge.models import Invocation, McpServer
 
 FIXTURE = str(Path(__file__).with_name("mcp_fixture.py"))
 SERVERS, TOOLS = "/api/workbridge/mcp-servers/", "/api/workbridge/tools/"
@@ -204,8 +206,6 @@ def test_a_platform_administrator_signed_in_registers_a_free_form_command_and_it
 
 @pytest.mark.django_db
 def test_a_local_command_registered_before_the_catalogue_is_disabled_with_its_reason(acme, key_client, catalogue):
-    from workbridge.models import McpServer
-
     migration = importlib.import_module("workbridge.migrations.0005_mcp_catalogue")
     old = McpServer.objects.create(workspace=acme, name="old", transport="stdio", command=ESCAPE)
     McpServer.objects.create(workspace=acme, name="remote", transport="http", url="https://mcp.example.com/mcp")
@@ -219,6 +219,172 @@ def test_a_local_command_registered_before_the_catalogue_is_disabled_with_its_re
     # Saved again as a catalogue entry by an admin, it works again.
     saved = owner.put(f"{SERVERS}{old.pk}/", _stdio("old", catalog_entry="inventory"), format="json").json()
     assert saved["disabled_reason"] == "" and owner.get(f"{SERVERS}{old.pk}/tools/").status_code == 200
+
+
+# Pooled sessions: a registered server's process is started once and kept for the calls that follow.
+
+
+@pytest.fixture(autouse=True)
+def no_session_outlives_its_test():
+    yield
+    mcp_client.close_all()
+
+
+@pytest.fixture
+def pooled_inventory(acme, key_client, catalogue):
+    """The catalogue's inventory server registered by the workspace's owner, its greet and probe tools imported."""
+    owner = key_client("ann", acme, role=Role.OWNER)
+    server = owner.post(SERVERS, _stdio("inventory-local", catalog_entry="inventory"), format="json").json()
+    tools = {tool["name"]: tool["id"] for tool in
+             owner.post(f"{SERVERS}{server['id']}/import/", {"tools": ["greet", "probe"]}, format="json").json()}
+
+    def invoke(name: str, arguments: dict) -> dict:
+        return owner.post(f"{TOOLS}{tools[name]}/invoke/", {"arguments": arguments}, format="json").json()
+
+    return {"owner": owner, "server": server, "key": f"mcp-server:{server['id']}", "invoke": invoke}
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.django_db
+def test_calls_reuse_one_sandboxed_server_process(pooled_inventory):
+    invoke, key = pooled_inventory["invoke"], pooled_inventory["key"]
+    pids = []
+    for name in ("Li", "Wang", "Zhao"):
+        assert invoke("greet", {"name": name})["output"] == {"result": f"你好, {name}!"}
+        pids.append(mcp_client.pooled_processes()[key])
+    assert len(set(pids)) == 1 and psutil.Process(pids[0]).cmdline()[0] == "bwrap"
+    # Kept open, it is as confined as a server started for one call.
+    inside = invoke("probe", {})["output"]
+    assert json.loads(inside) == {"uid": 65534, "readable": False, "network": False}
+    assert mcp_client.pooled_processes()[key] == pids[0]
+
+
+@pytest.mark.django_db
+def test_a_killed_server_process_is_started_afresh_at_the_next_call(pooled_inventory):
+    invoke, key = pooled_inventory["invoke"], pooled_inventory["key"]
+    invoke("greet", {"name": "Li"})
+    killed = mcp_client.pooled_processes()[key]
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: _ended(killed), timeout=10, what="the server process to end")
+
+    called = invoke("greet", {"name": "Wang"})
+    assert called["invocation"]["status"] == "ok" and called["output"] == {"result": "你好, Wang!"}
+    assert mcp_client.pooled_processes()[key] not in (None, killed)
+
+
+@pytest.mark.django_db
+def test_an_idle_session_is_closed(pooled_inventory, settings):
+    settings.MCP_POOL_IDLE_S = 0.3
+    pooled_inventory["invoke"]("greet", {"name": "Li"})
+    pid = mcp_client.pooled_processes()[pooled_inventory["key"]]
+    wait_for(lambda: pooled_inventory["key"] not in mcp_client.pooled_processes(), timeout=10,
+             what="the idle session to close")
+    wait_for(lambda: _ended(pid), timeout=10, what="its process to end")
+
+
+@pytest.mark.django_db
+def test_beyond_the_pool_size_the_least_recently_used_session_is_closed(pooled_inventory, settings):
+    settings.MCP_POOL_SIZE = 1
+    owner, invoke = pooled_inventory["owner"], pooled_inventory["invoke"]
+    other = owner.post(SERVERS, _stdio("inventory-two", catalog_entry="inventory"), format="json").json()
+    [stock] = owner.post(f"{SERVERS}{other['id']}/import/", {"tools": ["stock-level"]}, format="json").json()
+    invoke("greet", {"name": "Li"})
+    first = mcp_client.pooled_processes()[pooled_inventory["key"]]
+
+    called = owner.post(f"{TOOLS}{stock['id']}/invoke/", {"arguments": {"sku": "ABC"}}, format="json").json()
+    assert called["invocation"]["status"] == "ok" and '"units": 21' in called["output"]
+    assert list(mcp_client.pooled_processes()) == [f"mcp-server:{other['id']}"]
+    wait_for(lambda: _ended(first), timeout=10, what="the least recently used server to end")
+
+    settings.MCP_POOL_SIZE = 0  # no pool: a session (and a process) per call, as before pooling
+    mcp_client.close_all()
+    assert invoke("greet", {"name": "Zhao"})["output"] == {"result": "你好, Zhao!"}
+    assert mcp_client.pooled_processes() == {}
+
+
+@pytest.mark.django_db
+def test_an_http_server_that_went_away_fails_the_call_at_once_and_is_reached_afresh_when_back(acme, key_client):
+    port = free_port()
+
+    def start() -> subprocess.Popen:
+        process = subprocess.Popen([sys.executable, FIXTURE, "http", str(port)], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        wait_for(lambda: _answers(port), timeout=30, what="the fixture MCP server")
+        return process
+
+    dev = key_client("dev", acme)
+    server = start()
+    try:
+        registered = dev.post(SERVERS, {"name": "inventory", "transport": "http",
+                                        "url": f"http://127.0.0.1:{port}/mcp"}, format="json").json()
+        [greet] = dev.post(f"{SERVERS}{registered['id']}/import/", {"tools": ["greet"]}, format="json").json()
+
+        def invoke(name: str) -> dict:
+            return dev.post(f"{TOOLS}{greet['id']}/invoke/", {"arguments": {"name": name}}, format="json").json()
+
+        assert invoke("Li")["output"] == {"result": "你好, Li!"}
+        server.kill()
+        server.wait()
+
+        gone = invoke("Wang")["invocation"]
+        assert gone["status"] == "failed" and "the next call starts it afresh" in gone["error"]
+        assert gone["latency_ms"] < 5000  # at once, not after the call's timeout
+        server = start()
+        assert invoke("Zhao")["output"] == {"result": "你好, Zhao!"}
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=1).status_code > 0
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.django_db
+def test_editing_or_disabling_a_server_closes_its_session(pooled_inventory):
+    owner, invoke, key = pooled_inventory["owner"], pooled_inventory["invoke"], pooled_inventory["key"]
+    invoke("greet", {"name": "Li"})
+    before = mcp_client.pooled_processes()[key]
+    edited = owner.put(f"{SERVERS}{pooled_inventory['server']['id']}/",
+                       _stdio("inventory-local", catalog_entry="inventory", arguments=["--verbose"]), format="json")
+    assert edited.status_code == 200
+    assert key not in mcp_client.pooled_processes()
+    wait_for(lambda: _ended(before), timeout=10, what="the edited server's old process to end")
+    assert invoke("greet", {"name": "Wang"})["output"] == {"result": "你好, Wang!"}
+    edited_pid = mcp_client.pooled_processes()[key]
+    assert psutil.Process(edited_pid).cmdline()[-1] == "--verbose"
+
+    McpServer.objects.filter(pk=pooled_inventory["server"]["id"]).update(disabled_reason="Retired by the operator.")
+    refused = invoke("greet", {"name": "Zhao"})["invocation"]
+    assert refused["status"] == "failed" and "disabled: Retired by the operator." in refused["error"]
+    assert key not in mcp_client.pooled_processes()
+    wait_for(lambda: _ended(edited_pid), timeout=10, what="the disabled server's process to end")
+
+
+@pytest.mark.django_db
+def test_a_forked_child_starts_with_an_empty_pool_and_leaves_its_parent_s_sessions_alone(pooled_inventory):
+    invoke, key = pooled_inventory["invoke"], pooled_inventory["key"]
+    invoke("greet", {"name": "Li"})
+    pid = mcp_client.pooled_processes()[key]
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # a prefork worker: it must not see, use or close its parent's session
+        os.write(write, json.dumps(mcp_client.pooled_processes()).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    assert json.loads(os.read(read, 1000)) == {}
+    assert invoke("greet", {"name": "Wang"})["output"] == {"result": "你好, Wang!"}
+    assert mcp_client.pooled_processes()[key] == pid
 
 
 class EchoesItsToken(JsonService):
