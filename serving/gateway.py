@@ -471,10 +471,16 @@ async def serve_target(target: Target, *, endpoint: str, body: dict, content: by
     it (before anything reached the client)."""
     _check_max_tokens(body, target)
     stream = bool(body.get("stream"))
-    sent, maps_tool_calls = body, False
+    sent, decision = body, None
     if ENDPOINTS[endpoint] == CHAT and "tools" in body and target.tool_strategy == ToolStrategy.CONSTRAINED:
-        sent, maps_tool_calls = constrained_tools(body)
+        functions, choice = _tools_of(body)
+        decision = await _decide_tool(target, endpoint, body, functions, choice)
+        if decision.name is None:
+            sent, decision = toolcalls.without_tools(body), None
+        else:
+            sent = toolcalls.arguments_request(body, next(f for f in functions if f["name"] == decision.name))
         content = json.dumps(sent).encode()
+    maps_tool_calls = decision is not None
     upstream_stream = stream and not maps_tool_calls
     route, upstream, attempts = await open_upstream(
         target, endpoint, _upstream_content(target, sent, content, upstream_stream), upstream_stream)
@@ -482,7 +488,7 @@ async def serve_target(target: Target, *, endpoint: str, body: dict, content: by
                         attempts=attempts, timing=timing, body=body, note=note,
                         group_id=note.group_id if note else None)
     if maps_tool_calls:
-        reply = await _relay_tool_reply(exchange, upstream, stream)
+        reply = await _relay_tool_call(exchange, upstream, stream, decision)
     elif not stream:
         reply = await _relay_whole(exchange, upstream)
     else:
@@ -493,14 +499,54 @@ async def serve_target(target: Target, *, endpoint: str, body: dict, content: by
     return reply
 
 
-def constrained_tools(body: dict) -> tuple[dict, bool]:
-    """For an engine that would drop `tools` (a chat template without a tool-call format): the request to send in
-    place of `body`, and whether its answer is JSON to map back into tool calls."""
+def _tools_of(body: dict) -> tuple[list[dict], str]:
     try:
         functions = toolcalls.functions_of(body)
-        choice = toolcalls.choice_of(body, functions)
+        return functions, toolcalls.choice_of(body, functions)
     except toolcalls.ToolsInvalid as exc:
         raise GatewayError(400, exc.message, code="invalid_tools", param=exc.param)
+
+
+async def _decide_tool(target: Target, endpoint: str, body: dict, functions: list[dict],
+                       choice: str) -> toolcalls.Decision:
+    """Which tool the reply calls (None: it answers in words), for an engine that would drop `tools`: `none` and a
+    named function decide themselves; otherwise the engine chooses among the tools nearest the request in a
+    constrained step of its own (for `auto`, only when one is near enough, and offered "none" unless one is
+    near indeed)."""
+    if choice == toolcalls.NONE:
+        return toolcalls.Decision(name=None)
+    if choice not in (toolcalls.AUTO, toolcalls.REQUIRED):
+        return toolcalls.Decision(name=choice)
+    ranked = await asyncio.to_thread(toolcalls.ranked_tools, body, functions)
+    candidates, may_decline = toolcalls.candidates_of(ranked, choice,
+                                                      after_result=body["messages"][-1].get("role") == "tool")
+    if not candidates:
+        return toolcalls.Decision(name=None)
+    if len(candidates) == 1 and not may_decline:
+        return toolcalls.Decision(name=candidates[0]["name"])
+    request = toolcalls.decision_request(body, candidates, may_decline=may_decline)
+    _, upstream, _ = await open_upstream(target, endpoint, json.dumps(request).encode(), False)
+    try:
+        content = await upstream.aread()
+    finally:
+        await upstream.aclose()
+    try:
+        payload = json.loads(content)
+    except json.JSONDecodeError:
+        payload = None
+    if upstream.status_code != 200 or not isinstance(payload, dict):
+        error = payload.get("error") if isinstance(payload, dict) else None
+        message = error.get("message") if isinstance(error, dict) else content.decode(errors="replace")[:500]
+        status = upstream.status_code if 400 <= upstream.status_code < 600 else 502
+        raise GatewayError(status, message, code="engine_error",
+                           kind="invalid_request_error" if status < 500 else "server_error")
+    return toolcalls.decision_of(payload, candidates, may_decline=may_decline)
+
+
+def constrained_tools(body: dict) -> tuple[dict, bool]:
+    """For a model group's cascade, which judges one whole answer, on an engine that would drop `tools`: the
+    one-step request to send in place of `body`, and whether its answer is JSON to map back into tool calls."""
+    functions, choice = _tools_of(body)
     if choice == toolcalls.NONE:
         return toolcalls.without_tools(body), False
     return toolcalls.constrained_request(body, functions, choice), True
@@ -535,14 +581,16 @@ async def _relay_whole(exchange: Exchange, upstream: httpx.Response) -> Reply:
     return Reply(upstream.status_code, content, {"Content-Type": upstream.headers.get("content-type", JSON)})
 
 
-async def _relay_tool_reply(exchange: Exchange, upstream: httpx.Response, stream: bool) -> Reply:
-    """A constrained answer mapped back into tool calls, whole or as a stream's chunks (which all arrive at once:
-    the JSON must be complete before it can be mapped)."""
+async def _relay_tool_call(exchange: Exchange, upstream: httpx.Response, stream: bool,
+                           decision: toolcalls.Decision) -> Reply:
+    """The constrained arguments mapped back into a tool call, whole or as a stream's chunks (which all arrive at
+    once: the JSON must be complete before it can be mapped); its usage counts the decision step too."""
     content, payload = await read_whole(exchange, upstream)
-    record_whole(exchange, upstream, content, payload, stream=stream)
     if payload is None or "choices" not in payload:
+        record_whole(exchange, upstream, content, payload, stream=stream)
         return Reply(upstream.status_code, content, {"Content-Type": upstream.headers.get("content-type", JSON)})
-    reply = toolcalls.tool_reply(payload)
+    reply = toolcalls.call_reply(payload, decision)
+    record_whole(exchange, upstream, content, reply, stream=stream)
     if stream:
         return Reply(200, toolcalls.as_stream(reply, include_usage=Exchange.wants_usage(exchange.body)),
                      {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
