@@ -247,3 +247,7 @@ class MemoryItem(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["namespace", "key"], name="unique_memory_item")]
+
+
+# Workflows live in their own module of this app (agent_studio/workflows/); their models are this app's.
+from agent_studio.workflows.models import NodeRun, NodeStatus, Workflow, WorkflowRun, WorkflowVersion  # noqa: E402,F401

@@ -63,12 +63,14 @@ def _claim(run_pk: int, owner: str) -> AgentRun | None:
     return run
 
 
-class _LeaseKeeper:
-    """Renews the leases of the runs this process works on, however long one model or tool call takes; a process
-    that dies stops renewing, and its runs are taken over once their leases run out. One thread per process, not
-    per run: starting and joining a thread for every run cost more than a whole step on a busy machine."""
+class LeaseKeeper:
+    """Renews the leases of the runs (rows of `model`) this process works on, however long one model or tool call
+    takes; a process that dies stops renewing, and its runs are taken over once their leases run out. One thread
+    per process, not per run: starting and joining a thread for every run cost more than a whole step on a busy
+    machine."""
 
-    def __init__(self):
+    def __init__(self, model):
+        self._model = model
         self._runs: dict[int, str] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -92,12 +94,12 @@ class _LeaseKeeper:
             with self._lock:
                 held = dict(self._runs)
             for run_pk, owner in held.items():
-                AgentRun.objects.filter(pk=run_pk, lease_owner=owner, status=RunStatus.RUNNING).update(
+                self._model.objects.filter(pk=run_pk, lease_owner=owner, status=RunStatus.RUNNING).update(
                     lease_until=timezone.now() + timedelta(seconds=settings.AGENT_RUN_LEASE_S))
             connection.close()
 
 
-_leases = _LeaseKeeper()
+_leases = LeaseKeeper(AgentRun)
 
 
 def _finish(run: AgentRun, owner: str, status: str, *, answer: str = "", error: str = "",

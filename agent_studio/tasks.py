@@ -5,6 +5,9 @@ from django.utils import timezone
 from agent_studio import evaluation, runner
 from agent_studio.models import AgentRun, RunStatus
 
+# Workflow runs' tasks, found by the worker through this module.
+from agent_studio.workflows.tasks import execute_workflow_run, resume_stalled_workflow_runs  # noqa: F401
+
 
 @shared_task(bind=True, acks_late=True)
 def execute_run(self, run_id: int, resume=None) -> None:

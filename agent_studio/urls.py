@@ -2,6 +2,7 @@ from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from agent_studio import api, views
+from agent_studio.workflows import api as workflow_api
 
 router = SimpleRouter()
 router.register("agents/runs", api.RunViewSet, basename="agent-run")
@@ -9,6 +10,8 @@ router.register("agents/threads", api.ThreadViewSet, basename="agent-thread")
 router.register("agents/scenarios", api.ScenarioViewSet, basename="agent-scenario")
 router.register("agents/evaluations", api.EvaluationViewSet, basename="agent-evaluation")
 router.register("agents", api.AgentViewSet, basename="agent")
+router.register("workflows/runs", workflow_api.WorkflowRunViewSet, basename="workflow-run")
+router.register("workflows", workflow_api.WorkflowViewSet, basename="workflow")
 
 api_urlpatterns = [*router.urls]
 

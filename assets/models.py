@@ -12,6 +12,7 @@ class AssetKind(models.TextChoices):
     AGENT = "agent", _("Agent")
     TOOL = "tool", _("Tool")
     DATASET = "dataset", _("Dataset")
+    WORKFLOW = "workflow", _("Workflow")
 
 
 class Asset(models.Model):

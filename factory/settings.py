@@ -360,6 +360,8 @@ AGENT_STALLED_CHECK_INTERVAL_S = float(os.environ.get("FACTORY_AGENT_STALLED_CHE
 # The Celery queue agent runs go to (evaluations are interactive work: cluster/queues.py); a pool may give them
 # workers of their own.
 AGENT_QUEUE = os.environ.get("FACTORY_AGENT_QUEUE", "default")
+# The most items a workflow's iteration node goes through in one run (a longer list fails the node).
+WORKFLOW_MAX_ITERATIONS = int(os.environ.get("FACTORY_WORKFLOW_MAX_ITERATIONS", "100"))
 CELERY_BEAT_SCHEDULE = {
     "cluster-heartbeats": {
         "task": "cluster.tasks.request_heartbeats",
@@ -375,6 +377,10 @@ CELERY_BEAT_SCHEDULE = {
     },
     "agents-resume-stalled-runs": {
         "task": "agent_studio.tasks.resume_stalled_runs",
+        "schedule": AGENT_STALLED_CHECK_INTERVAL_S,
+    },
+    "workflows-resume-stalled-runs": {
+        "task": "agent_studio.workflows.tasks.resume_stalled_workflow_runs",
         "schedule": AGENT_STALLED_CHECK_INTERVAL_S,
     },
 }

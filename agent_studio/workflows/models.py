@@ -1,0 +1,112 @@
+"""Workflows: a versioned graph of typed nodes (agent_studio/workflows/graph.py documents it), its runs, and each
+node's record in a run. Imported by agent_studio.models, so these are agent_studio's models."""
+
+import uuid
+
+from django.conf import settings as conf
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from accounts.models import Workspace
+from agent_studio.models import FINAL_RUN_STATES, RunStatus
+
+
+class Workflow(models.Model):
+    """A graph of nodes wired by edges, with its input variables. Every save that changes the graph writes a new
+    WorkflowVersion; a run uses one version."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="workflows")
+    name = models.CharField(max_length=64)
+    description = models.CharField(max_length=500, blank=True)
+    # The latest version's graph, as checked on save.
+    graph = models.JSONField(default=dict)
+    version = models.PositiveIntegerField(default=0)
+    created_by = models.ForeignKey(conf.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="unique_workflow_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class WorkflowVersion(models.Model):
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    graph = models.JSONField()
+    checksum = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-number"]
+        constraints = [models.UniqueConstraint(fields=["workflow", "number"], name="unique_workflow_version")]
+
+
+class WorkflowRun(models.Model):
+    """One run of a workflow version on its inputs: each node's record (NodeRun), and the answer or the reason
+    there is none. Leased like an agent run: a run whose worker died is claimed again and goes on after the nodes
+    it had finished."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="workflow_runs")
+    workflow = models.ForeignKey(Workflow, on_delete=models.SET_NULL, null=True, related_name="runs")
+    workflow_name = models.CharField(max_length=64)
+    version = models.ForeignKey(WorkflowVersion, on_delete=models.SET_NULL, null=True, related_name="runs")
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True)
+    caller = models.CharField(max_length=64)
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    inputs = models.JSONField(default=dict)
+    answer = models.TextField(blank=True)
+    # Every answer node's outputs, by node id.
+    outputs = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    latency_ms = models.FloatField(null=True)
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_until = models.DateTimeField(null=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    cancel_requested = models.BooleanField(default=False)
+    created_by = models.ForeignKey(conf.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    finished_at = models.DateTimeField(null=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINAL_RUN_STATES
+
+
+class NodeStatus(models.TextChoices):
+    RUNNING = "running", _("Running")
+    DONE = "done", _("Done")
+    FAILED = "failed", _("Failed")
+    SKIPPED = "skipped", _("Skipped (on a branch not taken)")
+
+
+class NodeRun(models.Model):
+    """What one node did in a run: its resolved inputs, its outputs (or error), timing, tokens and attempts."""
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="nodes")
+    index = models.PositiveIntegerField()
+    node_id = models.CharField(max_length=64)
+    kind = models.CharField(max_length=16)
+    status = models.CharField(max_length=8, choices=NodeStatus.choices, default=NodeStatus.RUNNING)
+    inputs = models.JSONField(default=dict, blank=True)
+    outputs = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    latency_ms = models.FloatField(null=True)
+    input_tokens = models.PositiveIntegerField(null=True)
+    output_tokens = models.PositiveIntegerField(null=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True)
+
+    class Meta:
+        ordering = ["run", "index"]
+        constraints = [models.UniqueConstraint(fields=["run", "index"], name="unique_node_run"),
+                       models.UniqueConstraint(fields=["run", "node_id"], name="unique_node_run_node")]

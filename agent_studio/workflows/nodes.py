@@ -1,0 +1,315 @@
+"""What each kind of node does, given the values of the nodes before it: every outside effect goes through the
+platform's own path (models through the gateway, knowledge through rag_studio's retrieval, tools through Work
+Bridge's invoke, code in Work Bridge's sandbox, URLs through the egress guard). A node that cannot do its work
+raises NodeError with the reason; the runner applies the node's error policy."""
+
+import json
+import operator
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from django.conf import settings as conf
+from jinja2 import StrictUndefined, Template, TemplateError
+from jinja2.sandbox import SandboxedEnvironment
+from jsonschema import Draft202012Validator
+from langchain_core.messages import HumanMessage, SystemMessage
+
+from accounts.errors import ApplicationError
+from accounts.services import Actor
+from agent_studio import runner as agent_runner
+from agent_studio.models import Agent, AgentRun, AgentThread, RunStatus, ThreadSource
+from agent_studio.strategies import GatewayError, gateway_model
+from agent_studio.workflows.graph import ITEM, REFERENCE, VARIABLE
+from rag_studio.models import KnowledgeBase
+from rag_studio.search.retrieval import retrieve
+from workbridge import egress, sandbox
+from workbridge.models import Tool
+from workbridge.selectors import allowlist_for
+from workbridge.services import invoke_tool
+
+HTTP_MAX_BYTES = 1024 * 1024
+MODEL_TIMEOUT_S = 120
+PASSAGE_CHARS = 700
+strict_jinja = SandboxedEnvironment(autoescape=False, undefined=StrictUndefined)
+
+
+class NodeError(Exception):
+    pass
+
+
+@dataclass
+class Context:
+    """Who the run acts as, where, and the values of the nodes that have run (node id -> outputs)."""
+
+    actor: Actor
+    workspace_id: int
+    caller: str
+    values: dict
+    check: object  # a callable raising when the run was cancelled
+    input_tokens: int = 0
+    output_tokens: int = 0
+    shown: dict = field(default_factory=dict)
+
+
+def lookup(values: dict, node: str, name: str, path: list[str]):
+    where = ".".join([node, name, *path])
+    if node not in values:
+        raise NodeError(f"'{where}' has no value: node '{node}' did not run (it is on a branch not taken).")
+    value = values[node]
+    if name not in value:
+        raise NodeError(f"'{where}' has no value: node '{node}' has no output '{name}'.")
+    value = value[name]
+    for part in path:
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise NodeError(f"'{where}' has no value: there is no '{part}' in {json.dumps(value)[:200]}.")
+    return value
+
+
+def variable(values: dict, text: str):
+    node, name, path = VARIABLE.fullmatch(text).groups()
+    return lookup(values, node, name, [part for part in path.split(".") if part])
+
+
+def as_text(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def render(text: str, values: dict) -> str:
+    return REFERENCE.sub(lambda m: as_text(lookup(values, m[1], m[2], [p for p in m[3].split(".") if p])), text)
+
+
+def resolve(value, values: dict):
+    """A text that is one reference is the referenced value as it is (a list stays a list); other texts are
+    rendered; anything else is itself."""
+    if isinstance(value, str):
+        whole = REFERENCE.fullmatch(value.strip())
+        return variable(values, f"{whole[1]}.{whole[2]}{whole[3]}") if whole else render(value, values)
+    return value
+
+
+def _chat(context: Context, settings: dict, messages: list, schema: dict | None):
+    model = gateway_model(workspace_id=context.workspace_id, model=settings["model"],
+                          temperature=settings.get("temperature", 0.0), max_tokens=settings.get("max_tokens", 256),
+                          timeout_s=MODEL_TIMEOUT_S)
+    if schema is not None:
+        model = model.bind(response_format={"type": "json_schema", "json_schema": {"name": "output",
+                                                                                   "schema": schema}})
+    try:
+        reply = model.invoke(messages)
+    except GatewayError as exc:
+        raise NodeError(f"The model call failed: {exc}") from exc
+    usage = reply.usage_metadata or {}
+    context.input_tokens += usage.get("input_tokens") or 0
+    context.output_tokens += usage.get("output_tokens") or 0
+    text = reply.content if isinstance(reply.content, str) else str(reply.content)
+    if schema is None:
+        return text.strip()
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise NodeError(f"The model's reply is not JSON ({exc}): {text[:200]}") from exc
+    problem = next(Draft202012Validator(schema).iter_errors(value), None)
+    if problem is not None:
+        raise NodeError(f"The model's JSON does not fit the schema: {problem.message}")
+    return value
+
+
+def llm(context: Context, settings: dict) -> dict:
+    prompt = render(settings["prompt"], context.values)
+    system = render(settings.get("system") or "", context.values)
+    context.shown = {"system": system, "prompt": prompt}
+    messages = ([SystemMessage(content=system)] if system else []) + [HumanMessage(content=prompt)]
+    return {"output": _chat(context, settings, messages, settings.get("json_schema"))}
+
+
+def classifier(context: Context, settings: dict) -> dict:
+    query = render(settings["query"], context.values)
+    classes = settings["classes"]
+    context.shown = {"query": query}
+    system = "\n".join(part for part in [render(settings.get("instructions") or "", context.values),
+                                         f"Classify the text into exactly one of: {', '.join(classes)}. Reply with "
+                                         f"JSON: {{\"class\": \"<one of them>\"}}."] if part)
+    schema = {"type": "object", "required": ["class"], "properties": {"class": {"enum": classes}}}
+    reply = _chat(context, settings | {"temperature": 0.0, "max_tokens": 64},
+                  [SystemMessage(content=system), HumanMessage(content=query)], schema)
+    return {"output": reply["class"]}
+
+
+def knowledge(context: Context, settings: dict) -> dict:
+    kb = KnowledgeBase.objects.filter(workspace_id=context.workspace_id, pk=settings["knowledge_base"]).first()
+    if kb is None:
+        raise NodeError(f"Knowledge base {settings['knowledge_base']} no longer exists.")
+    query = render(settings["query"], context.values)
+    context.shown = {"query": query}
+    try:
+        result = retrieve(kb, query)
+    except ApplicationError as exc:
+        raise NodeError(exc.message) from exc
+    hits = [{"n": n, "document": hit.filename, "page": hit.page, "text": hit.text[:PASSAGE_CHARS]}
+            for n, hit in enumerate(result.hits, 1)]
+    text = "\n".join(f"[{hit['n']}] ({hit['document']}) {hit['text']}" for hit in hits)
+    return {"output": text or "No passage matches.", "hits": hits}
+
+
+def tool(context: Context, settings: dict) -> dict:
+    found = Tool.objects.filter(workspace_id=context.workspace_id, pk=settings["tool"]).select_related(
+        "workspace", "spec", "mcp_server").first()
+    if found is None:
+        raise NodeError(f"Tool {settings['tool']} no longer exists.")
+    arguments = {name: resolve(value, context.values) for name, value in settings["arguments"].items()}
+    context.shown = {"tool": found.name, "arguments": arguments}
+    try:
+        result = invoke_tool(actor=context.actor, tool=found, arguments=arguments, caller=context.caller)
+    except ApplicationError as exc:
+        raise NodeError(exc.message) from exc
+    if not result.ok:
+        raise NodeError(f"{found.name} failed: {result.invocation.error}")
+    return {"output": result.output}
+
+
+def code(context: Context, settings: dict) -> dict:
+    arguments = {name: resolve(value, context.values) for name, value in settings["arguments"].items()}
+    context.shown = {"arguments": arguments}
+    try:
+        result = sandbox.run_python(settings["code"], arguments, timeout_s=settings["timeout_s"],
+                                    max_output_bytes=settings["max_output_bytes"])
+    except sandbox.SandboxUnavailable as exc:
+        raise NodeError(str(exc)) from exc
+    context.shown |= {"stdout": result.stdout[-2000:], "stderr": result.stderr[-2000:]}
+    if result.error:
+        raise NodeError(result.error)
+    return {"output": result.output}
+
+
+def _number(value, where: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise NodeError(f"'{where}' is {json.dumps(value)[:100]}, not a number.") from None
+
+
+def _holds(rule: dict, values: dict) -> bool:
+    left = variable(values, rule["variable"])
+    right = rule.get("value")
+    op = rule["op"]
+    if op in ("empty", "not_empty"):
+        return (left in (None, "", [], {})) == (op == "empty")
+    if op in ("gt", "ge", "lt", "le"):
+        return getattr(operator, op)(_number(left, rule["variable"]), _number(right, "value"))
+    if op in ("eq", "ne"):
+        return (left == right or as_text(left) == as_text(right)) == (op == "eq")
+    if op == "in":
+        return isinstance(right, list) and left in right
+    haystack, needle = as_text(left), as_text(right)
+    return {"contains": needle in haystack, "not_contains": needle not in haystack,
+            "starts_with": haystack.startswith(needle), "ends_with": haystack.endswith(needle)}[op]
+
+
+def condition(context: Context, settings: dict) -> dict:
+    for case in settings["cases"]:
+        results = [_holds(rule, context.values) for rule in case["rules"]]
+        if all(results) if case["match"] == "all" else any(results):
+            return {"output": case["branch"]}
+    return {"output": "else"}
+
+
+@lru_cache(maxsize=512)
+def _compiled(text: str) -> Template:
+    # Compiling is most of a template's cost; a workflow renders the same few templates run after run.
+    return strict_jinja.from_string(text)
+
+
+def template(context: Context, settings: dict) -> dict:
+    try:
+        return {"output": _compiled(settings["template"]).render(context.values)}
+    except TemplateError as exc:
+        raise NodeError(f"The template could not be rendered: {exc}") from exc
+
+
+def http(context: Context, settings: dict) -> dict:
+    url = render(settings["url"], context.values)
+    headers = {name: render(value, context.values) for name, value in settings["headers"].items()}
+    body = render(settings["body"], context.values) if settings["body"] else None
+    context.shown = {"method": settings["method"], "url": url, "headers": sorted(headers)}
+    try:
+        answer = egress.request(settings["method"], url, headers=headers, content=body.encode() if body else None,
+                                timeout_s=settings["timeout_s"], max_bytes=HTTP_MAX_BYTES,
+                                allowlist=allowlist_for(workspace_id=context.workspace_id))
+    except egress.EgressRefused as exc:
+        raise NodeError(str(exc)) from exc
+    if answer.status_code >= 400:
+        raise NodeError(f"{settings['method']} {url} answered {answer.status_code}.")
+    output = answer.text
+    if "json" in answer.headers.get("content-type", ""):
+        try:
+            output = answer.json()
+        except ValueError:
+            pass
+    return {"output": output, "status": answer.status_code}
+
+
+def iteration(context: Context, settings: dict) -> dict:
+    items = variable(context.values, settings["items"])
+    if not isinstance(items, list):
+        raise NodeError(f"'{settings['items']}' is {type(items).__name__}, not a list.")
+    limit = conf.WORKFLOW_MAX_ITERATIONS
+    if len(items) > limit:
+        raise NodeError(f"'{settings['items']}' has {len(items)} items; an iteration goes through at most {limit} "
+                        f"(WORKFLOW_MAX_ITERATIONS).")
+    body = settings["do"]
+    results = []
+    for index, item in enumerate(items):
+        context.check()
+        inner = Context(actor=context.actor, workspace_id=context.workspace_id, caller=context.caller,
+                        values={**context.values, ITEM: {"value": item, "index": index}}, check=context.check)
+        results.append(KINDS[body["kind"]](inner, body["settings"])["output"])
+        context.input_tokens += inner.input_tokens
+        context.output_tokens += inner.output_tokens
+    context.shown = {"items": len(items)}
+    return {"output": results}
+
+
+def aggregator(context: Context, settings: dict) -> dict:
+    for name in settings["variables"]:
+        try:
+            value = variable(context.values, name)
+        except NodeError:
+            continue
+        if value is not None:
+            return {"output": value}
+    raise NodeError(f"None of {', '.join(settings['variables'])} has a value.")
+
+
+def agent(context: Context, settings: dict) -> dict:
+    """The agent's latest version run on the input, in a conversation of its own, as a step of this worker; the
+    agent run keeps its own steps."""
+    found = Agent.objects.filter(workspace_id=context.workspace_id, pk=settings["agent"]).first()
+    if found is None:
+        raise NodeError(f"Agent {settings['agent']} no longer exists.")
+    text = render(settings["input"], context.values).strip()
+    context.shown = {"agent": found.name, "input": text}
+    if not text:
+        raise NodeError("The agent's input is empty.")
+    thread = AgentThread.objects.create(agent=found, end_user=context.caller, source=ThreadSource.DEBUG)
+    run = AgentRun.objects.create(workspace_id=context.workspace_id, agent=found, version=found.versions.first(),
+                                  thread=thread, caller=context.caller, input=text, created_by=context.actor.user)
+    agent_runner.execute(run.pk, owner=agent_runner.owner_id(f"workflow-node-{run.public_id}"))
+    run.refresh_from_db()
+    context.input_tokens += run.input_tokens
+    context.output_tokens += run.output_tokens
+    if run.status != RunStatus.DONE:
+        raise NodeError(f"The agent's run {run.public_id} ended {run.status}: {run.error or 'no answer'}")
+    return {"output": run.answer, "run_id": str(run.public_id)}
+
+
+def answer(context: Context, settings: dict) -> dict:
+    return {"output": render(settings["answer"], context.values)}
+
+
+KINDS = {"llm": llm, "classifier": classifier, "knowledge": knowledge, "tool": tool, "code": code,
+         "condition": condition, "template": template, "http": http, "iteration": iteration,
+         "aggregator": aggregator, "agent": agent, "answer": answer}

@@ -1,0 +1,253 @@
+"""Running one WorkflowRun in a Celery worker: claim it (a lease, as agent runs are claimed), compile its version's
+graph to a LangGraph StateGraph, and run it node by node, each node recorded as a NodeRun row and published live.
+
+Every node of the graph is a LangGraph node and every edge a LangGraph edge. A node runs once all the nodes before it
+have settled (done or skipped) and at least one edge into it is live (its source ran and, from a branching node, the
+branch taken is the edge's); when every edge into it is dead it is skipped, so a join after a condition runs once,
+after whichever branch was taken.
+
+A run whose worker died is claimed again when its lease runs out (agent_studio.workflows.tasks); the nodes it had
+finished are not run again: their recorded outputs are taken from their rows.
+"""
+
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import Annotated, TypedDict
+
+from django.conf import settings
+from django.db.models import F, Max, Q
+from django.utils import timezone
+from langgraph.graph import END, START, StateGraph
+
+from accounts.services import Actor
+from agent_studio import events
+from agent_studio.models import RunStatus
+from agent_studio.runner import LeaseKeeper
+from agent_studio.tracing import RunCancelled
+from agent_studio.workflows import nodes
+from agent_studio.workflows.models import NodeRun, NodeStatus, WorkflowRun
+
+logger = logging.getLogger(__name__)
+MAX_ATTEMPTS = 3
+CANCEL_CHECK_S = 0.5
+DETAIL_CHARS = 4000
+_leases = LeaseKeeper(WorkflowRun)
+
+
+class NodeFailed(Exception):
+    def __init__(self, node_id: str, reason: str):
+        super().__init__(f"Node '{node_id}' failed: {reason}")
+
+
+def _merge(old: dict, new: dict) -> dict:
+    return {**old, **new}
+
+
+class State(TypedDict):
+    outputs: Annotated[dict, _merge]  # node id -> its outputs
+    settled: Annotated[dict, _merge]  # node id -> done | skipped
+
+
+def run_payload(run: WorkflowRun) -> dict:
+    return {"run_id": str(run.public_id), "status": run.status, "inputs": run.inputs, "answer": run.answer,
+            "outputs": run.outputs, "error": run.error,
+            "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
+            "latency_ms": run.latency_ms}
+
+
+def node_payload(row: NodeRun) -> dict:
+    return {"index": row.index, "node": row.node_id, "kind": row.kind, "status": row.status, "inputs": row.inputs,
+            "outputs": row.outputs, "error": row.error, "attempts": row.attempts, "latency_ms": row.latency_ms,
+            "input_tokens": row.input_tokens, "output_tokens": row.output_tokens}
+
+
+def _clip(value):
+    text = nodes.as_text(value)
+    return value if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS] + "…"
+
+
+class Execution:
+    """One attempt at a run: the graph's LangGraph nodes, and what they record."""
+
+    def __init__(self, run: WorkflowRun, owner: str):
+        self.run, self.owner = run, owner
+        self.graph = run.version.graph
+        self.incoming: dict[str, list[dict]] = {node["id"]: [] for node in self.graph["nodes"]}
+        for edge in self.graph["edges"]:
+            self.incoming[edge["to"]].append(edge)
+        self.recorded = {row.node_id: row for row in run.nodes.all()}
+        self.index = run.nodes.aggregate(last=Max("index"))["last"] or 0
+        self.actor = Actor(user=run.created_by)
+        self.cancel_checked = float("-inf")
+        self.lock = threading.Lock()
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now - self.cancel_checked >= CANCEL_CHECK_S:
+            self.cancel_checked = now
+            if WorkflowRun.objects.filter(pk=self.run.pk, cancel_requested=True).exists():
+                raise RunCancelled("The run was cancelled.")
+
+    def compile(self):
+        builder = StateGraph(State)
+        for node in self.graph["nodes"]:
+            builder.add_node(node["id"], self._step(node))
+        builder.add_edge(START, "start")
+        for edge in self.graph["edges"]:
+            builder.add_edge(edge["from"], edge["to"])
+        for node in self.graph["nodes"]:
+            if not any(edge["from"] == node["id"] for edge in self.graph["edges"]):
+                builder.add_edge(node["id"], END)
+        return builder.compile()
+
+    def _live(self, edge: dict, state: State) -> bool:
+        source = edge["from"]
+        if state["settled"].get(source) != NodeStatus.DONE:
+            return False
+        return "branch" not in edge or state["outputs"][source].get("output") == edge["branch"]
+
+    def _step(self, node: dict):
+        node_id = node["id"]
+
+        def step(state: State) -> dict:
+            if node_id in state["settled"]:
+                return {}
+            edges = self.incoming[node_id]
+            if any(edge["from"] not in state["settled"] for edge in edges):
+                return {}  # an edge into it is still to settle: a later trigger runs it
+            if edges and not any(self._live(edge, state) for edge in edges):
+                self._record_skip(node)
+                return {"settled": {node_id: NodeStatus.SKIPPED}}
+            done = self.recorded.get(node_id)
+            if done is not None and done.status == NodeStatus.DONE:
+                return {"outputs": {node_id: done.outputs}, "settled": {node_id: NodeStatus.DONE}}
+            self.check()
+            return {"outputs": {node_id: self._execute(node, state["outputs"])},
+                    "settled": {node_id: NodeStatus.DONE}}
+
+        return step
+
+    def _record(self, node: dict, **fields) -> NodeRun:
+        """The node's row, written once it has settled (one write per node); a row a failed attempt at the run
+        left is replaced."""
+        with self.lock:  # branches without a condition between them run in parallel, in LangGraph's threads
+            self.index += 1
+            row = NodeRun(run_id=self.run.pk, index=self.index, node_id=node["id"], kind=node["kind"],
+                          finished_at=timezone.now(), **fields)
+            if node["id"] in self.recorded:
+                NodeRun.objects.filter(run_id=self.run.pk, node_id=node["id"]).delete()
+            row.save(force_insert=True)
+            self.recorded[node["id"]] = row
+        events.publish(self.run.public_id, "node", node_payload(row))
+        return row
+
+    def _record_skip(self, node: dict) -> None:
+        self._record(node, status=NodeStatus.SKIPPED)
+
+    def _execute(self, node: dict, values: dict) -> dict:
+        events.publish(self.run.public_id, "node", {"node": node["id"], "kind": node["kind"],
+                                                    "status": NodeStatus.RUNNING})
+        policy = node["on_error"]
+        tries = 1 + (policy.get("retries", 0) if policy["policy"] == "retry" else 0)
+        started = time.perf_counter()
+        context = nodes.Context(actor=self.actor, workspace_id=self.run.workspace_id,
+                                caller=f"workflow:{self.run.workflow_name}"[:64], values=values, check=self.check)
+        outputs, error = None, ""
+        for attempt in range(tries):
+            if attempt:
+                time.sleep(policy["backoff_s"] * 2 ** (attempt - 1))
+                self.check()
+            context.shown = {}
+            try:
+                outputs = (dict(self.run.inputs) if node["kind"] == "start"
+                           else nodes.KINDS[node["kind"]](context, node["settings"]))
+                error = ""
+                break
+            except nodes.NodeError as exc:
+                error = str(exc)
+        status = NodeStatus.DONE
+        if error and policy["policy"] == "default":
+            outputs = {"output": policy.get("default")}
+        elif error:
+            status = NodeStatus.FAILED
+        self._record(node, status=status, outputs=None if outputs is None else _clip_outputs(outputs),
+                     error=error[:4000], inputs={key: _clip(value) for key, value in context.shown.items()},
+                     attempts=attempt + 1, latency_ms=(time.perf_counter() - started) * 1000,
+                     input_tokens=context.input_tokens or None, output_tokens=context.output_tokens or None)
+        if context.input_tokens or context.output_tokens:
+            WorkflowRun.objects.filter(pk=self.run.pk, lease_owner=self.owner).update(
+                input_tokens=F("input_tokens") + context.input_tokens,
+                output_tokens=F("output_tokens") + context.output_tokens)
+        if status == NodeStatus.FAILED:
+            raise NodeFailed(node["id"], error)
+        return outputs
+
+
+def _clip_outputs(outputs: dict) -> dict:
+    """Outputs as they are passed on, unless one is too large to keep in a row: then the row keeps it cut."""
+    return outputs if len(nodes.as_text(outputs)) <= 200_000 else {key: _clip(value) for key, value in outputs.items()}
+
+
+def _claim(run_pk: int, owner: str) -> WorkflowRun | None:
+    now = timezone.now()
+    claimed = WorkflowRun.objects.filter(pk=run_pk, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).filter(
+        Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner)).update(
+        status=RunStatus.RUNNING, lease_owner=owner, lease_until=now + timedelta(seconds=settings.AGENT_RUN_LEASE_S),
+        attempts=F("attempts") + 1)
+    if not claimed:
+        return None
+    run = WorkflowRun.objects.select_related("version", "created_by").get(pk=run_pk)
+    events.publish(run.public_id, "status", {"status": RunStatus.RUNNING, "attempt": run.attempts})
+    return run
+
+
+def _finish(run: WorkflowRun, owner: str, status: str, *, answer: str = "", outputs: dict | None = None,
+            error: str = "", elapsed_ms: float = 0.0) -> None:
+    fields = {"status": status, "answer": answer, "outputs": outputs or {}, "error": error[:4000],
+              "finished_at": timezone.now(), "lease_until": None, "latency_ms": (run.latency_ms or 0.0) + elapsed_ms}
+    if not WorkflowRun.objects.filter(pk=run.pk, lease_owner=owner).update(**fields):
+        return  # another worker took the run over; its outcome stands
+    run.refresh_from_db()
+    event = {RunStatus.DONE: "done", RunStatus.CANCELLED: "cancelled"}.get(status, "error")
+    events.publish(run.public_id, event, run_payload(run))
+
+
+def execute(run_pk: int, *, owner: str) -> None:
+    run = _claim(run_pk, owner)
+    if run is None:
+        return
+    started = time.perf_counter()
+    if run.attempts > MAX_ATTEMPTS:
+        _finish(run, owner, RunStatus.FAILED,
+                error=f"The run was interrupted {MAX_ATTEMPTS} times (its worker stopped); giving up.")
+        return
+    with _leases.kept(run.pk, owner):
+        _run(run, owner, started)
+
+
+def _run(run: WorkflowRun, owner: str, started: float) -> None:
+    def elapsed() -> float:
+        return (time.perf_counter() - started) * 1000
+
+    try:
+        execution = Execution(run, owner)
+        execution.check()
+        graph = execution.compile()
+        state = graph.invoke({"outputs": {}, "settled": {}},
+                             {"recursion_limit": 2 * len(run.version.graph["nodes"]) + 10})
+        answers = {node["id"]: state["outputs"][node["id"]] for node in run.version.graph["nodes"]
+                   if node["kind"] == "answer" and state["settled"].get(node["id"]) == NodeStatus.DONE}
+        if not answers:
+            _finish(run, owner, RunStatus.FAILED, error="The run reached no answer node.", elapsed_ms=elapsed())
+            return
+        _finish(run, owner, RunStatus.DONE, answer="\n\n".join(nodes.as_text(a["output"]) for a in answers.values()),
+                outputs=answers, elapsed_ms=elapsed())
+    except RunCancelled as exc:
+        _finish(run, owner, RunStatus.CANCELLED, error=str(exc), elapsed_ms=elapsed())
+    except NodeFailed as exc:
+        _finish(run, owner, RunStatus.FAILED, error=str(exc), elapsed_ms=elapsed())
+    except Exception as exc:  # anything else still ends the run with its reason, never a run left running
+        logger.exception("Workflow run %s failed", run.public_id)
+        _finish(run, owner, RunStatus.FAILED, error=f"{type(exc).__name__}: {exc}", elapsed_ms=elapsed())
