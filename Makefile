@@ -1,5 +1,5 @@
 # The whole setup on a fresh machine: `make run` and `make test`. See README.md.
-.PHONY: run stop test test-all install lock backup
+.PHONY: run stop test test-all install lock backup bundle
 
 run:
 	@scripts/run.sh
@@ -24,3 +24,8 @@ backup:
 # Re-resolve the pinned dependency set after editing pyproject.toml.
 lock:
 	@scripts/lock.sh
+
+# One archive for an offline install on a machine like this one (wheels, llama.cpp, Debian packages, installer,
+# manifest with checksums): dist/ai-factory-<version>-<arch>.tar.gz. See README "Appliance".
+bundle:
+	@scripts/bundle.sh
