@@ -15,6 +15,12 @@ from enhancement.formats import parse_jsonl
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# The ChatML template SmolLM2 serves with, for the two-layer model below.
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+          "{% endif %}")
+
+
 @dataclass
 class TrainingRun:
     step_times: list[float]
@@ -43,6 +49,34 @@ def sample_dataset(directory: Path) -> Path:
     return path
 
 
+def tiny_model(directory: Path, dataset: Path, *, vocabulary: int = 512) -> Path:
+    """A two-layer Llama with random weights (hidden size 64) and a byte-level BPE tokenizer of `vocabulary` tokens
+    trained on `dataset`'s texts, with ChatML's special tokens and template: a model whose training step takes
+    milliseconds on a CPU, made here (nothing is downloaded)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    texts = [message["content"] for line in dataset.read_text(encoding="utf-8").splitlines()
+             for message in json.loads(line)["messages"]]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocabulary, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer.chat_template = CHATML
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def hyperparameters(**overrides) -> dict:
     return {"max_steps": 6, "learning_rate": 2e-4, "lr_scheduler": "constant", "warmup_steps": 0,
             "micro_batch_size": 4, "gradient_accumulation": 1, "cutoff": 256, "lora_rank": 8, "lora_alpha": 16,
@@ -50,16 +84,19 @@ def hyperparameters(**overrides) -> dict:
             "eval_steps": 10_000, "recompute": False, **overrides}
 
 
-def run_job_process(run_dir: Path, spec: dict) -> TrainingRun:
-    """Run the job's process on `spec` in `run_dir`; its peak RSS is the kernel's count for that child alone."""
+def run_job_process(run_dir: Path, spec: dict, *, root: Path = ROOT,
+                    command: tuple[str, ...] = ("-m", "enhancement.training.run")) -> TrainingRun:
+    """Run the job's process on `spec` in `run_dir`; its peak RSS is the kernel's count for that child alone.
+    `root`: the checkout whose runner runs (another commit's worktree, to compare); `command`: what the interpreter
+    runs, given the run directory."""
     import time
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "spec.json").write_text(json.dumps(spec))
     began = time.monotonic()
     with (run_dir / "train.log").open("wb") as log:
-        child = subprocess.Popen([sys.executable, "-m", "enhancement.training.run", str(run_dir)], cwd=ROOT,
-                                 stdout=log, stderr=subprocess.STDOUT)
+        child = subprocess.Popen([sys.executable, *command, str(run_dir)], cwd=root,
+                                 env={**os.environ, "PYTHONPATH": str(root)}, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(child.pid, 0)
     wall = time.monotonic() - began
     if os.waitstatus_to_exitcode(status) != 0:

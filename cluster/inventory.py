@@ -4,7 +4,9 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 NVIDIA_SMI_QUERY = ["--query-gpu=index,name,memory.total,uuid", "--format=csv,noheader,nounits"]
 
@@ -47,6 +49,9 @@ class Resources:
     load_average: list[float]
     gpus: list[GpuReading] = field(default_factory=list)
     gpu_error: str = ""
+    # This node's llama-server was built with CUDA (scripts/build-llama.sh on a GPU node): new llama.cpp
+    # deployments on it default to full offload (serving/engines/llamacpp.py).
+    llama_cuda: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -90,6 +95,18 @@ def _read_gpus() -> tuple[list[GpuReading], str]:
     return parse_nvidia_smi(done.stdout), ""
 
 
+def llama_server_has_cuda(binary: Path | None = None) -> bool:
+    """Whether the llama-server beside this interpreter (else on PATH) was built with CUDA: its build keeps
+    ggml's CUDA backend, libggml-cuda.so, in the lib/ beside its bin/."""
+    if binary is None:
+        beside = Path(sys.executable).parent / "llama-server"
+        found = shutil.which("llama-server")
+        binary = beside if beside.exists() else Path(found) if found else None
+    if binary is None:
+        return False
+    return any((binary.resolve().parent.parent / "lib").glob("libggml-cuda.so*"))
+
+
 def probe() -> Resources:
     meminfo = _meminfo()
     gpus, gpu_error = _read_gpus()
@@ -101,4 +118,5 @@ def probe() -> Resources:
         load_average=[round(x, 2) for x in os.getloadavg()],
         gpus=gpus,
         gpu_error=gpu_error,
+        llama_cuda=bool(gpus) and llama_server_has_cuda(),
     )

@@ -55,6 +55,7 @@ def _heartbeat_info(resources: inventory.Resources) -> dict:
         "memory_available_bytes": resources.memory_available_bytes,
         "load_average": resources.load_average,
         "gpu_error": resources.gpu_error,
+        "llama_cuda": resources.llama_cuda,
     }
 
 

@@ -28,7 +28,7 @@ RANGES = {
 
 def checked(values: dict) -> dict:
     """The full settings: the given values checked, the rest defaulted."""
-    unknown = set(values) - set(RANGES) - {"lr_scheduler", "lora_targets", "recompute"}
+    unknown = set(values) - set(RANGES) - {"lr_scheduler", "lora_targets", "recompute", "packing"}
     if unknown:
         raise ValidationFailed(f"Unknown setting(s): {', '.join(sorted(unknown))}.",
                                fields={name: ["Unknown setting."] for name in sorted(unknown)})
@@ -63,6 +63,9 @@ def checked(values: dict) -> dict:
                                fields={"lora_targets": ["Unknown module."]})
     out["lora_targets"] = list(dict.fromkeys(targets))
     out["recompute"] = bool(values.get("recompute", False))
+    # Short samples end to end in rows of up to `cutoff` tokens (enhancement/training/batches.py); a micro-batch is
+    # then that many rows.
+    out["packing"] = bool(values.get("packing", True))
     if out["micro_batch_size"] and out["batch_size"] % out["micro_batch_size"]:
         raise ValidationFailed(f"The batch size ({out['batch_size']}) must be a multiple of the micro-batch size "
                                f"({out['micro_batch_size']}).",

@@ -3,6 +3,11 @@
 # that the pinned llama-cpp-python sdist vendors, into a cache outside the clone. A re-run with the cache in place does
 # nothing. Prints the install prefix (bin/, lib/) as its last line.
 #   usage: scripts/build-llama.sh [python]   (python: the interpreter whose pip fetches the sdist)
+# With FACTORY_LLAMA_CUDA_ARCHS (CMake's CUDA architectures, "90" or "80;86"; scripts/install.sh sets it on a node
+# with NVIDIA GPUs and the CUDA toolkit) ggml's CUDA backend is built for those GPUs with the toolkit's nvcc
+# (CUDACXX, else on PATH, else in CUDA_HOME, /usr/local/cuda), into a prefix of its own named by the toolkit's CUDA version and the
+# architectures (<version>-cuda13.0-sm90): a CPU build and GPU builds live side by side, and a new toolkit or GPU
+# builds anew.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +28,16 @@ cmake_options=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
   -DLLAMA_BUILD_APP=OFF ${FACTORY_LLAMA_CMAKE_ARGS:-})
+cuda_archs=${FACTORY_LLAMA_CUDA_ARCHS:-}
+if [ -n "$cuda_archs" ]; then
+  nvcc=${CUDACXX:-$(command -v nvcc || true)}
+  [ -n "$nvcc" ] || [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] || nvcc=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
+  [ -n "$nvcc" ] || { echo "error: a CUDA build of llama.cpp needs the CUDA toolkit's nvcc (set CUDACXX)" >&2; exit 1; }
+  cuda_version=$("$nvcc" --version | sed -n 's/.*release \([0-9][0-9.]*\),.*/\1/p' | head -n 1)
+  [ -n "$cuda_version" ] || { echo "error: $nvcc --version names no CUDA release" >&2; exit 1; }
+  cmake_options+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$cuda_archs" "-DCMAKE_CUDA_COMPILER=$nvcc")
+  prefix="$CACHE/$version-cuda$cuda_version-sm${cuda_archs//;/-}"
+fi
 signature=$( { printf '%s\n' "${cmake_options[@]}"; grep -m1 '^flags' /proc/cpuinfo || uname -m; } | sha256sum | cut -c1-16)
 
 if [ -x "$prefix/bin/llama-server" ] && [ -x "$prefix/bin/llama-quantize" ] \
@@ -45,7 +60,8 @@ fi
 work=$(mktemp -d "$CACHE/build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 echo "==> Building llama-server and llama-quantize from llama.cpp (llama-cpp-python $version's source) once;" \
-     "about 6 minutes on 2 cores; cached in $prefix" >&2
+     "about 6 minutes on 2 cores${cuda_archs:+ (with CUDA $cuda_version for sm_$cuda_archs: about 5 minutes on 16)};" \
+     "cached in $prefix" >&2
 tar -xzf "$sdist" -C "$work"
 src="$work/llama_cpp_python-$version/vendor/llama.cpp"
 generator=()

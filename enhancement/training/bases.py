@@ -80,6 +80,11 @@ def converted(gguf: Path, bases_dir: Path) -> Path:
 
     def write(scratch: Path) -> None:
         _read_gguf(gguf, torch.float32).save_pretrained(scratch)
+        if not (scratch / "config.json").exists():
+            # transformers saves a model only on rank 0 of a torch.distributed group; a directory without it
+            # would be taken for the converted base by every later job.
+            raise RuntimeError(f"{gguf.name} could not be converted in this process (a data-parallel rank other "
+                               f"than 0); the job's own process converts it before its workers start.")
         _gguf_tokenizer(gguf).save_pretrained(scratch)
 
     return _published(bases_dir / _key(gguf), write)

@@ -27,7 +27,9 @@ def distilling_trainer(trainer_class, teacher, *, temperature: float, alpha: flo
             if next(teacher.parameters()).device != device:
                 teacher.to(device)
             with torch.no_grad():
-                taught = teacher(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask")).logits
+                # Packed rows (batches.py) carry positions instead of a mask: the teacher reads them as the student.
+                taught = teacher(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"),
+                                 position_ids=inputs.get("position_ids"), use_cache=False).logits
             # Embedding tables may be padded to different sizes; the shared tokenizer's ids come first in both.
             width = min(outputs.logits.size(-1), taught.size(-1))
             student = outputs.logits[:, :-1, :width][answer] / temperature

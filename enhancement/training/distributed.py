@@ -19,6 +19,8 @@ import socket
 import tempfile
 from pathlib import Path
 
+from enhancement.training.bases import base_location
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -58,6 +60,11 @@ def train_on_ray(run, resume: Path | None) -> None:
         raise RayMissing(f"The plan trains across the nodes {', '.join(spans)}, which needs a Ray cluster that spans "
                          f"them: start one (`ray start --head` on one node, `ray start --address` on the others) "
                          f"and set RAY_ADDRESS in the environment of {spans[0]}'s worker.")
+    # A GGUF base (and teacher) is converted here, once, outside any process group: transformers writes a model's
+    # files only on rank 0 of one, so a rank 1 that converted first published a directory without them.
+    base_location(run.spec)
+    if run.spec.get("teacher_path"):
+        base_location(run.spec, key="teacher_path")
     cuda = torch.cuda.is_available()
     # Workers spread over nodes each use their own node's cores; on one node they share its cores.
     threads = 0 if spans else max(1, (os.cpu_count() or 1) // workers)

@@ -18,8 +18,15 @@ cancel; a worker restart leaves it running. Run again (a redelivered job), it co
 stage and, in training, from the newest complete checkpoint; an exclusive lock on `<run_dir>/lock` makes a second
 process for the same job exit at once, so a job never trains twice. No Django here: this runs on any node, and
 inside Ray workers.
+
+Before it imports torch, transformers or peft it checks their versions (versions.py) and refuses unsupported ones
+in one line. A training step does the model's work and little else, so that a GPU is not left waiting for the host:
+the batches are built once (batches.py: short samples packed into rows of `cutoff` tokens), nothing in a step
+copies from the device or waits for a disk, and the steps' figures are written together about once a second
+(metrics_callback). bench/step_overhead measures what is left.
 """
 
+import dataclasses
 import errno
 import fcntl
 import json
@@ -28,25 +35,33 @@ import math
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
-from enhancement.training import LOGGERS_QUIET_ON_CPU, data
+from enhancement.training import LOGGERS_QUIET_ON_CPU, batches, data
 from enhancement.training.bases import base_location, load_base
 
 LOCKED_EXIT = 75
+# A step's own bookkeeping stays off the step (bench/step_overhead measures what is left): the figures of the steps
+# since the last write go to metrics.jsonl, and the progress to status.json and the log, together about once a
+# second, and at once before a checkpoint or an evaluation and at the last step.
+PROGRESS_EVERY_S = 1.0
 
 
 class NoTrainingData(ValueError):
     pass
 
 
-def write_json_atomic(path: Path, value) -> None:
+def write_json_atomic(path: Path, value, *, durable: bool = True) -> None:
+    """`value` at `path`, whole or not at all; `durable` waits for the disk too (a progress report, rewritten every
+    second, need not: a crash loses at most its latest version, never a whole file)."""
     partial = path.with_name(f".{path.name}.partial")
     with partial.open("w", encoding="utf-8") as out:
         json.dump(value, out, ensure_ascii=False)
-        out.flush()
-        os.fsync(out.fileno())
+        if durable:
+            out.flush()
+            os.fsync(out.fileno())
     os.replace(partial, path)
 
 
@@ -61,17 +76,17 @@ class Run:
         self.writer = writer
         self.metrics = (run_dir / "metrics.jsonl").open("a", encoding="utf-8") if writer else None
 
-    def status(self, stage: str, message: str = "", **fields) -> None:
+    def status(self, stage: str, message: str = "", *, durable: bool = True, **fields) -> None:
         if not self.writer:
             return
         write_json_atomic(self.dir / "status.json", {"stage": stage, "message": message, "at": time.time(),
-                                                     **fields})
+                                                     **fields}, durable=durable)
         print(f"[{stage}] {message}", flush=True)
 
-    def metric(self, record: dict) -> None:
-        if not self.writer:
+    def metric(self, *records: dict) -> None:
+        if not self.writer or not records:
             return
-        self.metrics.write(json.dumps(record) + "\n")
+        self.metrics.write("".join(json.dumps(record) + "\n" for record in records))
         self.metrics.flush()
 
 
@@ -107,65 +122,190 @@ def training_examples(run: Run, tokenizer) -> tuple[list[dict], list[dict]]:
     return encoded(train), encoded(validation)
 
 
-def metrics_callback(run: Run, total_steps_hint: int):
+class StepTape:
+    """What each step leaves for the metrics without making the device wait: its micro-batches' losses as tensors
+    where they were computed (read later, many steps in one copy) and their non-padding tokens and samples, counted
+    by the collator on the CPU."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.losses, self.tokens, self.samples = [], 0, 0
+
+    def add(self, loss, tokens: int, samples: int) -> None:
+        self.losses.append(loss)
+        self.tokens += tokens
+        self.samples += samples
+
+    def take(self) -> tuple:
+        """The step's loss (a tensor, or None), tokens and samples; the tape starts the next step empty."""
+        loss = sum(self.losses[1:], self.losses[0]) if self.losses else None
+        taken = (loss, self.tokens, self.samples)
+        self.reset()
+        return taken
+
+
+def step_trainer(trainer_class, tape: StepTape):
+    """`trainer_class` with a step that records its loss and counts on `tape`. transformers' own per-step figures
+    each made the device wait for the host (the NaN check of every loss, the token count's `.item()`, the logged
+    loss), and it counted the model's parameters again for every batch's FLOPs."""
+
+    class StepTrainer(trainer_class):
+        _flops_per_token = None
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            tokens, samples = inputs.pop(batches.COUNTS, (0, 0))
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            tape.add(loss, tokens, samples)
+            return loss
+
+        def prediction_step(self, model, inputs, *args, **kwargs):
+            inputs.pop(batches.COUNTS, None)
+            return super().prediction_step(model, inputs, *args, **kwargs)
+
+        def floating_point_ops(self, inputs) -> int:
+            if self._flops_per_token is None:
+                count = getattr(self.model, "num_parameters", None)
+                self._flops_per_token = 6 * count(exclude_embeddings=True) if count else 0
+            return self._flops_per_token * inputs["input_ids"].numel()
+
+    return StepTrainer
+
+
+class GpuBusy:
+    """The device's busy share, read by a thread of its own every `interval_s`: torch.cuda.utilization() opens NVML
+    anew on every call (pynvml.nvmlInit), a cost no training step should carry."""
+
+    def __init__(self, interval_s: float = PROGRESS_EVERY_S):
+        self.interval_s = interval_s
+        self.percent: float | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            threading.Thread(target=self._read, name="gpu-busy", daemon=True).start()
+
+    def _read(self) -> None:
+        import torch
+
+        while not self._stop.is_set():
+            try:
+                self.percent = float(torch.cuda.utilization())
+            except Exception:  # utilization needs NVML, which not every node has
+                return
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def metrics_callback(run: Run, total_steps_hint: int, tape: StepTape, *, losses_on_tape: bool = True,
+                     every_s: float = PROGRESS_EVERY_S, clock=time.monotonic):
+    """Each step as one JSON line (loss, learning rate, speed, ETA, the process's CPU and memory, the device's),
+    written with the steps before it about every `every_s`. With `losses_on_tape` False (a data-parallel run, whose
+    loss transformers averages over the workers) the loss comes from transformers' own log of every step."""
     import psutil
     import torch
     from transformers import TrainerCallback
 
     process = psutil.Process()
     process.cpu_percent()
+    gpu = GpuBusy(every_s)
 
     class Metrics(TrainerCallback):
-        """Each logged step as one JSON line: loss, learning rate, speed, ETA and the process's CPU and memory."""
-
         def __init__(self):
-            self.last_time = time.monotonic()
-            self.last_tokens = 0
-            self.step_times: list[float] = []
+            self.last_time = clock()
+            self.last_write: float | None = None
+            self.pending: list[dict] = []
+            self.recent: list[float] = []
+            self.learning_rate: float | None = None
 
         def on_train_begin(self, args, state, control, **kwargs):
-            self.last_time = time.monotonic()
-            self.last_tokens = state.num_input_tokens_seen or 0
+            self.last_time = clock()
+            tape.reset()
             run.status("train", f"Training from step {state.global_step}", step=state.global_step,
                        total_steps=state.max_steps or total_steps_hint)
+            gpu.start()
+
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            # The rate this step used: the schedule moves on after this call.
+            scheduler = kwargs.get("lr_scheduler")
+            if scheduler is not None:
+                rate = scheduler.get_last_lr()[0]
+                self.learning_rate = float(rate.item() if hasattr(rate, "item") else rate)
 
         def on_step_end(self, args, state, control, **kwargs):
-            now = time.monotonic()
-            elapsed = now - self.last_time
-            tokens = (state.num_input_tokens_seen or 0) - self.last_tokens
-            self.last_time, self.last_tokens = now, state.num_input_tokens_seen or 0
-            self.step_times.append(elapsed)
-            recent = self.step_times[-10:]
-            samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-            cpu = sum(p.cpu_percent() for p in [process]) / 100
-            record = {"type": "step", "step": state.global_step, "at": time.time(), "step_time_s": elapsed,
-                      "tokens_per_s": tokens / elapsed if elapsed > 0 else None,
-                      "samples_per_s": samples / elapsed if elapsed > 0 else None,
-                      "eta_s": (state.max_steps - state.global_step) * sum(recent) / len(recent),
-                      "cpu_percent": cpu * 100, "memory_bytes": process.memory_info().rss}
+            now = clock()
+            elapsed, self.last_time = now - self.last_time, now
+            loss, tokens, samples = tape.take()
+            self.pending.append({"step": state.global_step, "at": time.time(), "elapsed": elapsed,
+                                 "tokens": tokens, "samples": samples, "learning_rate": self.learning_rate,
+                                 "loss": loss if losses_on_tape else None})
+            self.recent = (self.recent + [elapsed])[-10:]
+            if (self.last_write is None or now - self.last_write >= every_s or control.should_save
+                    or control.should_evaluate or control.should_training_stop
+                    or state.global_step >= state.max_steps):
+                self.write(args, state)
+
+        def write(self, args, state):
+            self.last_write = clock()
+            if not self.pending:
+                return
+            losses = [entry["loss"] for entry in self.pending if entry["loss"] is not None]
+            values = iter(torch.stack([loss.float() for loss in losses]).cpu().tolist() if losses else [])
+            figures = {"cpu_percent": process.cpu_percent(), "memory_bytes": process.memory_info().rss}
             if torch.cuda.is_available():
-                record["gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
-                try:
-                    record["gpu_percent"] = float(torch.cuda.utilization())
-                except Exception:  # utilization needs NVML, which not every node has
-                    pass
-            run.metric(record)
-            run.status("train", f"Step {state.global_step} of {state.max_steps}", step=state.global_step,
-                       total_steps=state.max_steps)
+                figures["gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
+                if gpu.percent is not None:
+                    figures["gpu_percent"] = gpu.percent
+            pace = sum(self.recent) / len(self.recent)
+            records = []
+            for entry in self.pending:
+                elapsed = entry["elapsed"]
+                # A data-parallel step is every worker's batch; this one counted its own.
+                record = {"type": "step", "step": entry["step"], "at": entry["at"], "step_time_s": elapsed,
+                          "tokens_per_s": entry["tokens"] * args.world_size / elapsed if elapsed > 0 else None,
+                          "samples_per_s": entry["samples"] * args.world_size / elapsed if elapsed > 0 else None,
+                          "eta_s": max(0, state.max_steps - entry["step"]) * pace, **figures}
+                if entry["loss"] is not None:
+                    record["train_loss"] = next(values)
+                if entry["learning_rate"] is not None:
+                    record["learning_rate"] = entry["learning_rate"]
+                records.append(record)
+            self.pending = []
+            run.metric(*records)
+            run.status("train", f"Step {state.global_step} of {state.max_steps}", durable=False,
+                       step=state.global_step, total_steps=state.max_steps)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs = logs or {}
             record = {"type": "log", "step": state.global_step, "at": time.time()}
-            if "loss" in logs:
+            if "loss" in logs and not losses_on_tape:
                 record["train_loss"] = logs["loss"]
-            if "learning_rate" in logs:
-                record["learning_rate"] = logs["learning_rate"]
             if "eval_loss" in logs:
                 record["validation_loss"] = logs["eval_loss"]
             if len(record) > 3:
                 run.metric(record)
 
+        def on_train_end(self, args, state, control, **kwargs):
+            self.write(args, state)
+            gpu.stop()
+
     return Metrics()
+
+
+def training_arguments(**settings):
+    """TrainingArguments across the transformers versions the runner supports (versions.py): a setting renamed
+    between them goes by the name the installed one has."""
+    from transformers import TrainingArguments
+
+    known = {field.name for field in dataclasses.fields(TrainingArguments)}
+    if "activation_checkpointing" in settings and "activation_checkpointing" not in known:
+        settings["gradient_checkpointing"] = settings.pop("activation_checkpointing")
+    return TrainingArguments(**settings)
 
 
 def final_dir(run: Run) -> Path:
@@ -195,7 +335,7 @@ def fit(run: Run, resume: Path | None) -> None:
     the metrics and the result."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments
+    from transformers import Trainer
 
     hyper = run.hyper
     tokenizer = data.load_tokenizer(str(base_location(run.spec)))
@@ -205,6 +345,10 @@ def fit(run: Run, resume: Path | None) -> None:
     train_set, validation_set = training_examples(run, tokenizer)
     if not train_set:
         raise NoTrainingData("No training sample has an answer within the cutoff; raise the cutoff.")
+    if hyper.get("packing", True):
+        train_set, validation_set = (batches.pack(rows, hyper["cutoff"]) for rows in (train_set, validation_set))
+    else:
+        train_set, validation_set = batches.as_rows(train_set), batches.as_rows(validation_set)
     model = load_base(run.spec)
     if run.spec["method"] == "lora":
         model = get_peft_model(model, LoraConfig(
@@ -214,33 +358,40 @@ def fit(run: Run, resume: Path | None) -> None:
         model.enable_input_require_grads()
     cuda = torch.cuda.is_available()
     workers = int(hyper.get("workers", 1))
-    args = TrainingArguments(
+    # One process reads its losses off the tape (StepTape); a data-parallel run logs every step through
+    # transformers, whose logged loss is the mean over the workers.
+    on_tape = workers == 1
+    args = training_arguments(
         output_dir=str(run.dir / "checkpoints"), max_steps=hyper.get("max_steps") or -1,
         num_train_epochs=hyper.get("epochs") or 1, learning_rate=hyper["learning_rate"],
         lr_scheduler_type=hyper["lr_scheduler"], warmup_steps=hyper.get("warmup_steps", 0),
         per_device_train_batch_size=hyper["micro_batch_size"], per_device_eval_batch_size=hyper["micro_batch_size"],
         gradient_accumulation_steps=hyper["gradient_accumulation"],
         activation_checkpointing=bool(hyper.get("recompute")),
-        logging_steps=1, save_strategy="steps", save_steps=hyper["save_steps"], save_total_limit=2,
+        logging_strategy="no" if on_tape else "steps", logging_steps=1, logging_nan_inf_filter=False,
+        save_strategy="steps", save_steps=hyper["save_steps"], save_total_limit=2,
         eval_strategy="steps" if validation_set else "no", eval_steps=hyper["eval_steps"],
         seed=hyper["seed"], data_seed=hyper["seed"], report_to=[], disable_tqdm=True, use_cpu=not cuda,
         bf16=cuda and torch.cuda.is_bf16_supported(), dataloader_num_workers=0, remove_unused_columns=False,
-        include_num_input_tokens_seen="non_padding", save_only_model=False,
+        # Batches are collated in microseconds (batches.py); on a GPU they go over from pinned memory without
+        # waiting, while the device still runs the step before.
+        dataloader_pin_memory=cuda, accelerator_config={"non_blocking": cuda},
+        include_num_input_tokens_seen="no", save_only_model=False,
         ddp_backend=("nccl" if cuda else "gloo") if workers > 1 else None)
     steps_hint = hyper.get("max_steps") or math.ceil(
         len(train_set) / (hyper["micro_batch_size"] * hyper["gradient_accumulation"] * workers)) * (
         hyper.get("epochs") or 1)
-    trainer_class = Trainer
+    tape = StepTape()
+    trainer_class = step_trainer(Trainer, tape)
     if run.spec.get("teacher_path"):
         from enhancement.training.distill import distilling_trainer
 
         run.status("train", "Loading the teacher for logit distillation")
-        trainer_class = distilling_trainer(Trainer, load_base(run.spec, key="teacher_path"),
+        trainer_class = distilling_trainer(trainer_class, load_base(run.spec, key="teacher_path"),
                                            temperature=run.spec["kd"]["temperature"], alpha=run.spec["kd"]["alpha"])
+    callbacks = [metrics_callback(run, steps_hint, tape, losses_on_tape=on_tape)] if run.writer else []
     trainer = trainer_class(model=model, args=args, train_dataset=train_set, eval_dataset=validation_set or None,
-                            data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True,
-                                                                 label_pad_token_id=data.IGNORE_INDEX),
-                            callbacks=[metrics_callback(run, steps_hint)] if run.writer else [])
+                            data_collator=batches.Collator(tokenizer.pad_token_id), callbacks=callbacks)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     if not trainer.is_world_process_zero():
         return
@@ -318,10 +469,8 @@ def trained_source(run: Run, stop_after: str) -> Path | None:
 
 
 def main(argv: list[str]) -> int:
-    from enhancement.training import distributed, evaluate, export, pruning
+    from enhancement.training import versions
 
-    for name in LOGGERS_QUIET_ON_CPU:
-        logging.getLogger(name).setLevel(logging.ERROR)
     run_dir = Path(argv[1])
     lock = (run_dir / "lock").open("w")
     try:
@@ -331,6 +480,15 @@ def main(argv: list[str]) -> int:
         return LOCKED_EXIT
     run = Run(run_dir)
     (run_dir / "error.json").unlink(missing_ok=True)
+    # Before torch, transformers or peft are imported: a node with other versions learns it in one line.
+    try:
+        versions.check()
+    except versions.UnsupportedVersions as exc:
+        return failed(run, str(exc))
+    from enhancement.training import distributed, evaluate, export, pruning
+
+    for name in LOGGERS_QUIET_ON_CPU:
+        logging.getLogger(name).setLevel(logging.ERROR)
     try:
         if run.spec.get("threads"):
             import torch

@@ -52,6 +52,10 @@ class EngineAdapter:
     def check(self, *, model, node) -> None:
         """Raise EngineRefused when this engine cannot serve `model` on `node`."""
 
+    def with_defaults(self, *, model, settings: dict, nodes) -> dict:
+        """A new deployment's settings with what this engine fills in on `nodes` (a GPU node's defaults, say)."""
+        return settings
+
     def check_settings(self, *, model, settings: dict, nodes) -> dict:
         """Raise EngineRefused when `settings` cannot work for `model` on `nodes`; return what they resolve to
         (defaults filled in) for the deployment's page."""
@@ -76,9 +80,9 @@ class EngineAdapter:
         """How the gateway serves `tools` to a replica answering at `base_url`: 'native' passes them on."""
         return "native"
 
-    def live_stats(self, base_url: str, api_key: str = "") -> dict | None:
-        """What a running replica at `base_url` reports of its own load (slots, queue, cache), or None when the
-        engine reports nothing."""
+    def live_stats(self, base_url: str, api_key: str = "", settings: dict | None = None) -> dict | None:
+        """What a running replica at `base_url` (started with the deployment's `settings`) reports of its own load
+        (slots, queue, cache), or None when the engine reports nothing."""
         return None
 
 

@@ -6,6 +6,14 @@ The binary is built once from the llama.cpp source that the pinned llama-cpp-pyt
 
 Each slot holds its own context: a request may use up to `context_length` tokens (prompt and answer), and the
 engine's KV cache is `parallel` x `context_length` tokens. Requests beyond `parallel` wait in the engine's queue.
+
+On a GPU node (its GPUs registered in the pool, its llama-server built with CUDA by scripts/build-llama.sh) a new
+deployment starts from GPU_DEFAULTS unless its settings name their own: every layer and the KV cache on the GPUs,
+flash attention where the CUDA backend has it, and up to 32 slots, as many as a KV budget of GPU_KV_BUDGET_TOKENS
+and the GPUs' memory allow. Past that, llama-server is bound by its host thread (one thread samples and schedules
+every slot, token by token), so a small model gains little from a faster GPU: vLLM (serving/engines/vllm.py) is
+the engine for throughput on GPUs. `backend_sampling` (llama.cpp's experimental sampling on the GPU) takes the
+sampling off that thread, for a deployment that tries it.
 """
 
 import hashlib
@@ -47,6 +55,29 @@ DEFAULT_PROMPT_CACHE_MIB = 256
 INTEGER_SETTINGS = {"context_length": (16, None), "parallel": (1, MAX_SLOTS), "threads": (1, 512),
                     "batch_size": (1, 65536), "ubatch_size": (1, 65536), "gpu_layers": (0, 10000),
                     "prompt_cache_mib": (0, 1048576)}
+FLASH_ATTENTION = ("on", "off", "auto")
+# More layers than any model has: llama-server puts all of them, and the KV cache, on the GPUs.
+FULL_OFFLOAD = 999
+# A new deployment's settings on nodes that all have GPUs and a CUDA llama-server (the slots follow from the GPUs'
+# memory, see slots()). batch and ubatch are llama.cpp's own defaults, written out so the deployment shows them:
+# prompts are taken 2,048 tokens at a time, in GPU passes of 512.
+GPU_DEFAULTS = {"gpu_layers": FULL_OFFLOAD, "flash_attn": "auto", "batch_size": 2048, "ubatch_size": 512}
+GPU_MAX_DEFAULT_SLOTS = 32
+GPU_KV_BUDGET_TOKENS = 131072
+# What a deployment's weights and KV cache may take of its node's GPU memory (the CUDA context and compute buffers
+# take the rest).
+MAX_GPU_MEMORY_SHARE = 0.9
+
+
+def gpu_memory_bytes(node) -> int:
+    """The GPU memory of a node whose llama-server can use it (its build has CUDA); 0 for a CPU node."""
+    if not (node.info or {}).get("llama_cuda"):
+        return 0
+    return sum(device.memory_bytes for device in node.devices.all() if device.kind == "gpu")
+
+
+def offloads(settings: dict) -> bool:
+    return bool(settings.get("gpu_layers"))
 
 
 def server_binary() -> str:
@@ -84,6 +115,21 @@ class LlamaCppEngine(EngineAdapter):
         if model.is_embedding:
             raise EngineRefused("Serve embedding models with the 'embedding' engine.")
 
+    def with_defaults(self, *, model, settings: dict, nodes) -> dict:
+        """On nodes that all run llama.cpp on GPUs: GPU_DEFAULTS under `settings`, and the slots that fit (kept
+        with the deployment, so every start uses them). Elsewhere `settings` as they are."""
+        if not nodes or not all(gpu_memory_bytes(node) for node in nodes):
+            return settings
+        settings = {**GPU_DEFAULTS, **settings}
+        if offloads(settings) and not settings.get("parallel"):
+            try:
+                per_token = read_gguf(Path(model.path)).kv_bytes_per_token
+            except InvalidModelFile:
+                return settings  # check_settings refuses it with the reason
+            settings["parallel"] = self.slots(model=model, settings=settings, nodes=nodes,
+                                              kv_bytes_per_token=per_token)
+        return settings
+
     def check_settings(self, *, model, settings: dict, nodes) -> dict:
         for name, (low, high) in INTEGER_SETTINGS.items():
             value = settings.get(name)
@@ -92,25 +138,33 @@ class LlamaCppEngine(EngineAdapter):
             if not isinstance(value, int) or isinstance(value, bool) or value < low or (high and value > high):
                 bounds = f"from {low} to {high}" if high else f"at least {low}"
                 raise EngineRefused(f"'{name}' must be a whole number {bounds}; got {value!r}.")
+        if settings.get("flash_attn") is not None and settings["flash_attn"] not in FLASH_ATTENTION:
+            raise EngineRefused(f"'flash_attn' must be one of {', '.join(FLASH_ATTENTION)}; "
+                                f"got {settings['flash_attn']!r}.")
+        if not isinstance(settings.get("backend_sampling", False), bool):
+            raise EngineRefused("'backend_sampling' must be true or false.")
         if settings.get("draft_model_id") is not None:
             self._draft(model, settings)
         context = self.context_length(model=model, settings=settings)
         if model.context_length and context > model.context_length:
             raise EngineRefused(f"A context of {context} tokens is beyond what '{model.name}' was trained for "
                                 f"({model.context_length}).")
-        slots = self.slots(model=model, settings=settings)
         try:
             per_token = read_gguf(Path(model.path)).kv_bytes_per_token
         except InvalidModelFile as exc:
             raise EngineRefused(str(exc))
+        slots = self.slots(model=model, settings=settings, nodes=nodes, kv_bytes_per_token=per_token)
         kv_bytes = per_token * context * slots
         for node in nodes:
-            room = node.memory_bytes * MAX_MEMORY_SHARE - (model.size_bytes or 0)
-            if node.memory_bytes and kv_bytes > room:
+            gpu = gpu_memory_bytes(node) if offloads(settings) else 0
+            memory, share, where = (gpu, MAX_GPU_MEMORY_SHARE, "GPU memory") if gpu else (
+                node.memory_bytes, MAX_MEMORY_SHARE, "memory")
+            room = memory * share - (model.size_bytes or 0)
+            if memory and kv_bytes > room:
                 raise EngineRefused(
                     f"{slots} slots of {context} tokens need a {kv_bytes / 2**30:.1f} GiB KV cache, more than node "
-                    f"'{node.name}' can hold next to the model ({max(room, 0) / 2**30:.1f} GiB free for it); "
-                    f"lower 'parallel' or 'context_length'.")
+                    f"'{node.name}' can hold next to the model ({max(room, 0) / 2**30:.1f} GiB of {where} free "
+                    f"for it); lower 'parallel' or 'context_length'.")
         return {"parallel": slots, "context_length": context, "kv_cache_bytes": kv_bytes}
 
     def _draft(self, model, settings: dict):
@@ -137,11 +191,22 @@ class LlamaCppEngine(EngineAdapter):
     def context_length(self, *, model, settings: dict) -> int:
         return settings.get("context_length") or min(model.context_length or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
 
-    def slots(self, *, model, settings: dict) -> int:
+    def slots(self, *, model, settings: dict, nodes=(), kv_bytes_per_token: int = 0) -> int:
+        """The deployment's `parallel`, else: offloaded to the GPUs of `nodes`, up to GPU_MAX_DEFAULT_SLOTS within
+        a KV budget of GPU_KV_BUDGET_TOKENS and what the smallest node's GPUs hold next to the model; on CPUs,
+        about two slots a thread (bench/engine_concurrency)."""
         if settings.get("parallel"):
             return settings["parallel"]
+        context = self.context_length(model=model, settings=settings)
+        rooms = [gpu_memory_bytes(node) * MAX_GPU_MEMORY_SHARE - (model.size_bytes or 0)
+                 for node in nodes] if offloads(settings) else []
+        if rooms and all(room > 0 for room in rooms):
+            slots = min(GPU_MAX_DEFAULT_SLOTS, GPU_KV_BUDGET_TOKENS // context)
+            if kv_bytes_per_token:
+                slots = min(slots, int(min(rooms) // (kv_bytes_per_token * context)))
+            return max(1, slots)
         by_threads = SLOTS_PER_THREAD * self.cpu_threads(settings)
-        by_memory = DEFAULT_KV_BUDGET_TOKENS // self.context_length(model=model, settings=settings)
+        by_memory = DEFAULT_KV_BUDGET_TOKENS // context
         return max(1, min(by_threads, by_memory, MAX_DEFAULT_SLOTS))
 
     def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen,
@@ -170,6 +235,10 @@ class LlamaCppEngine(EngineAdapter):
             "--no-webui",
             "--offline",
         ]
+        if settings.get("flash_attn"):
+            argv += ["--flash-attn", settings["flash_attn"]]
+        if settings.get("backend_sampling"):
+            argv += ["--backend-sampling"]
         if settings.get("batch_size"):
             argv += ["--batch-size", str(settings["batch_size"])]
         if settings.get("ubatch_size"):
@@ -208,7 +277,7 @@ class LlamaCppEngine(EngineAdapter):
             caps = {}
         return "native" if caps.get("supports_tool_calls") else "constrained"
 
-    def live_stats(self, base_url: str, api_key: str = "") -> dict | None:
+    def live_stats(self, base_url: str, api_key: str = "", settings: dict | None = None) -> dict | None:
         """From the replica's Prometheus /metrics and /slots: busy and total slots, the requests waiting for one,
         the KV cache the slots hold, and the engine's own token counters and speeds."""
         root, headers = base_url.removesuffix("/v1"), auth_headers(api_key)
