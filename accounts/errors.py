@@ -2,8 +2,9 @@
 
 Services raise these with the user's words; `api_exception_handler` turns them (and DRF's own errors) into
 `{"error": {"code", "message", "fields"?}}` with the right status, so no view needs its own try/except. The code is a
-stable English machine word; the message is in the request's language where it is translated (gettext at the raise:
-accounts' messages and DRF's own; the other apps' service messages are English).
+stable English machine word; the message is in the request's language where it is translated: a message built with
+values is translated where it is raised (gettext with %-placeholders), and every message passes through gettext here
+once more, so a fixed English sentence a service raises reads in the request's language once the catalogue has it.
 """
 
 import logging
@@ -89,10 +90,22 @@ def _first_message(detail) -> str:
     return str(detail)
 
 
+def in_request_language(message: str) -> str:
+    """The message from the catalogue of the active language when it has it (an empty one stays empty: gettext
+    would answer the catalogue's header)."""
+    return _(message) if isinstance(message, str) and message else message
+
+
+def _translated_fields(fields: dict) -> dict:
+    return {name: [in_request_language(message) for message in messages] if isinstance(messages, list) else messages
+            for name, messages in fields.items()}
+
+
 def api_exception_handler(exc, context):
     if isinstance(exc, ApplicationError):
         headers = {"Retry-After": str(exc.retry_after)} if hasattr(exc, "retry_after") else {}
-        return Response(error_body(exc.code, exc.message, exc.fields), status=exc.status, headers=headers)
+        return Response(error_body(exc.code, in_request_language(exc.message), _translated_fields(exc.fields)),
+                        status=exc.status, headers=headers)
     if isinstance(exc, Http404):
         exc = drf_exceptions.NotFound(str(exc) or _("Not found."))
     elif isinstance(exc, DjangoPermissionDenied):

@@ -8,7 +8,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import redirect, render
 
-from accounts.errors import ApplicationError, NotFound
+from accounts.errors import ApplicationError, NotFound, in_request_language
 from accounts.models import ROLE_RANK, rank_of
 from accounts.selectors import effective_role
 from accounts.services import Actor
@@ -35,7 +35,7 @@ def workspace_page(view):
             # Another workspace's object is a missing one: the page is 404, whatever the form was.
             raise Http404(exc.message)
         except ApplicationError as exc:
-            messages.error(request, exc.message)
+            messages.error(request, in_request_language(exc.message))
             return redirect(request.META.get("HTTP_REFERER") or request.path)
 
     return wrapper

@@ -5,8 +5,9 @@ class AgentStudioConfig(AppConfig):
     name = "agent_studio"
 
     def ready(self) -> None:
-        # serving_prompts offers scenarios to model-group calibration.
-        from agent_studio import services, serving_prompts  # noqa: F401
+        # serving_prompts offers scenarios to model-group calibration; serving_uses names the agents that use a
+        # deployment when serving refuses to delete it.
+        from agent_studio import services, serving_prompts, serving_uses  # noqa: F401
         from cluster import queues
 
         queues.count_workload(services.active_evaluations)

@@ -2,6 +2,8 @@
 scenario's input as a prompt, and the text its "contains" checks expect as the reference (a scenario without one
 has no reference, and calibration refuses the set naming it)."""
 
+from django.utils.translation import gettext_lazy as _
+
 from agent_studio.models import Agent, Scenario
 from serving.groups.sources import PromptSource, register_prompt_source
 
@@ -22,4 +24,4 @@ def _items(*, workspace, set_id: int) -> list[dict] | None:
     return [{"prompt": scenario.input, "reference": _reference(scenario)} for scenario in agent.scenarios.all()]
 
 
-register_prompt_source(PromptSource(key="agent-scenarios", label="agent's scenarios", sets=_sets, items=_items))
+register_prompt_source(PromptSource(key="agent-scenarios", label=_("agent's scenarios"), sets=_sets, items=_items))

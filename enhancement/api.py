@@ -139,13 +139,17 @@ class JobSerializer(serializers.ModelSerializer):
     state = serializers.CharField(read_only=True)
     outputs = serializers.SerializerMethodField()
     queue = serializers.SerializerMethodField(help_text="Where a queued job stands in its node's line.")
+    disk_bytes = serializers.SerializerMethodField(help_text="What the job's files hold on its node's disk (null "
+                                                             "when they are on another node).")
 
     class Meta:
         model = EnhancementJob
         fields = ["id", "name", "kind", "state", "queue", "stage", "step", "total_steps", "base_model", "dataset",
-                  "dataset_sha256", "method", "hyperparameters", "quantizations", "compression", "plan", "node",
-                  "report",
-                  "outputs", "error", "created_at"]
+                  "dataset_sha256", "method", "hyperparameters", "quantizations", "keep_intermediates",
+                  "compression", "plan", "node", "report", "outputs", "disk_bytes", "error", "created_at"]
+
+    def get_disk_bytes(self, obj) -> int | None:
+        return selectors.job_disk_bytes(obj)
 
     def get_outputs(self, obj) -> list[dict]:
         return [{"id": m.pk, "name": m.name, "quantization": m.quantization, "size_bytes": m.size_bytes}
@@ -171,6 +175,8 @@ class FinetuneSerializer(serializers.Serializer):
     hyperparameters = serializers.DictField(required=False, default=dict)
     quantizations = serializers.ListField(child=serializers.ChoiceField(choices=list(QUANTIZATIONS)),
                                           default=["q4_k_m"])
+    keep_intermediates = serializers.BooleanField(default=False, help_text="Keep checkpoints, merged weights and "
+                                                  "the f16 GGUF once the outputs are registered")
 
 
 class QuantizeSerializer(serializers.Serializer):
@@ -180,6 +186,8 @@ class QuantizeSerializer(serializers.Serializer):
     dataset = serializers.IntegerField(required=False, allow_null=True, default=None,
                                        help_text="Its validation split is the report's held-out text")
     node = serializers.CharField(required=False, default="")
+    keep_intermediates = serializers.BooleanField(default=False, help_text="Keep checkpoints, merged weights and "
+                                                  "the f16 GGUF once the outputs are registered")
 
 
 class PruneSerializer(serializers.Serializer):
@@ -195,6 +203,8 @@ class PruneSerializer(serializers.Serializer):
     quantizations = serializers.ListField(child=serializers.ChoiceField(choices=list(QUANTIZATIONS)),
                                           default=["q8_0"])
     node = serializers.CharField(required=False, default="")
+    keep_intermediates = serializers.BooleanField(default=False, help_text="Keep checkpoints, merged weights and "
+                                                  "the f16 GGUF once the outputs are registered")
 
 
 class DistillSerializer(serializers.Serializer):
@@ -212,6 +222,8 @@ class DistillSerializer(serializers.Serializer):
     alpha = serializers.FloatField(default=0.5, help_text="logits only: the KL term's share of the loss")
     max_prompts = serializers.IntegerField(default=200, help_text="sequence only: training prompts the teacher answers")
     node = serializers.CharField(required=False, default="")
+    keep_intermediates = serializers.BooleanField(default=False, help_text="Keep checkpoints, merged weights and "
+                                                  "the f16 GGUF once the outputs are registered")
 
 
 class DeploySerializer(serializers.Serializer):
@@ -240,7 +252,8 @@ class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
             actor=self.actor, workspace=self.workspace, name=spec["name"],
             base_model=_model_named(self.workspace, spec["base_model"]), dataset=dataset,
             node=_node_named(spec["node"]), method=spec["method"], hyperparameters=spec["hyperparameters"],
-            quantizations=spec["quantizations"], more_nodes=[_node_named(name) for name in spec["more_nodes"]])
+            quantizations=spec["quantizations"], more_nodes=[_node_named(name) for name in spec["more_nodes"]],
+            keep_intermediates=spec["keep_intermediates"])
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=QuantizeSerializer, responses={201: JobSerializer})
@@ -255,7 +268,7 @@ class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
         job = services.create_quantize_job(
             actor=self.actor, workspace=self.workspace, name=spec["name"],
             base_model=_model_named(self.workspace, spec["base_model"]), node=_node_named(spec["node"]),
-            quantizations=spec["quantizations"], dataset=dataset)
+            quantizations=spec["quantizations"], dataset=dataset, keep_intermediates=spec["keep_intermediates"])
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=PruneSerializer, responses={201: JobSerializer})
@@ -272,7 +285,8 @@ class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
             actor=self.actor, workspace=self.workspace, name=spec["name"],
             base_model=_model_named(self.workspace, spec["base_model"]), node=_node_named(spec["node"]),
             method=spec["method"], sparsity=spec["sparsity"], recovery_steps=spec["recovery_steps"],
-            dataset=dataset, quantizations=spec["quantizations"], hyperparameters=spec["hyperparameters"])
+            dataset=dataset, quantizations=spec["quantizations"], hyperparameters=spec["hyperparameters"],
+            keep_intermediates=spec["keep_intermediates"])
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=DistillSerializer, responses={201: JobSerializer})
@@ -297,7 +311,7 @@ class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
             node=_node_named(spec["node"]), mode=spec["mode"], teacher_deployment=teacher_deployment,
             teacher_model=teacher_model, method=spec["method"], hyperparameters=spec["hyperparameters"],
             quantizations=spec["quantizations"], temperature=spec["temperature"], alpha=spec["alpha"],
-            max_prompts=spec["max_prompts"])
+            max_prompts=spec["max_prompts"], keep_intermediates=spec["keep_intermediates"])
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(parameters=[OpenApiParameter("since", int)], responses=dict)
@@ -314,6 +328,13 @@ class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
     def log(self, request, pk=None):
         """The last lines of the job's process log."""
         return Response({"log": runner.log_tail(self.get_object(), 60)})
+
+    @extend_schema(responses={204: None, 409: dict})
+    def destroy(self, request, pk=None):
+        """Delete the job, its output models and its files (a running job is cancelled first); refused (409,
+        naming them) while a deployment or another job uses one of its outputs."""
+        services.delete_job(actor=self.actor, job=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])

@@ -1,4 +1,7 @@
-"""The cluster job kind that runs enhancement jobs on their node's worker (registered when the app loads)."""
+"""The cluster job kinds that run enhancement jobs, and remove a deleted job's files, on their node's worker (registered
+when the app loads)."""
+
+from pathlib import Path
 
 from django.conf import settings
 from django.dispatch import receiver
@@ -10,6 +13,8 @@ from enhancement.models import EnhancementJob
 from serving.engines import process
 
 RUN_KIND = "enhancement.run"
+# Removes a deleted job's run directory on the node that holds it.
+REMOVE_FILES_KIND = "enhancement.remove_files"
 
 
 @job_handler(RUN_KIND)
@@ -20,6 +25,11 @@ def run_enhancement_job(job, report) -> dict:
     except Exception as exc:
         runner.record_failure(enhancement_job, exc)
         raise
+
+
+@job_handler(REMOVE_FILES_KIND)
+def remove_job_files(job, report) -> dict:
+    return {"freed_bytes": runner.remove_run_dir(Path(job.payload["run_dir"]))}
 
 
 @receiver(job_given_up)

@@ -66,6 +66,8 @@ class Stage(models.TextChoices):
     runs again continues after the last finished stage."""
 
     QUEUED = "queued", _("Queued")
+    # The process has started and reads the base model (a GGUF base is first converted to Hugging Face form).
+    PREPARE = "prepare", _("Loading the base model")
     TEACH = "teach", _("Teacher answering the prompts")
     PRUNE = "prune", _("Pruning")
     TRAIN = "train", _("Training")
@@ -90,6 +92,9 @@ class EnhancementJob(models.Model):
     # Checked settings: steps, learning rate, batch size, LoRA rank … (enhancement/hyperparameters.py).
     hyperparameters = models.JSONField(default=dict, blank=True)
     quantizations = models.JSONField(default=list, blank=True, help_text="GGUF types to export, e.g. ['q4_k_m']")
+    # Unless set, a finished job's intermediates (checkpoints, adapter, merged weights, an unasked f16 GGUF) are
+    # removed once its outputs are registered.
+    keep_intermediates = models.BooleanField(default=False)
     # A prune job's {method, sparsity}; a distill job's {mode, teacher, temperature, alpha, max_prompts}.
     compression = models.JSONField(default=dict, blank=True)
     # The parallelism plan the job runs with (enhancement/planner.py), and the ranked alternatives it was chosen from.

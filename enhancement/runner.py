@@ -15,6 +15,7 @@ Either way the job trains once, and models are registered only from a complete r
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from datetime import datetime, timezone as dt_timezone
@@ -219,6 +220,8 @@ def supervise(job: EnhancementJob, report) -> dict:
         elif (directory / "lock").exists():
             report(0.0, "The job's process had stopped; continuing from its last finished stage")
         _launch(job, directory)
+        # Until the process writes its first status it is loading (or converting) the base, not queued.
+        EnhancementJob.objects.filter(pk=job.pk, stage=Stage.QUEUED).update(stage=Stage.PREPARE)
     reader = MetricsReader(directory / "metrics.jsonl")
     while True:
         reader.ingest(job)
@@ -298,4 +301,44 @@ def _register_outputs(job: EnhancementJob) -> dict:
             job.output_models.add(model)
             names.append(model.name)
         EnhancementJob.objects.filter(pk=job.pk).update(report=result["report"], stage=Stage.DONE, error="")
+    if not job.keep_intermediates:
+        remove_intermediates(job, keep=[Path(output["path"]) for output in result["outputs"]])
     return {"models": names}
+
+
+# What stays in a finished job's directory besides its outputs: the small records (spec, status, metrics, report,
+# log, pruning summary, teacher answers) that its page and a rerun read.
+RECORD_SUFFIXES = (".json", ".jsonl", ".log")
+
+
+def disk_bytes(path: Path) -> int:
+    """The bytes under `path` (a file, or a directory's files together); 0 when it is gone."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def remove_intermediates(job: EnhancementJob, *, keep: list[Path]) -> int:
+    """Remove what the job made on the way to its outputs (checkpoints, adapter, merged or pruned weights, an f16
+    GGUF nobody asked for); returns the bytes freed."""
+    kept = {path.resolve() for path in keep}
+    freed = 0
+    for entry in run_dir(job).iterdir():
+        if entry.resolve() in kept or (entry.is_file() and entry.suffix in RECORD_SUFFIXES) or entry.name == "lock":
+            continue
+        freed += disk_bytes(entry)
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    return freed
+
+
+def remove_run_dir(directory: Path) -> int:
+    """Remove a job's run directory (only ever one under the jobs root); returns the bytes freed."""
+    root = files.jobs_root().resolve()
+    if not directory.resolve().is_relative_to(root) or directory.resolve() == root or not directory.exists():
+        return 0
+    freed = disk_bytes(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+    return freed

@@ -8,6 +8,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 from django.utils.text import slugify
+from django.utils.translation import gettext as _
 
 from accounts.errors import Conflict, ValidationFailed
 from accounts.models import Role, Workspace
@@ -16,18 +17,18 @@ from assets.models import AssetKind
 from assets.services import register_asset
 from cluster.models import FINISHED_JOB_STATES, Node
 from cluster.services import cancel_job as cancel_cluster_job, dispatch_job
-from enhancement import planner, runner
+from enhancement import planner, runner, selectors
 from enhancement.files import SAMPLE_DATASET, dataset_path
 from enhancement.formats import ColumnMapping, DatasetInvalid, parse_csv, parse_jsonl
 from enhancement.hyperparameters import checked
-from enhancement.jobs import RUN_KIND
+from enhancement.jobs import REMOVE_FILES_KIND, RUN_KIND
 from enhancement.model_shapes import model_shape, model_vocabulary, trainable_problem
 from enhancement.models import Dataset, DatasetFormat, DistillMode, EnhancementJob, JobKind, Method
 from enhancement.training.export import QUANTIZATIONS
 from enhancement.training.pruning import METHODS as PRUNE_METHODS
 from serving.engines import process
 from serving.models import Deployment, Model, ModelKind
-from serving.services import deploy_model
+from serving.services import delete_model, deploy_model, model_users
 
 SAMPLE_DATASET_NAME = "instructions-sample"
 MAX_DATASET_BYTES = 200 * 1024 * 1024
@@ -181,8 +182,11 @@ def _unique_name(workspace: Workspace, name: str) -> str:
 
 
 def _check_quantizations(quantizations: list[str]) -> list[str]:
+    if not quantizations:
+        raise ValidationFailed(_("Tick at least one export: without one the job would produce nothing."),
+                               fields={"quantizations": [_("Choose at least one.")]})
     unknown = [q for q in quantizations if q not in QUANTIZATIONS]
-    if unknown or not quantizations:
+    if unknown:
         raise ValidationFailed(f"Quantizations must be among {', '.join(QUANTIZATIONS)} (got "
                                f"{', '.join(unknown) or 'none'}).", fields={"quantizations": ["Unknown type."]})
     return list(dict.fromkeys(quantizations))
@@ -248,6 +252,14 @@ def _planned_settings(*, base_model: Model, node: Node, method: str, hyperparame
     hyper["gradient_accumulation"] = per_worker // hyper["micro_batch_size"]
     plan = {"chosen": chosen.as_dict(), "alternatives": [p.as_dict() for p in result.plans if p is not chosen][:5],
             "discarded": result.discarded, "nodes": [n.name for n in nodes]}
+    calibration = selectors.step_calibration(node=node, base_model=base_model, method=method)
+    if calibration:
+        # Every layout's estimate scaled by what the last such job measured against its own estimate.
+        for entry in [plan["chosen"], *plan["alternatives"]]:
+            entry["raw_step_time_s"] = entry["step_time_s"]
+            entry["step_time_s"] *= calibration["factor"]
+            entry["tokens_per_s"] /= calibration["factor"]
+        plan["calibration"] = calibration
     if chosen is not result.plans[0]:
         best = result.plans[0]
         plan["note"] = (f"The planner's first plan (TP {best.tensor_parallel}, PP {best.pipeline_parallel}, ZeRO "
@@ -267,16 +279,17 @@ def _create_job(*, actor: Actor, workspace: Workspace, kind: str, audit: dict, *
 
 def create_finetune_job(*, actor: Actor, workspace: Workspace, name: str, base_model: Model, dataset: Dataset,
                         node: Node, method: str = Method.LORA, hyperparameters: dict | None = None,
-                        quantizations: list[str] | None = None, more_nodes: list[Node] | None = None
-                        ) -> EnhancementJob:
+                        quantizations: list[str] | None = None, more_nodes: list[Node] | None = None,
+                        keep_intermediates: bool = False) -> EnhancementJob:
     """Check the settings, plan the layout on the devices of `node` (and `more_nodes`, to train across them on
     a Ray cluster), and queue the job on the node's worker, which submits the training."""
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
     _check_training(workspace=workspace, base_model=base_model, dataset=dataset, method=method)
     hyper, plan = _planned_settings(base_model=base_model, node=node, method=method, hyperparameters=hyperparameters,
                                     more_nodes=more_nodes)
-    quantizations = _check_quantizations(quantizations or ["q4_k_m"])
+    quantizations = _check_quantizations(["q4_k_m"] if quantizations is None else quantizations)
     return _create_job(actor=actor, workspace=workspace, kind=JobKind.FINETUNE, name=_unique_name(workspace, name),
+                       keep_intermediates=keep_intermediates,
                        base_model=base_model, dataset=dataset, dataset_sha256=dataset.sha256, method=method,
                        hyperparameters=hyper, quantizations=quantizations, plan=plan, node=node,
                        audit={"base_model": base_model.name, "dataset": dataset.name, "method": method})
@@ -284,7 +297,8 @@ def create_finetune_job(*, actor: Actor, workspace: Workspace, name: str, base_m
 
 def create_prune_job(*, actor: Actor, workspace: Workspace, name: str, base_model: Model, node: Node,
                      method: str, sparsity: float, recovery_steps: int = 0, dataset: Dataset | None = None,
-                     quantizations: list[str] | None = None, hyperparameters: dict | None = None) -> EnhancementJob:
+                     quantizations: list[str] | None = None, hyperparameters: dict | None = None,
+                     keep_intermediates: bool = False) -> EnhancementJob:
     """Prune a share of the model's weights (magnitude) or of its MLP channels (structured), optionally followed
     by a short LoRA fine-tune on `dataset` to recover; every output is measured against the base."""
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
@@ -306,8 +320,9 @@ def create_prune_job(*, actor: Actor, workspace: Workspace, name: str, base_mode
         _check_training(workspace=workspace, base_model=base_model, dataset=dataset, method=Method.LORA)
         hyper, plan = _planned_settings(base_model=base_model, node=node, method=Method.LORA,
                                         hyperparameters={**(hyperparameters or {}), "max_steps": recovery_steps})
-    quantizations = _check_quantizations(quantizations or ["q8_0"])
+    quantizations = _check_quantizations(["q8_0"] if quantizations is None else quantizations)
     return _create_job(actor=actor, workspace=workspace, kind=JobKind.PRUNE, name=_unique_name(workspace, name),
+                       keep_intermediates=keep_intermediates,
                        base_model=base_model, dataset=dataset, dataset_sha256=dataset.sha256 if dataset else "",
                        method=Method.LORA if recovery_steps else "", hyperparameters=hyper, plan=plan,
                        quantizations=quantizations, node=node,
@@ -326,7 +341,8 @@ def create_distill_job(*, actor: Actor, workspace: Workspace, name: str, student
                        node: Node, mode: str, teacher_deployment: Deployment | None = None,
                        teacher_model: Model | None = None, method: str = Method.LORA,
                        hyperparameters: dict | None = None, quantizations: list[str] | None = None,
-                       temperature: float = 2.0, alpha: float = 0.5, max_prompts: int = 200) -> EnhancementJob:
+                       temperature: float = 2.0, alpha: float = 0.5, max_prompts: int = 200,
+                       keep_intermediates: bool = False) -> EnhancementJob:
     """Teach `student` what a teacher does. sequence: the teacher deployment answers the dataset's prompts
     through the gateway, and the student is fine-tuned on those answers. logits: the student learns the teacher
     model's next-token distributions on the dataset's answers, which needs the same tokenizer."""
@@ -359,8 +375,9 @@ def create_distill_job(*, actor: Actor, workspace: Workspace, name: str, student
         raise ValidationFailed(f"Unknown distillation mode '{mode}'; use sequence or logits.",
                                fields={"mode": ["Unknown."]})
     hyper, plan = _planned_settings(base_model=student, node=node, method=method, hyperparameters=hyperparameters)
-    quantizations = _check_quantizations(quantizations or ["q4_k_m"])
+    quantizations = _check_quantizations(["q4_k_m"] if quantizations is None else quantizations)
     return _create_job(actor=actor, workspace=workspace, kind=JobKind.DISTILL, name=_unique_name(workspace, name),
+                       keep_intermediates=keep_intermediates,
                        base_model=student, dataset=dataset, dataset_sha256=dataset.sha256, method=method,
                        hyperparameters=hyper, quantizations=quantizations, plan=plan, node=node,
                        compression={"mode": mode, "max_prompts": max_prompts, **teacher},
@@ -369,7 +386,8 @@ def create_distill_job(*, actor: Actor, workspace: Workspace, name: str, student
 
 
 def create_quantize_job(*, actor: Actor, workspace: Workspace, name: str, base_model: Model, node: Node,
-                        quantizations: list[str], dataset: Dataset | None = None) -> EnhancementJob:
+                        quantizations: list[str], dataset: Dataset | None = None,
+                        keep_intermediates: bool = False) -> EnhancementJob:
     """GGUF quantizations of a registered model, with a report against it on `dataset`'s validation split (the
     shipped sample dataset when none is given)."""
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
@@ -383,6 +401,7 @@ def create_quantize_job(*, actor: Actor, workspace: Workspace, name: str, base_m
         raise ValidationFailed("A GGUF model cannot be turned back into f16; choose q8_0 or q4_k_m.",
                                fields={"quantizations": ["f16 needs a Hugging Face model."]})
     return _create_job(actor=actor, workspace=workspace, kind=JobKind.QUANTIZE, name=_unique_name(workspace, name),
+                       keep_intermediates=keep_intermediates,
                        base_model=base_model, dataset=dataset, dataset_sha256=dataset.sha256 if dataset else "",
                        quantizations=quantizations, node=node,
                        audit={"base_model": base_model.name, "quantizations": quantizations})
@@ -401,10 +420,46 @@ def cancel_job(*, actor: Actor, job: EnhancementJob) -> EnhancementJob:
     return job
 
 
+@model_users.registering("enhancement")
+def _jobs_using_model(model: Model) -> list[str]:
+    names = EnhancementJob.objects.filter(base_model=model).values_list("name", flat=True)
+    return [_("enhancement job '%(name)s'") % {"name": name} for name in names]
+
+
+def delete_job(*, actor: Actor, job: EnhancementJob) -> int:
+    """Delete the job with its output models and its run directory (checkpoints, weights, log); a job still
+    running is cancelled and its process stopped first. Refused, naming them, while a deployment or another job
+    uses one of its outputs. Returns the bytes freed on this node (0 when its files are on another node, where
+    a job of that node's worker removes them)."""
+    require_role(actor=actor, workspace=job.workspace, role=Role.DEVELOPER)
+    outputs = list(job.output_models.all())
+    uses = [use for model in outputs for users in model_users.entries() for use in users(model)]
+    if uses:
+        raise Conflict(_("The outputs of job '%(job)s' are in use by %(uses)s; remove those first.")
+                       % {"job": job.name, "uses": ", ".join(uses)})
+    if job.cluster_job is not None and job.cluster_job.state not in FINISHED_JOB_STATES:
+        cancel_cluster_job(actor=actor, job=job.cluster_job)
+    local = job.node.name == settings.NODE_NAME
+    if local and runner.is_running(job):
+        process.terminate(job.pid)
+    directory = runner.run_dir(job)
+    with transaction.atomic():
+        for model in outputs:
+            delete_model(actor=actor, model=model)
+        record_audit(actor=actor, workspace=job.workspace, action="enhancement.delete", target=job,
+                     detail={"outputs": [model.name for model in outputs]})
+        job.delete()
+        if not local:
+            dispatch_job(actor=actor, workspace=job.workspace, kind=REMOVE_FILES_KIND, node=job.node,
+                         payload={"run_dir": str(directory)})
+    return runner.remove_run_dir(directory) if local else 0
+
+
 def deploy_output(*, actor: Actor, job: EnhancementJob, model: Model, node: Node | None = None) -> Deployment:
     """One click: serve one of the job's outputs, on `node` (this server's node by default)."""
     require_role(actor=actor, workspace=job.workspace, role=Role.DEVELOPER)
     if not job.output_models.filter(pk=model.pk).exists():
         raise ValidationFailed(f"'{model.name}' is not an output of job '{job.name}'.",
                                fields={"model": ["Not this job's output."]})
-    return deploy_model(actor=actor, workspace=job.workspace, model=model, node=node)
+    deployment, _created = deploy_model(actor=actor, workspace=job.workspace, model=model, node=node)
+    return deployment

@@ -2,6 +2,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
+from django.template.defaultfilters import filesizeformat
 from django.utils.translation import gettext as _, gettext_lazy
 
 from accounts.errors import ValidationFailed
@@ -50,6 +51,17 @@ def _number(value: str, field: str, kind=float):
         raise ValidationFailed(_("%(field)s must be a number, not '%(value)s'.") % {"field": field, "value": value})
 
 
+def _with_reasons(plans: list) -> list:
+    """The planner's plans with their `why` in the reader's language."""
+    for entry, reasoned in zip(plans, selectors.with_reasons([entry.as_dict() for entry in plans])):
+        entry.why = reasoned["why"]
+    return plans
+
+
+def _keep_intermediates(request) -> bool:
+    return request.POST.get("keep_intermediates") == "on"
+
+
 @workspace_page
 def home(request):
     if request.method == "POST":
@@ -84,7 +96,7 @@ def home(request):
             job = services.create_quantize_job(actor=actor, workspace=request.workspace,
                                                name=request.POST.get("name", ""), base_model=base,
                                                node=_node(request), quantizations=request.POST.getlist("quantizations"),
-                                               dataset=dataset)
+                                               dataset=dataset, keep_intermediates=_keep_intermediates(request))
             return redirect("enhancement-job", job_id=job.pk)
         if action == "prune":
             dataset_id = request.POST.get("dataset")
@@ -95,7 +107,8 @@ def home(request):
                 sparsity=_number(request.POST.get("sparsity") or 0, _("Sparsity")),
                 recovery_steps=_number(request.POST.get("recovery_steps") or 0, _("Recovery steps"), int),
                 dataset=selectors.scoped(selectors.datasets(workspace=request.workspace), dataset_id, "Dataset")
-                if dataset_id else None, quantizations=request.POST.getlist("quantizations"))
+                if dataset_id else None, quantizations=request.POST.getlist("quantizations"),
+                keep_intermediates=_keep_intermediates(request))
             return redirect("enhancement-job", job_id=job.pk)
         if action == "distill":
             mode = request.POST.get("mode", "")
@@ -112,7 +125,8 @@ def home(request):
                 node=_node(request), mode=mode, teacher_deployment=deployment,
                 teacher_model=_model(request, teacher) if mode == DistillMode.LOGITS else None,
                 hyperparameters={"max_steps": request.POST.get("max_steps") or 50},
-                max_prompts=_number(request.POST.get("max_prompts") or 200, _("Prompts"), int))
+                max_prompts=_number(request.POST.get("max_prompts") or 200, _("Prompts"), int),
+                keep_intermediates=_keep_intermediates(request))
             return redirect("enhancement-job", job_id=job.pk)
         return redirect("enhancement")
     return render(request, "enhancement/home.html", {
@@ -175,7 +189,7 @@ def new_job(request):
                 actor=actor, workspace=request.workspace, name=post.get("name", ""), base_model=base,
                 dataset=dataset, node=_node(request), method=post.get("method", Method.LORA),
                 hyperparameters=_hyper_from(post), quantizations=post.getlist("quantizations"),
-                more_nodes=_more_nodes(request))
+                more_nodes=_more_nodes(request), keep_intermediates=_keep_intermediates(request))
             messages.success(request, _("Queued '%(job)s' on %(node)s.") % {"job": job.name, "node": job.node.name})
             return redirect("enhancement-job", job_id=job.pk)
         hyper = checked(_hyper_from(post))
@@ -193,7 +207,8 @@ def new_job(request):
         "nodes": Node.objects.all(), "this_node": settings.NODE_NAME, "quantizations": _quantization_labels(),
         "schedulers": SCHEDULERS, "lora_targets": LORA_TARGETS, "methods": Method.choices,
         "fields": [(name, post.get(name, "") if post else defaults[name]) for name in HYPER_FIELDS],
-        "form": post, "plan": plan.plans[:10] if plan else None, "discarded": plan.discarded if plan else None,
+        "form": post, "plan": _with_reasons(plan.plans[:10]) if plan else None,
+        "discarded": plan.discarded if plan else None,
         "problem": problem,
         "chosen_targets": post.getlist("lora_targets") if post else ["q_proj", "v_proj"],
         "chosen_quantizations": post.getlist("quantizations") if post else ["q4_k_m"],
@@ -209,6 +224,11 @@ def job_page(request, job_id: int):
         if request.POST.get("action") == "cancel":
             services.cancel_job(actor=actor, job=job)
             messages.success(request, _("Cancelled '%(job)s'; its training process was stopped.") % {"job": job.name})
+        elif request.POST.get("action") == "delete":
+            freed = services.delete_job(actor=actor, job=job)
+            messages.success(request, _("Deleted '%(job)s' with its outputs and files (%(freed)s freed).")
+                             % {"job": job.name, "freed": filesizeformat(freed)})
+            return redirect("enhancement")
         elif request.POST.get("action") == "deploy":
             model = job.output_models.filter(pk=request.POST.get("model") or 0).first()
             if model is None:
@@ -219,11 +239,14 @@ def job_page(request, job_id: int):
         return redirect("enhancement-job", job_id=job.pk)
     base_deployment = job.base_model.deployments.filter(state="ready").first()
     return render(request, "enhancement/job.html", {
-        "job": job, "chosen": job.plan.get("chosen"),
-        "plan_rows": [job.plan["chosen"], *job.plan.get("alternatives", [])] if job.plan.get("chosen") else [],
+        "job": job, "stage_label": selectors.stage_label(job), "chosen": job.plan.get("chosen"),
+        "plan_rows": selectors.with_reasons([job.plan["chosen"], *job.plan.get("alternatives", [])])
+        if job.plan.get("chosen") else [],
         "log": runner.log_tail(job, 25),
-        "outputs": job.output_models.all(), "report_rows": job.report.get("rows", []),
-        "base_deployment": base_deployment, "events": job.cluster_job.events.all() if job.cluster_job else []})
+        "outputs": job.output_models.all(), "report_rows": selectors.report_rows(job),
+        "on_training_data": selectors.measured_on_training_data(job), "measured_step_s": selectors.measured_step_s(job),
+        "base_deployment": base_deployment, "events": job.cluster_job.events.all() if job.cluster_job else [],
+        "disk_bytes": selectors.job_disk_bytes(job)})
 
 
 @workspace_page
@@ -231,7 +254,7 @@ def job_live(request, job_id: int):
     """What the job page polls: state, stage, step, new metric samples and the log tail."""
     job = selectors.scoped(selectors.jobs(workspace=request.workspace), job_id, "Job")
     since = _number(request.GET.get("since") or -1, "since", int)
-    return JsonResponse({"state": job.state, "stage": job.get_stage_display(), "step": job.step,
+    return JsonResponse({"state": job.state, "stage": selectors.stage_label(job), "step": job.step,
                          "total_steps": job.total_steps, "error": job.error,
                          "samples": selectors.metric_series(job=job, since_step=since),
                          "log": runner.log_tail(job, 25)})

@@ -10,6 +10,7 @@ from django.shortcuts import render
 from accounts.errors import error_body
 from accounts.selectors import api_keys_visible_to, audit_entries, effective_role
 from cluster.selectors import nodes, pool_summary
+from runtime.selectors import app_cards
 
 
 @login_required
@@ -21,6 +22,7 @@ def dashboard(request):
         context["key_count"] = api_keys_visible_to(user=request.user, workspace=workspace, role=role).filter(
             revoked_at__isnull=True).count()
         context["recent"] = audit_entries(workspace=workspace)[:8]
+        context["apps"] = app_cards(workspace=workspace)
     return render(request, "dashboard.html", context)
 
 

@@ -5,9 +5,10 @@ class RagStudioConfig(AppConfig):
     name = "rag_studio"
 
     def ready(self) -> None:
-        # Registers the bootstrap step and the bundle importer, and offers eval sets to model-group calibration.
+        # Registers the bootstrap step and the bundle importer, offers eval sets to model-group calibration, and
+        # names its uses of deployments and models when serving refuses to delete one.
         from cluster import queues
-        from rag_studio import bootstrap, bundles, serving_prompts  # noqa: F401
+        from rag_studio import bootstrap, bundles, serving_prompts, serving_uses  # noqa: F401
         from rag_studio.evals import jobs
 
         queues.count_workload(jobs.active_in)

@@ -1,6 +1,8 @@
 """RAG eval sets offered to serving's calibration of model groups (serving/groups/sources.py): each question with
 its expected answer as a prompt and its reference."""
 
+from django.utils.translation import gettext_lazy as _
+
 from rag_studio.models import EvalSet, JobStatus
 from serving.groups.sources import PromptSource, register_prompt_source
 
@@ -16,4 +18,4 @@ def _items(*, workspace, set_id: int) -> list[dict] | None:
     return [{"prompt": item.question, "reference": item.expected_answer} for item in eval_set.items.all()]
 
 
-register_prompt_source(PromptSource(key="rag-eval-set", label="RAG eval set", sets=_sets, items=_items))
+register_prompt_source(PromptSource(key="rag-eval-set", label=_("RAG eval set"), sets=_sets, items=_items))

@@ -38,7 +38,7 @@ class AppSerializer(serializers.ModelSerializer):
     class Meta:
         model = App
         fields = ["id", "slug", "name", "rag_config", "agent", "release", "enabled",
-                  "default_rate_limit", "allowed_origins",
+                  "default_rate_limit", "allowed_origins", "opener", "suggested_questions",
                   "widget_token", "calls", "endpoints", "created_at", "updated_at"]
 
     def get_endpoints(self, app) -> dict:
@@ -62,6 +62,9 @@ class AppUpdateSerializer(serializers.Serializer):
     enabled = serializers.BooleanField(required=False)
     rate_limit = serializers.IntegerField(required=False)
     allowed_origins = serializers.ListField(child=serializers.CharField(), required=False)
+    opener = serializers.CharField(required=False, allow_blank=True, help_text="The web chat's greeting")
+    suggested_questions = serializers.ListField(child=serializers.CharField(), required=False,
+                                                help_text="Questions the web chat offers to ask in one click")
 
 
 class AppKeySerializer(serializers.ModelSerializer):

@@ -25,7 +25,8 @@ def export_app_bundle(*, actor: Actor, app: App, include_indexes: bool = False) 
         actor=actor, config=app.rag_config, version_number=app.current_release.config_version.number,
         include_indexes=include_indexes,
         extra={"name": app.name, "slug": app.slug, "default_rate_limit": app.default_rate_limit,
-               "allowed_origins": app.allowed_origins})
+               "allowed_origins": app.allowed_origins, "opener": app.opener,
+               "suggested_questions": app.suggested_questions})
 
 
 def _free_slug(slug: str) -> str:
@@ -43,7 +44,10 @@ def _publisher(actor: Actor, published: list[App]):
             raise ValidationFailed("The bundle's app section needs a name and a slug.")
         app = services.publish_app(actor=actor, config=config, name=extra["name"],
                                    slug=_free_slug(extra["slug"]), rate_limit=extra.get("default_rate_limit", 60))
-        services.update_app(actor=actor, app=app, allowed_origins=extra.get("allowed_origins") or [])
+        # Bundles from before openers carry none.
+        services.update_app(actor=actor, app=app, allowed_origins=extra.get("allowed_origins") or [],
+                            opener=extra.get("opener") or "",
+                            suggested_questions=extra.get("suggested_questions") or [])
         published.append(app)
 
     return publish

@@ -2,6 +2,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from accounts.models import Workspace
 from agent_studio.models import Agent, AgentRun, AgentVersion
@@ -25,6 +26,9 @@ class App(models.Model):
     # it is the origin list and that it can only chat with this app.
     widget_token = models.CharField(max_length=64, unique=True)
     allowed_origins = models.JSONField(default=list, help_text="Sites that may embed the web chat")
+    # What the web chat shows before the first question: a greeting, and questions a visitor can ask in one click.
+    opener = models.TextField(blank=True)
+    suggested_questions = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -95,17 +99,17 @@ class Conversation(models.Model):
 
 
 class Channel(models.TextChoices):
-    CHAT = "chat", "Chat API"
-    OPENAI = "openai", "OpenAI-compatible"
-    WIDGET = "widget", "Web chat"
-    RETRIEVE = "retrieve", "Retrieve (debug)"
+    CHAT = "chat", _("Chat API")
+    OPENAI = "openai", _("OpenAI-compatible")
+    WIDGET = "widget", _("Web chat")
+    RETRIEVE = "retrieve", _("Retrieve (debug)")
 
 
 class TraceStatus(models.TextChoices):
-    OK = "ok", "OK"
-    ERROR = "error", "Error"
-    CANCELLED = "cancelled", "Cancelled"
-    AWAITING = "awaiting", "Awaiting plan approval"
+    OK = "ok", _("OK")
+    ERROR = "error", _("Error")
+    CANCELLED = "cancelled", _("Cancelled")
+    AWAITING = "awaiting", _("Awaiting plan approval")
 
 
 class Trace(models.Model):

@@ -20,6 +20,15 @@ def apps(*, workspace: Workspace):
             .annotate(calls=Count("traces")))
 
 
+def app_cards(*, workspace: Workspace, hours: int = 24):
+    """The workspace's apps with their calls and errors of the last `hours`, for the home page's cards."""
+    since = timezone.now() - timedelta(hours=hours)
+    recent = Q(traces__created_at__gte=since) & ~Q(traces__channel="retrieve")
+    return (App.objects.filter(workspace=workspace).select_related("rag_config", "agent", "current_release")
+            .annotate(recent_calls=Count("traces", filter=recent),
+                      recent_errors=Count("traces", filter=recent & Q(traces__status=TraceStatus.ERROR))))
+
+
 def app_by_slug(*, workspace: Workspace, slug: str) -> App:
     app = apps(workspace=workspace).filter(slug=slug).first()
     if app is None:

@@ -14,12 +14,14 @@ from django.utils.translation import gettext
 from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role
 from accounts.services import Actor, hash_secret, issue_secret, record_audit, require_role
+from agent_studio import services as agent_services
 from agent_studio.models import Agent, Scenario
 from agent_studio.services import agent_version, save_scenario
 from assets.models import AssetKind, AssetVersion
 from assets.services import forget_asset, register_asset
 from enhancement.models import Dataset
 from enhancement.services import dataset_from_pairs
+from rag_studio import services as rag_services
 from rag_studio.evals.evaluation import add_corrected_item
 from rag_studio.models import EvalItem, EvalSet, RagConfig
 from rag_studio.selectors import config_version
@@ -147,10 +149,44 @@ def roll_back(*, actor: Actor, app: App, number: int) -> Release:
     return release
 
 
+MAX_SUGGESTED_QUESTIONS = 5
+MAX_SUGGESTED_QUESTION_CHARS = 200
+MAX_OPENER_CHARS = 2000
+
+
+def _opener(value) -> str:
+    opener = str(value).strip()
+    if len(opener) > MAX_OPENER_CHARS:
+        raise ValidationFailed(f"The opener is {len(opener)} characters; keep it to {MAX_OPENER_CHARS}.",
+                               fields={"opener": ["Too long."]})
+    return opener
+
+
+def _suggested_questions(values) -> list[str]:
+    if not isinstance(values, list) or not all(isinstance(value, str) for value in values):
+        raise ValidationFailed("'suggested_questions' must be a list of questions.",
+                               fields={"suggested_questions": ["Invalid."]})
+    questions = [value.strip() for value in values if value.strip()]
+    if len(questions) > MAX_SUGGESTED_QUESTIONS:
+        raise ValidationFailed(f"{len(questions)} suggested questions; the web chat shows at most "
+                               f"{MAX_SUGGESTED_QUESTIONS}.", fields={"suggested_questions": ["Too many."]})
+    for question in questions:
+        if len(question) > MAX_SUGGESTED_QUESTION_CHARS:
+            raise ValidationFailed(f"The suggested question '{question[:40]}…' is longer than "
+                                   f"{MAX_SUGGESTED_QUESTION_CHARS} characters.",
+                                   fields={"suggested_questions": ["Too long."]})
+    return questions
+
+
 def update_app(*, actor: Actor, app: App, name: str | None = None, enabled: bool | None = None,
-               rate_limit: int | None = None, allowed_origins: list[str] | None = None) -> App:
+               rate_limit: int | None = None, allowed_origins: list[str] | None = None, opener: str | None = None,
+               suggested_questions: list[str] | None = None) -> App:
     require_role(actor=actor, workspace=app.workspace, role=Role.DEVELOPER)
     changed = {}
+    if opener is not None:
+        changed["opener"] = _opener(opener)
+    if suggested_questions is not None:
+        changed["suggested_questions"] = _suggested_questions(suggested_questions)
     if name is not None:
         if not name.strip():
             raise ValidationFailed("The app needs a name.", fields={"name": ["This field may not be blank."]})
@@ -205,6 +241,39 @@ def create_app_key(*, actor: Actor, app: App, name: str, rate_limit: int | None 
     record_audit(actor=actor, workspace=app.workspace, action="app.key.create", target=app_key,
                  detail={"app": app.slug, "name": name})
     return IssuedAppKey(app_key=app_key, secret=secret)
+
+
+@dataclass
+class StartedApp:
+    app: App
+    key: IssuedAppKey
+    uploads: list  # rag_studio's UploadOutcome of each file, for a RAG assistant
+
+
+def start_rag_assistant(*, actor: Actor, workspace, name: str, uploads, model: str) -> StartedApp:
+    """The wizard's RAG path in one go: a knowledge base of the uploaded documents (indexed in the background), a
+    config that answers from them with citations, the app publishing it and its first key. All or nothing: a
+    refused name or model leaves no half-made knowledge base behind."""
+    if not uploads:
+        raise ValidationFailed("Choose the documents the assistant answers from.", fields={"files": ["Required."]})
+    with transaction.atomic():
+        kb = rag_services.create_knowledge_base(actor=actor, workspace=workspace, name=name)
+        config = rag_services.save_rag_config(actor=actor, workspace=workspace, name=name, knowledge_base=kb,
+                                              template="citations", model=model)
+        app = publish_app(actor=actor, config=config, name=name)
+        key = create_app_key(actor=actor, app=app, name="first key")
+        outcomes = rag_services.upload_documents(actor=actor, kb=kb, uploads=uploads)
+    return StartedApp(app=app, key=key, uploads=outcomes)
+
+
+def start_agent_app(*, actor: Actor, workspace, name: str, template: str, model: str) -> StartedApp:
+    """The wizard's agent path: an agent of a template on a chat model, published with its first key."""
+    with transaction.atomic():
+        agent = agent_services.save_agent(actor=actor, workspace=workspace, name=name, template=template,
+                                          settings={"model": model})
+        app = publish_app(actor=actor, agent=agent, name=name)
+        key = create_app_key(actor=actor, app=app, name="first key")
+    return StartedApp(app=app, key=key, uploads=[])
 
 
 def revoke_app_key(*, actor: Actor, app_key: AppKey) -> AppKey:

@@ -1,3 +1,5 @@
+from urllib.parse import urlsplit
+
 from django.contrib import messages
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
@@ -7,15 +9,17 @@ from django.utils.translation import gettext as _
 from django.views.decorators.clickjacking import xframe_options_exempt
 from django.views.decorators.http import require_GET
 
-from accounts.errors import NotFound, ValidationFailed
+from accounts.errors import ApplicationError, NotFound, ValidationFailed
 from accounts.gui import gui_actor, workspace_page
 from agent_studio import selectors as agent_selectors
+from agent_studio.models import AgentTemplate
 from assets.views import bundle_download
 from rag_studio import selectors as rag_selectors
 from rag_studio.models import EvalSet
 from runtime import selectors, services
 from runtime.bundles import export_app_bundle
 from runtime.models import App, Feedback, TraceStatus
+from serving import selectors as serving_selectors
 
 LOG_PAGE_SIZE = 50
 
@@ -40,12 +44,55 @@ def apps_page(request):
             "name": app.name, "url": f"/api/apps/{app.slug}/", "source": app.source.name,
             "version": app.current_release.version.number})
         return redirect("app", slug=app.slug)
-    selected = (f"agent:{request.GET['agent']}" if request.GET.get("agent") else
-                f"config:{request.GET['config']}" if request.GET.get("config") else "")
+    # "Publish as an app" on an agent's or a config's page preselects that source here.
     return render(request, "runtime/apps.html", {
         "apps": selectors.apps(workspace=workspace),
         "configs": rag_selectors.rag_configs(workspace=workspace),
-        "agents": agent_selectors.agents(workspace=workspace), "selected": selected})
+        "agents": agent_selectors.agents(workspace=workspace),
+        "selected_agent": _id_param(request, "agent"), "selected_config": _id_param(request, "config")})
+
+
+WIZARD_PATHS = ("rag", "agent", "bundle")
+
+
+@workspace_page
+def new_app(request):
+    """The "create an app" wizard: a RAG assistant from documents or an agent from a template, published with its
+    key in one form; or the import of a bundle (on the Assets page)."""
+    post = request.POST
+    path = (post or request.GET).get("path", "")
+    status = 200
+    if request.method == "POST":
+        try:
+            if path == "rag":
+                started = services.start_rag_assistant(
+                    actor=gui_actor(request), workspace=request.workspace, name=post.get("name", ""),
+                    uploads=request.FILES.getlist("files"), model=post.get("model", ""))
+            elif path == "agent":
+                started = services.start_agent_app(
+                    actor=gui_actor(request), workspace=request.workspace, name=post.get("name", ""),
+                    template=post.get("template", ""), model=post.get("model", ""))
+            else:
+                raise ValidationFailed("Choose what to build: a RAG assistant or an agent.")
+        except NotFound:
+            raise
+        except ApplicationError as exc:
+            # Shown on the form, with what was typed kept (files have to be chosen again: browsers forbid that).
+            messages.error(request, exc.message)
+            status = 400
+        else:
+            messages.success(request, _("Published '%(name)s'. Its API key, shown only now: %(secret)s") % {
+                "name": started.app.name, "secret": started.key.secret})
+            return redirect("app", slug=started.app.slug)
+    return render(request, "runtime/new_app.html", {
+        "path": path if path in WIZARD_PATHS else "", "form": post,
+        "chat_models": serving_selectors.chat_models(workspace=request.workspace),
+        "agent_templates": AgentTemplate.choices}, status=status)
+
+
+def _id_param(request, name: str) -> int | None:
+    value = request.GET.get(name, "")
+    return int(value) if value.isdigit() else None
 
 
 def _app_action(request, app: App) -> None:
@@ -64,7 +111,10 @@ def _app_action(request, app: App) -> None:
                          % {"name": app.name})
     elif action == "settings":
         services.update_app(actor=actor, app=app, name=post.get("name"), rate_limit=post.get("rate_limit"),
-                            allowed_origins=post.get("allowed_origins", "").split())
+                            allowed_origins=post.get("allowed_origins", "").split(),
+                            opener=post.get("opener", app.opener),
+                            suggested_questions=post.get("suggested_questions",
+                                                         "\n".join(app.suggested_questions)).splitlines())
         messages.success(request, _("Saved."))
     elif action == "create_key":
         issued = services.create_app_key(actor=actor, app=app, name=post.get("key_name", ""),
@@ -100,7 +150,8 @@ def app_page(request, slug):
     return render(request, "runtime/app.html", {
         "app": app, "base": base, "latest_version": latest,
         "releases": app.releases.select_related("config_version", "agent_version", "published_by"),
-        "keys": app.keys.all(), "origins": "\n".join(app.allowed_origins)})
+        "keys": app.keys.all(), "origins": "\n".join(app.allowed_origins),
+        "suggested_questions": "\n".join(app.suggested_questions)})
 
 
 @workspace_page
@@ -190,6 +241,25 @@ def _widget_app(slug: str, token: str) -> App | None:
     return App.objects.filter(slug=slug, widget_token=token or "-", enabled=True).first()
 
 
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.lower()}" if parts.scheme in ("http", "https") and parts.netloc else ""
+
+
+def _own_origin(request) -> str:
+    return _origin(request.build_absolute_uri("/"))
+
+
+def _embedding_site(request) -> str:
+    """The origin of the page framing the web chat ('' when not framed): embed.js names it, and the Referer tells
+    it where that page's referrer policy allows. Only used to explain a refusal; the browser enforces
+    frame-ancestors either way. A link opened in its own tab (Sec-Fetch-Dest: document) is no embed."""
+    destination = request.headers.get("Sec-Fetch-Dest")
+    if destination not in ("iframe", "frame") and (destination is not None or "site" not in request.GET):
+        return ""
+    return _origin(request.GET.get("site", "")) or _origin(request.headers.get("Referer", ""))
+
+
 @require_GET
 @xframe_options_exempt
 def widget(request, slug):
@@ -198,6 +268,15 @@ def widget(request, slug):
     app = _widget_app(slug, request.GET.get("token", ""))
     if app is None:
         return render(request, "runtime/widget_unavailable.html", status=403)
+    site = _embedding_site(request)
+    if site and site != _own_origin(request) and site not in app.allowed_origins:
+        # The browser would only say "refused to connect"; this page says why, and may be framed anywhere: it
+        # holds neither the token nor the chat.
+        response = render(request, "runtime/widget_refused.html", {
+            "app": app, "site": site, "app_url": request.build_absolute_uri(reverse("app", args=[app.slug]))},
+            status=403)
+        response["Content-Security-Policy"] = "frame-ancestors *"
+        return response
     response = render(request, "runtime/widget.html", {"app": app, "token": app.widget_token,
                                                        "chat_url": reverse("app-chat", args=[app.slug]),
                                                        "feedback_url": reverse("app-feedback", args=[app.slug])})

@@ -135,6 +135,13 @@ class ModelViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
     def get_queryset(self):
         return selectors.models_visible_to(workspace=self.workspace)
 
+    @extend_schema(responses={204: None, 409: dict})
+    def destroy(self, request, pk=None):
+        """Remove the model from the registry; refused (409, naming them) while a deployment, group, job or
+        knowledge base uses it."""
+        services.delete_model(actor=self.actor, model=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
     @extend_schema(request=ModelRegisterSerializer, responses={201: ModelSerializer})
     def create(self, request):
         data = ModelRegisterSerializer(data=request.data)
@@ -155,9 +162,12 @@ class ModelViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
     @extend_schema(request=None, responses={201: DeploymentSerializer})
     @action(detail=True, methods=["post"])
     def deploy(self, request, pk=None):
-        """One click: deploy this model on this node with its default engine, and start it."""
-        deployment = services.deploy_model(actor=self.actor, workspace=self.workspace, model=self.get_object())
-        return Response(DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
+        """One click: deploy this model on this node with its default engine, and start it. When the workspace
+        already has a deployment of it, that one is started and returned (200) instead of a second made."""
+        deployment, created = services.deploy_model(actor=self.actor, workspace=self.workspace,
+                                                    model=self.get_object())
+        return Response(DeploymentSerializer(deployment).data,
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class DeploymentViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -185,6 +195,13 @@ class DeploymentViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retr
         if spec["start"]:
             deployment = services.start_deployment(actor=self.actor, deployment=deployment)
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={204: None, 409: dict})
+    def destroy(self, request, name=None):
+        """Stop the deployment's engines and remove it; refused (409, naming them) while a model group, a RAG
+        config, an agent or a knowledge base uses it."""
+        services.delete_deployment(actor=self.actor, deployment=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=None, responses=DeploymentSerializer)
     @action(detail=True, methods=["post"])

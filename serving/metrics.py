@@ -3,7 +3,8 @@
 - TTFT: from the gateway receiving the request to the first content chunk.
 - ITL: each gap between consecutive content chunks.
 - E2E: from receiving the request to the last content chunk.
-- TPOT: (E2E - TTFT) / (output tokens - 1); undefined for fewer than two output tokens.
+- TPOT: (E2E - TTFT) / (output tokens - 1); undefined for fewer than two output tokens, and for an answer that
+  arrived in one piece (not streamed): there is no time between its tokens to measure.
 - A percentile (p50, p90, p95, p99) of a set of figures is numpy's default: linear interpolation between the two
   nearest ranks, as vLLM's benchmark reports them. Serving's charts, a published app's monitoring, agent evaluation
   and the benchmarks all take it from `percentile` here.
@@ -56,7 +57,7 @@ class RequestTiming:
         return [(later - earlier) * 1000 for earlier, later in zip(times, times[1:])]
 
     def tpot_ms(self, output_tokens: int | None) -> float | None:
-        if not output_tokens or output_tokens < 2 or self.e2e_ms is None:
+        if not output_tokens or output_tokens < 2 or len(self.content_chunk_times) < 2:
             return None
         return (self.e2e_ms - self.ttft_ms) / (output_tokens - 1)
 

@@ -56,10 +56,23 @@ def _chats(deployment: Deployment | None) -> bool:
 
 def chat_models(*, workspace) -> list[Deployment | ModelGroup]:
     """Everything a studio may answer with: the chat deployments and the model groups (whose members chat) this
-    workspace can use, by name, as the gateway takes them in `model`."""
+    workspace can use, by name, as the gateway takes them in `model`. The recommended instruction-tuned model comes
+    first, so that forms preselect it; base (completion-only) models come last."""
+    from serving.presets import COMPLETION_ONLY, RECOMMENDED_CHAT  # presets build on services, which read this module
+
     found = [d for d in deployments_visible_to(workspace=workspace) if _chats(d)]
     found += [g for g in groups_visible_to(workspace=workspace) if _group_chats(g)]
-    return sorted(found, key=lambda item: item.name)
+    return sorted(found, key=lambda item: (item.name != RECOMMENDED_CHAT, is_completion_only(item, COMPLETION_ONLY),
+                                           item.name))
+
+
+def is_completion_only(item: Deployment | ModelGroup | str, completion_only: frozenset[str]) -> bool:
+    """Whether a deployment (or a group, through its big member) serves a base model, by its name or its model's."""
+    if isinstance(item, ModelGroup):
+        item = item.big
+    if isinstance(item, Deployment):
+        return item.name in completion_only or item.model.name in completion_only
+    return item in completion_only
 
 
 def chat_model_names(*, workspace) -> list[str]:
@@ -114,22 +127,25 @@ def group_share_summary(*, group: ModelGroup, workspace, minutes: int = 60, buck
 
 
 def metrics_summary(*, deployment: Deployment, minutes: int = 60, buckets: int = 12) -> dict:
-    """p50/p90/p99 of TTFT, TPOT and E2E plus output tokens/s, overall and per time bucket, for the charts."""
+    """p50/p90/p99 of TTFT, TPOT and E2E plus output tokens/s, overall and per time bucket, for the charts.
+
+    TPOT exists only for streamed answers (a whole answer arrives at once: there is no time between tokens).
+    Output tokens/s is each answered request's tokens over its own request-to-last-token time, pooled: a
+    request's tokens are never divided by another request's time."""
     since = timezone.now() - timedelta(minutes=minutes)
     rows = list(RequestRecord.objects.filter(deployment=deployment, created_at__gte=since).values(
-        "created_at", "status", "ttft_ms", "tpot_ms", "e2e_ms", "output_tokens").order_by("created_at"))
+        "created_at", "status", "stream", "ttft_ms", "tpot_ms", "e2e_ms", "output_tokens").order_by("created_at"))
 
     def figures(batch: list[dict]) -> dict:
         out = {"requests": len(batch), "errors": sum(1 for r in batch if r["status"] >= 400)}
         for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
-            values = [r[name] for r in batch if r[name] is not None]
+            values = [r[name] for r in batch if r[name] is not None and (r["stream"] or name != "tpot_ms")]
             for percent in (50, 90, 99):
                 out[f"{name.removesuffix('_ms')}_p{percent}_ms"] = percentile(values, percent)
-        decode_s = sum((r["e2e_ms"] - r["ttft_ms"]) / 1000 for r in batch
-                       if r["e2e_ms"] is not None and r["ttft_ms"] is not None)
-        tokens = sum(r["output_tokens"] or 0 for r in batch)
-        out["output_tokens"] = tokens
-        out["tokens_per_s"] = tokens / decode_s if decode_s > 0 else None
+        out["output_tokens"] = sum(r["output_tokens"] or 0 for r in batch)
+        answered = [r for r in batch if r["status"] < 400 and r["output_tokens"] and r["e2e_ms"]]
+        generation_s = sum(r["e2e_ms"] for r in answered) / 1000
+        out["tokens_per_s"] = sum(r["output_tokens"] for r in answered) / generation_s if generation_s else None
         return out
 
     width = timedelta(minutes=minutes) / buckets
@@ -148,7 +164,7 @@ def engine_stats(*, deployment: Deployment) -> dict[int, dict]:
     stats = {}
     for replica in deployment.replicas.all():
         if replica.state == ServingState.READY and replica.base_url:
-            reported = adapter.live_stats(replica.base_url, replica.api_key)
+            reported = adapter.live_stats(replica.base_url, replica.api_key, deployment.settings)
             if reported is not None:
                 stats[replica.pk] = reported
     return stats

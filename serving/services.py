@@ -2,16 +2,18 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import ProtectedError, Q
 from django.dispatch import receiver
 from django.utils import timezone
 from django.utils.text import slugify
+from django.utils.translation import gettext as _
 
 from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role, Workspace
@@ -41,6 +43,8 @@ from workbridge.selectors import allowlist_for
 
 logger = logging.getLogger(__name__)
 START_REPLICA, STOP_REPLICA = "serving.start_replica", "serving.stop_replica"
+# Stops an engine process by its pid on its node, for a replica whose row is gone (its deployment was deleted).
+STOP_ENGINE = "serving.stop_engine"
 # A crashed replica is restarted after 2, 4, 8 ... seconds, at most this long.
 MAX_RESTART_BACKOFF_S = 60
 LIVE_STATES = (ServingState.STARTING, ServingState.READY)
@@ -266,6 +270,8 @@ def create_deployment(*, actor: Actor, workspace: Workspace | None, model: Model
             raise ValidationFailed(str(exc), fields={"engine": [str(exc)]})
     if not isinstance(settings_ or {}, dict):
         raise ValidationFailed("Settings must be an object.", fields={"settings": ["Must be an object."]})
+    # A GPU node's defaults (full offload, its slots), unless the settings name their own.
+    settings_ = adapter.with_defaults(model=model, settings=settings_ or {}, nodes=[node for node, _ in replicas])
     try:
         adapter.check_settings(model=model, settings=settings_ or {}, nodes=[node for node, _ in replicas])
     except EngineRefused as exc:
@@ -325,10 +331,80 @@ def stop_deployment(*, actor: Actor, deployment: Deployment) -> Deployment:
     return deployment
 
 
+# What else uses a deployment or a model, by the name of the app that asks: each entry answers with a list of
+# descriptions ("RAG config 'support'") for the 409 that refuses a delete. The studios above fill it when they load.
+DeploymentUsers = Callable[[Deployment], list[str]]
+ModelUsers = Callable[[Model], list[str]]
+deployment_users: Registry[DeploymentUsers] = Registry()
+model_users: Registry[ModelUsers] = Registry()
+
+
+def _refuse_if_used(what: str, uses: list[str]) -> None:
+    if uses:
+        raise Conflict(_("%(what)s is in use by %(uses)s; remove those first.")
+                       % {"what": what, "uses": ", ".join(uses)})
+
+
+@deployment_users.registering("serving")
+def _groups_using_deployment(deployment: Deployment) -> list[str]:
+    groups = ModelGroup.objects.filter(Q(big=deployment) | Q(small=deployment)).values_list("name", flat=True)
+    return [_("model group '%(name)s'") % {"name": name} for name in groups]
+
+
+@model_users.registering("serving")
+def _serving_uses_of_model(model: Model) -> list[str]:
+    uses = [_("deployment '%(name)s'") % {"name": name}
+            for name in model.deployments.values_list("name", flat=True)]
+    uses += [_("model group '%(name)s'") % {"name": name}
+             for name in ModelGroup.objects.filter(draft=model).values_list("name", flat=True)]
+    return uses
+
+
+def delete_deployment(*, actor: Actor, deployment: Deployment) -> None:
+    """Stop every replica's engine, then remove the deployment with its replicas and history (request records stay,
+    without it). Refused, naming them, while a model group, a RAG config, an agent or a knowledge base uses it."""
+    _require_change(actor, deployment)
+    _refuse_if_used(_("Deployment '%(name)s'") % {"name": deployment.name},
+                    [use for users in deployment_users.entries() for use in users(deployment)])
+    with transaction.atomic():
+        for replica in deployment.replicas.select_related("node").exclude(pid=None):
+            if replica.node.name == settings.NODE_NAME:
+                process.terminate(replica.pid)
+            else:
+                dispatch_job(actor=actor, workspace=deployment.workspace, kind=STOP_ENGINE, node=replica.node,
+                             payload={"pid": replica.pid})
+        record_audit(actor=actor, workspace=deployment.workspace, action="deployment.delete", target=deployment,
+                     detail={"model": deployment.model.name})
+        deployment.delete()
+
+
+def delete_model(*, actor: Actor, model: Model) -> None:
+    """Remove a model from the registry (its file stays where it is; a job's output goes with its job). A shared
+    model is removed only by platform administrators; refused, naming them, while anything uses it."""
+    require_role_or_platform(actor=actor, workspace=model.workspace, role=Role.DEVELOPER,
+                             action=f"Removing '{model.name}', which every workspace shares,")
+    _refuse_if_used(_("Model '%(name)s'") % {"name": model.name},
+                    [use for users in model_users.entries() for use in users(model)])
+    try:
+        with transaction.atomic():
+            record_audit(actor=actor, workspace=model.workspace, action="model.delete", target=model,
+                         detail={"kind": model.kind, "path": model.path, "url": model.url})
+            model.delete()
+    except ProtectedError as exc:  # a use no registered check names
+        _refuse_if_used(_("Model '%(name)s'") % {"name": model.name},
+                        sorted({f"{obj._meta.verbose_name} '{obj}'" for obj in exc.protected_objects}))
+
+
 def deploy_model(*, actor: Actor, workspace: Workspace | None, model: Model, replicas: int = 1,
-                 node: Node | None = None) -> Deployment:
+                 node: Node | None = None) -> tuple[Deployment, bool]:
     """One click: a deployment of the model on `node` (this server's node by default) with its default engine,
-    started."""
+    started. The workspace's existing deployment of the model is reused (and started if it was stopped) rather
+    than a second one made; the flag says whether a new one was created."""
+    existing = Deployment.objects.filter(workspace=workspace, model=model).order_by("pk").first()
+    if existing is not None:
+        if existing.replicas.exclude(state__in=LIVE_STATES).exists():
+            existing = start_deployment(actor=actor, deployment=existing)
+        return existing, False
     if replicas < 1:
         raise ValidationFailed("A deployment needs at least one replica.", fields={"replicas": ["Must be >= 1."]})
     node = node or Node.objects.filter(name=settings.NODE_NAME).first()
@@ -341,7 +417,7 @@ def deploy_model(*, actor: Actor, workspace: Workspace | None, model: Model, rep
         name, suffix = f"{model.name}-{suffix}", suffix + 1
     deployment = create_deployment(actor=actor, workspace=workspace, model=model, name=name,
                                    replicas=[(node, 1.0)] * replicas)
-    return start_deployment(actor=actor, deployment=deployment)
+    return start_deployment(actor=actor, deployment=deployment), True
 
 
 def update_routing(*, actor: Actor, deployment: Deployment, cooldown_s: float | None = None,
@@ -451,6 +527,12 @@ def stop_replica(job, report) -> dict:
     replica = _replica_for_job(job)
     process.terminate(replica.pid)
     _set_replica_state(replica, ServingState.STOPPED, "Engine stopped", pid=None)
+    return {}
+
+
+@job_handler(STOP_ENGINE)
+def stop_engine(job, report) -> dict:
+    process.terminate(job.payload["pid"])
     return {}
 
 

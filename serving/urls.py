@@ -18,6 +18,7 @@ urlpatterns = [
     path("metrics", views.prometheus_metrics, name="metrics"),
     path("serving/", views.serving_home, name="serving"),
     path("serving/models/<int:model_id>/deploy/", views.deploy_model, name="deploy-model"),
+    path("serving/models/<int:model_id>/delete/", views.delete_model, name="delete-model"),
     path("serving/models/<int:model_id>/chat-template/", views.model_chat_template, name="model-chat-template"),
     path("serving/deployments/new/", views.create_deployment, name="create-deployment"),
     path("serving/deployments/<slug:name>/", views.deployment_page, name="deployment"),

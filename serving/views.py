@@ -105,10 +105,24 @@ def serving_home(request):
 def deploy_model(request, model_id: int):
     if request.method != "POST":
         return redirect("serving")
-    deployment = services.deploy_model(actor=gui_actor(request), workspace=request.workspace,
-                                       model=_model_or_404(request, model_id))
-    messages.success(request, _("Deploying %(name)s: its replica is starting.") % {"name": deployment.name})
+    deployment, created = services.deploy_model(actor=gui_actor(request), workspace=request.workspace,
+                                                model=_model_or_404(request, model_id))
+    if created:
+        messages.success(request, _("Deploying %(name)s: its replica is starting.") % {"name": deployment.name})
+    else:
+        messages.info(request, _("%(name)s already serves this model; no second deployment was made.")
+                      % {"name": deployment.name})
     return redirect("deployment", name=deployment.name)
+
+
+@workspace_page
+def delete_model(request, model_id: int):
+    if request.method != "POST":  # where a refused delete's message comes back to without a referrer
+        return redirect("serving")
+    model = _model_or_404(request, model_id)
+    services.delete_model(actor=gui_actor(request), model=model)
+    messages.success(request, _("Removed the model %(name)s.") % {"name": model.name})
+    return redirect("serving")
 
 
 @workspace_page
@@ -160,6 +174,11 @@ def deployment_page(request, name: str):
             services.start_deployment(actor=gui_actor(request), deployment=deployment)
         elif action == "stop":
             services.stop_deployment(actor=gui_actor(request), deployment=deployment)
+        elif action == "delete":
+            services.delete_deployment(actor=gui_actor(request), deployment=deployment)
+            messages.success(request, _("Deleted the deployment %(name)s; its engines were stopped.")
+                             % {"name": deployment.name})
+            return redirect("serving")
         elif action == "routing":
             weights = {}
             for replica in deployment.replicas.all():

@@ -47,6 +47,23 @@ LABELS = {
     # learning-rate schedules
     "linear": _("linear"), "cosine": _("cosine"), "constant": _("constant"),
     "constant_with_warmup": _("constant with warm-up"),
+    # what an asset version's summary and a compression job's settings name
+    "embedding_model": _("embedding model"), "documents": _("documents"), "config_version": _("config version"),
+    "knowledge_base": _("knowledge base"), "template": _("template"), "model": _("model"), "version": _("version"),
+    "binding": _("binding"), "method": _("method"), "release": _("release"), "rag_config_version": _("config version"),
+    "agent_version": _("agent version"), "samples": _("samples"), "format": _("format"), "file": _("file"),
+    "sparsity": _("sparsity"), "recovery_steps": _("recovery steps"), "mode": _("mode"), "teacher": _("teacher"),
+    "deployment": _("deployment"), "temperature": _("temperature"), "alpha": _("alpha"),
+    "max_prompts": _("prompts"), "magnitude": _("magnitude"), "mlp_channels": _("MLP channels"),
+    "sequence": _("sequence-level"), "logits": _("logits"),
+    # agent, RAG and tool templates and bindings as summaries store them
+    "tool_calling": _("tool calling"), "plan_execute": _("plan and execute"), "team": _("team"),
+    "basic": _("basic QA"), "citations": _("QA with citations"), "conversational": _("conversational"),
+    "multi_query": _("multi-query"), "python": _("Python function"), "openapi": _("OpenAPI operation"),
+    "mcp": _("MCP server tool"),
+    # JSON Schema types of tool arguments and agent variables
+    "string": _("text"), "number": _("number"), "integer": _("whole number"), "boolean": _("yes/no"),
+    "json": _("JSON"), "array": _("list"), "object": _("object"),
 }
 
 

@@ -1,32 +1,113 @@
-// Small SVG line charts for the deployment page: no charting library, so the appliance works offline.
+// The one line-chart helper of the GUI: a value axis with its unit, a time axis (or a step/trial axis), a legend,
+// an empty state, and a dot on every point so that a single point shows. SVG without a charting library, so the
+// appliance works offline.
 const SVG_NS = "http://www.w3.org/2000/svg";
-const COLOURS = ["#3b5bdb", "#e67700", "#c92a2a"];
+const COLOURS = ["#3b5bdb", "#e67700", "#c92a2a", "#2b8a3e"];
+const CHART = { width: 480, height: 160, left: 48, right: 14, top: 24, bottom: 22 };
 
-function lineChart(svg, series, keys) {
-  const width = 480, height = 160, pad = 28;
+function svgNode(parent, name, attributes, text) {
+  const node = document.createElementNS(SVG_NS, name);
+  for (const [key, value] of Object.entries(attributes)) node.setAttribute(key, value);
+  if (text !== undefined) node.textContent = text;
+  parent.appendChild(node);
+  return node;
+}
+
+// Readable at any scale: a learning rate of 0.0002 reads "2.0e-4", not "0.0".
+function chartNumber(value) {
+  const size = Math.abs(value);
+  if (size === 0) return "0";
+  if (size < 0.01 || size >= 1e6) return value.toExponential(1);
+  if (size < 10) return String(Number(value.toPrecision(2)));
+  return Math.round(value).toLocaleString();
+}
+
+// The smallest 1, 2, 2.5 or 5 times a power of ten at or above `value`: round numbers on the value axis.
+function niceCeiling(value) {
+  if (!(value > 0)) return 1;
+  const magnitude = 10 ** Math.floor(Math.log10(value));
+  for (const step of [1, 2, 2.5, 5, 10]) if (step * magnitude >= value * (1 - 1e-9)) return step * magnitude;
+  return 10 * magnitude;
+}
+
+// series: a list of points (objects); keys: the fields drawn, one line each. options: x (the field on the
+// horizontal axis: "start" or "at" when present, else the point's position), xLabel (its name when not a time),
+// unit (shown on the value axis and in the tooltips), labels ({key: legend name}), scale (a factor, 100 for shares
+// shown in %).
+function lineChart(svg, series, keys, options = {}) {
+  const { width, height, left, right, top, bottom } = CHART;
   svg.replaceChildren();
-  const values = series.flatMap((point) => keys.map((key) => point[key])).filter((v) => v !== null);
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  const scale = options.scale ?? 1;
+  const xKey = options.x ?? ["start", "at"].find((key) => series.length && key in series[0]);
+  const isTime = xKey !== undefined && typeof series[0]?.[xKey] === "string";
+  const xOf = (point, i) => (xKey === undefined ? i + 1 : isTime ? Date.parse(point[xKey]) : point[xKey]);
+  const value = (point, key) => (point[key] === null || point[key] === undefined ? null : point[key] * scale);
+  const values = series.flatMap((point) => keys.map((key) => value(point, key))).filter((v) => v !== null);
   if (!values.length) {
-    const empty = document.createElementNS(SVG_NS, "text");
-    empty.setAttribute("x", width / 2); empty.setAttribute("y", height / 2);
-    empty.setAttribute("text-anchor", "middle"); empty.setAttribute("class", "chart-empty");
-    empty.textContent = gettext("no data yet");
-    svg.appendChild(empty);
+    svgNode(svg, "text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "chart-empty" },
+      gettext("no data yet"));
     return;
   }
-  const top = Math.max(...values) * 1.1 || 1;
-  const x = (i) => pad + (i * (width - 2 * pad)) / Math.max(series.length - 1, 1);
-  const y = (v) => height - pad - (v / top) * (height - 2 * pad);
-  const axis = document.createElementNS(SVG_NS, "text");
-  axis.setAttribute("x", 2); axis.setAttribute("y", pad - 8); axis.setAttribute("class", "chart-axis");
-  axis.textContent = top.toFixed(top < 10 ? 1 : 0);
-  svg.appendChild(axis);
+  const unit = options.unit ? ` ${options.unit}` : "";
+  const xs = series.map(xOf);
+  const [xMin, xMax] = [Math.min(...xs), Math.max(...xs)];
+  const low = Math.min(0, ...values);
+  const high = niceCeiling(Math.max(...values) - low) + low;
+  const x = (v) => (xMax === xMin ? (left + width - right) / 2 : left + ((v - xMin) / (xMax - xMin)) * (width - left - right));
+  const y = (v) => height - bottom - ((v - low) / (high - low)) * (height - top - bottom);
+
+  // Value axis: three ticks with gridlines, the unit above them.
+  for (const tick of [low, (low + high) / 2, high]) {
+    svgNode(svg, "line", { x1: left, x2: width - right, y1: y(tick), y2: y(tick), class: "chart-grid" });
+    svgNode(svg, "text", { x: left - 4, y: y(tick) + 4, "text-anchor": "end", class: "chart-axis" }, chartNumber(tick));
+  }
+  if (options.unit) svgNode(svg, "text", { x: 2, y: 12, class: "chart-axis chart-unit" }, options.unit);
+
+  // Horizontal axis: times (hours and minutes, or dates beyond a day and a half), or steps.
+  const span = xMax - xMin;
+  const timeFormat = span > 36 * 3600 * 1000 ? { month: "numeric", day: "numeric" }
+    : { hour: "2-digit", minute: "2-digit", hourCycle: "h23" };
+  const xText = (v) => (isTime ? new Date(v).toLocaleString(document.documentElement.lang || undefined, timeFormat)
+    : chartNumber(v));
+  const ticks = span ? [xMin, xMin + span / 2, xMax] : [xMin];
+  ticks.forEach((tick, i) => {
+    const anchor = ticks.length === 1 ? "middle" : ["start", "middle", "end"][i];
+    svgNode(svg, "text", { x: x(tick), y: height - 6, "text-anchor": anchor, class: "chart-axis chart-x" }, xText(tick));
+  });
+  if (!isTime && options.xLabel) {
+    svgNode(svg, "text", { x: 2, y: height - 6, class: "chart-axis" }, options.xLabel);
+  }
+
+  // Legend: one swatch and name per line, in the top row.
+  let legendX = left + (options.unit ? Math.max(0, options.unit.length * 7 - left + 12) : 0);
   keys.forEach((key, k) => {
-    const points = series.map((p, i) => (p[key] === null ? null : `${x(i)},${y(p[key])}`)).filter(Boolean);
-    const line = document.createElementNS(SVG_NS, "polyline");
-    line.setAttribute("points", points.join(" "));
-    line.setAttribute("fill", "none"); line.setAttribute("stroke", COLOURS[k]); line.setAttribute("stroke-width", "2");
-    svg.appendChild(line);
+    const name = options.labels?.[key] ?? key;
+    svgNode(svg, "rect", { x: legendX, y: 6, width: 12, height: 4, fill: COLOURS[k % COLOURS.length] });
+    svgNode(svg, "text", { x: legendX + 16, y: 12, class: "chart-axis chart-legend" }, name);
+    legendX += 28 + name.length * 7;
+  });
+
+  // Lines through consecutive points; a gap (no figure) breaks the line; a dot on every point, its figure as a tooltip.
+  keys.forEach((key, k) => {
+    const colour = COLOURS[k % COLOURS.length];
+    let run = [];
+    const flush = () => {
+      if (run.length > 1) {
+        svgNode(svg, "polyline", { points: run.join(" "), fill: "none", stroke: colour, "stroke-width": 2,
+                                  class: "chart-line", "data-key": key });
+      }
+      run = [];
+    };
+    series.forEach((point, i) => {
+      const v = value(point, key);
+      if (v === null) { flush(); return; }
+      const [px, py] = [x(xs[i]), y(v)];
+      run.push(`${px},${py}`);
+      const dot = svgNode(svg, "circle", { cx: px, cy: py, r: 2.5, fill: colour, class: "chart-point", "data-key": key });
+      svgNode(dot, "title", {}, `${options.labels?.[key] ?? key} · ${xText(xs[i])}: ${chartNumber(v)}${unit}`);
+    });
+    flush();
   });
 }
 
@@ -34,9 +115,14 @@ async function drawDeploymentCharts(container) {
   const response = await fetch(container.dataset.url, { credentials: "same-origin" });
   if (!response.ok) return;
   const summary = await response.json();
-  lineChart(document.getElementById("chart-ttft"), summary.series, ["ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"]);
-  lineChart(document.getElementById("chart-tpot"), summary.series, ["tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms"]);
-  lineChart(document.getElementById("chart-tps"), summary.series, ["tokens_per_s"]);
+  const percentiles = (name) => ({
+    unit: "ms", labels: { [`${name}_p50_ms`]: "p50", [`${name}_p90_ms`]: "p90", [`${name}_p99_ms`]: "p99" } });
+  lineChart(document.getElementById("chart-ttft"), summary.series, ["ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"],
+    percentiles("ttft"));
+  lineChart(document.getElementById("chart-tpot"), summary.series, ["tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms"],
+    percentiles("tpot"));
+  lineChart(document.getElementById("chart-tps"), summary.series, ["tokens_per_s"],
+    { unit: gettext("tokens/s"), labels: { tokens_per_s: gettext("per request") } });
   const o = summary.overall;
   const fmt = (v) => (v === null ? "—" : v.toFixed(0));
   document.getElementById("overall").textContent =
@@ -80,13 +166,15 @@ async function drawAppCharts(container) {
   const response = await fetch(container.dataset.url, { credentials: "same-origin" });
   if (!response.ok) return;
   const summary = await response.json();
-  lineChart(document.getElementById("chart-requests"), summary.series, ["requests"]);
-  lineChart(document.getElementById("chart-errors"), summary.series, ["error_rate"]);
-  lineChart(document.getElementById("chart-latency"), summary.series, ["latency_p50", "latency_p95"]);
-  lineChart(document.getElementById("chart-ttft"), summary.series, ["ttft_p50", "ttft_p95"]);
-  lineChart(document.getElementById("chart-feedback"), summary.series, ["feedback_ratio"]);
-  const evals = summary.eval_history.map((run) => ({ "hit@k": run["hit@k"] ?? null, token_f1: run.token_f1 ?? null }));
-  lineChart(document.getElementById("chart-eval"), evals, ["hit@k", "token_f1"]);
+  const chart = (id, keys, options) => lineChart(document.getElementById(id), summary.series, keys, options);
+  chart("chart-requests", ["requests"], { labels: { requests: gettext("calls") } });
+  chart("chart-errors", ["error_rate"], { unit: "%", scale: 100, labels: { error_rate: gettext("errors") } });
+  chart("chart-latency", ["latency_p50", "latency_p95"], { unit: "ms", labels: { latency_p50: "p50", latency_p95: "p95" } });
+  chart("chart-ttft", ["ttft_p50", "ttft_p95"], { unit: "ms", labels: { ttft_p50: "p50", ttft_p95: "p95" } });
+  chart("chart-feedback", ["feedback_ratio"], { unit: "%", scale: 100, labels: { feedback_ratio: gettext("thumbs up") } });
+  const evals = summary.eval_history.map((run) => ({
+    at: run.at, "hit@k": run["hit@k"] ?? null, token_f1: run.token_f1 ?? null }));
+  lineChart(document.getElementById("chart-eval"), evals, ["hit@k", "token_f1"], { labels: { token_f1: "token F1" } });
   const t = summary.totals;
   const votes = t.up + t.down;
   document.querySelector('[data-total="requests"]').textContent = t.requests;
@@ -100,8 +188,10 @@ async function drawGroupShare(container, overall) {
   const response = await fetch(container.dataset.url, { credentials: "same-origin" });
   if (!response.ok) return;
   const summary = await response.json();
-  lineChart(document.getElementById("chart-share"), summary.series, ["big_share", "small_share"]);
-  lineChart(document.getElementById("chart-cost"), summary.series, ["big_cost", "small_cost"]);
+  const members = (kind) => ({ [`big_${kind}`]: gettext("big"), [`small_${kind}`]: gettext("small") });
+  lineChart(document.getElementById("chart-share"), summary.series, ["big_share", "small_share"],
+    { unit: "%", scale: 100, labels: members("share") });
+  lineChart(document.getElementById("chart-cost"), summary.series, ["big_cost", "small_cost"], { labels: members("cost") });
   const o = summary.overall;
   overall.textContent = overall.dataset.template.replace(/\{(\w+)\}/g, (_, key) => o[key]);
 }

@@ -21,16 +21,33 @@ function showFigures(table, record) {
   table.hidden = false;
 }
 
-async function streamInto(pane, model, messages, maxTokens, csrfToken) {
+// Each pane keeps its own conversation (its answers differ), sent whole with every new message: multi-turn chat.
+const conversations = { "": [], "-compare": [] };
+
+function turn(role, text) {
+  const node = document.createElement("p");
+  node.className = `turn ${role}`;
+  node.textContent = text;
+  return node;
+}
+
+async function streamInto(pane, model, system, message, sampling, csrfToken) {
   const answer = document.getElementById(`pg-answer${pane}`);
   const error = document.getElementById(`pg-error${pane}`);
   const figures = document.getElementById(`pg-figures${pane}`);
+  const log = document.getElementById(`pg-log${pane}`);
+  const history = conversations[pane];
+  // The previous answer joins the transcript; the new message follows it.
+  if (answer.textContent) log.append(turn("assistant", answer.textContent));
+  log.append(turn("user", message));
   answer.textContent = ""; error.textContent = ""; figures.hidden = true;
+  const messages = [...(system ? [{ role: "system", content: system }] : []), ...history,
+                    { role: "user", content: message }];
   const response = await fetch(form.dataset.url, {
     method: "POST",
     credentials: "same-origin",
     headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken },
-    body: JSON.stringify({ model, messages, stream: true, max_tokens: maxTokens }),
+    body: JSON.stringify({ model, messages, stream: true, ...sampling }),
   });
   if (!response.ok) {
     const body = await response.json().catch(() => ({}));
@@ -41,8 +58,27 @@ async function streamInto(pane, model, messages, maxTokens, csrfToken) {
     if (chunk.error) error.textContent = chunk.error.message;
     answer.textContent += chunk.choices?.[0]?.delta?.content ?? "";
   }
+  history.push({ role: "user", content: message }, { role: "assistant", content: answer.textContent });
   const record = await readFigures(response.headers.get("X-Request-Id"));
   if (record) showFigures(figures, record);
+}
+
+function showTurns() {
+  const turns = conversations[""].length / 2;
+  document.getElementById("pg-turns").textContent = turns
+    ? interpolate(ngettext("%s earlier turn sent with each message", "%s earlier turns sent with each message", turns),
+                  [turns]) : "";
+}
+
+function newChat() {
+  for (const pane of Object.keys(conversations)) {
+    conversations[pane] = [];
+    document.getElementById(`pg-log${pane}`).replaceChildren();
+    document.getElementById(`pg-answer${pane}`).textContent = "";
+    document.getElementById(`pg-error${pane}`).textContent = "";
+    document.getElementById(`pg-figures${pane}`).hidden = true;
+  }
+  showTurns();
 }
 
 function labelPanes() {
@@ -59,12 +95,26 @@ if (form) labelPanes();
 form?.addEventListener("submit", async (event) => {
   event.preventDefault();
   const data = new FormData(form);
-  const messages = [];
-  if (data.get("system")) messages.push({ role: "system", content: data.get("system") });
-  messages.push({ role: "user", content: data.get("message") });
-  const maxTokens = Number(data.get("max_tokens"));
+  const message = data.get("message").trim();
+  if (!message) return;
+  const sampling = { max_tokens: Number(data.get("max_tokens")), temperature: Number(data.get("temperature")),
+                     top_p: Number(data.get("top_p")) };
   const token = data.get("csrfmiddlewaretoken");
-  const chats = [streamInto("", data.get("deployment"), messages, maxTokens, token)];
-  if (data.get("compare")) chats.push(streamInto("-compare", data.get("compare"), messages, maxTokens, token));
-  await Promise.all(chats);
+  const send = form.querySelector("button[type=submit]");
+  form.elements.message.value = "";
+  send.disabled = true;
+  try {
+    const chats = [streamInto("", data.get("deployment"), data.get("system"), message, sampling, token)];
+    if (data.get("compare")) {
+      chats.push(streamInto("-compare", data.get("compare"), data.get("system"), message, sampling, token));
+    }
+    await Promise.all(chats);
+  } finally {
+    send.disabled = false;
+    showTurns();
+  }
 });
+
+document.getElementById("pg-new-chat")?.addEventListener("click", newChat);
+// Another model or comparison starts a new conversation: the transcript would not be theirs.
+for (const name of ["deployment", "compare"]) form?.elements[name].addEventListener("change", newChat);

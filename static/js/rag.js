@@ -108,34 +108,73 @@ function showSources(hits, cited) {
   }));
 }
 
+// A sign of life at once: dots and what the pipeline is doing until the first token; Stop aborts the stream (the
+// server stops generating when the connection closes) and keeps what was written so far.
+function typingIndicator(text) {
+  const indicator = el("span", { class: "typing", role: "status" });
+  indicator.append(el("span", { class: "dots", "aria-hidden": "true" }, "•••"), el("span", { class: "typing-text" }, text));
+  return indicator;
+}
+
 async function ask(question) {
   const log = document.getElementById("chat-log");
   const error = document.getElementById("chat-error");
+  const send = document.querySelector("#chat-form button[type=submit]");
+  const stop = document.getElementById("chat-stop");
   error.textContent = "";
   log.append(el("p", { class: "turn user" }, question));
-  const answer = el("p", { class: "turn assistant answer" });
+  const answer = el("p", { class: "turn assistant answer pending" });
+  const indicator = typingIndicator(gettext("Searching the documents…"));
+  answer.append(indicator);
   log.append(answer);
-  const response = await fetch(chat.dataset.url, {
-    method: "POST", credentials: "same-origin",
-    headers: { "Content-Type": "application/json", "X-CSRFToken": csrf() },
-    body: JSON.stringify({ query: question, history: chatHistory }),
-  });
-  if (!response.ok) {
-    const body = await response.json().catch(() => ({}));
-    error.textContent = body.error?.message || interpolate(gettext("The chat failed (%s)."), [response.status]);
-    return;
-  }
-  let hits = [];
-  for await (const { event, data } of readEvents(response)) {
-    if (event === "hits") { hits = data.hits; showSources(hits, null); }
-    if (event === "token") answer.textContent += data.text;
-    if (event === "error") error.textContent = data.message;
-    if (event === "done") {
-      answer.dataset.done = "1";
-      const cited = data.citations.filter((c) => c.cited).map((c) => c.n);
-      showSources(hits, cited);
-      chatHistory.push({ role: "user", content: question }, { role: "assistant", content: data.answer });
+  log.scrollTop = log.scrollHeight;
+  const controller = new AbortController();
+  const stopped = () => controller.abort();
+  stop.addEventListener("click", stopped);
+  send.disabled = true; stop.hidden = false;
+  let written = "";
+  const write = (text) => {
+    if (!written) { indicator.remove(); answer.classList.remove("pending"); }
+    written += text;
+    answer.textContent = written;
+    log.scrollTop = log.scrollHeight;
+  };
+  try {
+    const response = await fetch(chat.dataset.url, {
+      method: "POST", credentials: "same-origin", signal: controller.signal,
+      headers: { "Content-Type": "application/json", "X-CSRFToken": csrf() },
+      body: JSON.stringify({ query: question, history: chatHistory }),
+    });
+    if (!response.ok) {
+      const body = await response.json().catch(() => ({}));
+      answer.remove();
+      error.textContent = body.error?.message || interpolate(gettext("The chat failed (%s)."), [response.status]);
+      return;
     }
+    let hits = [];
+    for await (const { event, data } of readEvents(response)) {
+      if (event === "hits") {
+        hits = data.hits; showSources(hits, null);
+        indicator.querySelector(".typing-text").textContent = gettext("Writing the answer…");
+      }
+      if (event === "token") write(data.text);
+      if (event === "error") { answer.remove(); error.textContent = data.message; }
+      if (event === "done") {
+        answer.dataset.done = "1";
+        const cited = data.citations.filter((c) => c.cited).map((c) => c.n);
+        showSources(hits, cited);
+        chatHistory.push({ role: "user", content: question }, { role: "assistant", content: data.answer });
+      }
+    }
+  } catch (exc) {
+    if (exc.name !== "AbortError") throw exc;
+    indicator.remove(); answer.classList.remove("pending");
+    answer.dataset.stopped = "1";
+    answer.append(el("span", { class: "muted small stopped-note" }, ` ${gettext("(stopped)")}`));
+    if (written) chatHistory.push({ role: "user", content: question }, { role: "assistant", content: written });
+  } finally {
+    stop.removeEventListener("click", stopped);
+    send.disabled = false; stop.hidden = true;
   }
 }
 

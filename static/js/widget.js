@@ -42,11 +42,42 @@ function votes(after, messageId) {
       const response = await fetch(form.dataset.feedbackUrl, {
         method: "POST", headers, body: JSON.stringify({ message_id: messageId, rating }),
       });
-      if (response.ok) box.querySelectorAll("button").forEach((b) => b.setAttribute("aria-pressed", String(b === button)));
+      if (!response.ok) return;
+      box.querySelectorAll("button").forEach((b) => b.setAttribute("aria-pressed", String(b === button)));
+      box.parentElement.querySelector(".feedback-comment")?.remove();
+      if (rating === "down") box.after(commentBox(messageId));
     });
     box.append(button);
   }
   after.after(box);
+}
+
+// After a thumbs down: an optional word on what was wrong, which the app's owners read in its logs.
+function commentBox(messageId) {
+  const box = document.createElement("form");
+  box.className = "feedback-comment";
+  const input = document.createElement("input");
+  input.maxLength = 4000;
+  input.placeholder = gettext("What was wrong? (optional)");
+  input.setAttribute("aria-label", gettext("What was wrong? (optional)"));
+  const send = document.createElement("button");
+  send.type = "submit";
+  send.textContent = gettext("Send feedback");
+  box.append(input, send);
+  box.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (!input.value.trim()) { box.remove(); return; }
+    const response = await fetch(form.dataset.feedbackUrl, {
+      method: "POST", headers, body: JSON.stringify({ message_id: messageId, rating: "down", comment: input.value.trim() }),
+    });
+    if (response.ok) {
+      const thanks = document.createElement("p");
+      thanks.className = "muted small feedback-thanks";
+      thanks.textContent = gettext("Thank you, the app's owners will see this.");
+      box.replaceWith(thanks);
+    }
+  });
+  return box;
 }
 
 async function ask(query) {
@@ -77,11 +108,20 @@ async function ask(query) {
   }
 }
 
+// A suggested question is asked as typed; the suggestions go once the conversation has started.
+for (const button of document.querySelectorAll("#widget-suggestions .suggestion")) {
+  button.addEventListener("click", () => {
+    document.getElementById("widget-suggestions").remove();
+    ask(button.textContent);
+  });
+}
+
 form.addEventListener("submit", (event) => {
   event.preventDefault();
   const input = document.getElementById("widget-input");
   const query = input.value.trim();
   if (!query) return;
   input.value = "";
+  document.getElementById("widget-suggestions")?.remove();
   ask(query);
 });

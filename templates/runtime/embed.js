@@ -4,7 +4,8 @@
   const token = script && script.dataset.token;
   if (!token) { console.error("AI Factory web chat: the script tag needs data-token."); return; }
   const frame = document.createElement("iframe");
-  frame.src = "{{ widget_url|escapejs }}?token=" + encodeURIComponent(token);
+  // The page's own origin lets a site that the app does not allow see why instead of "refused to connect".
+  frame.src = "{{ widget_url|escapejs }}?token=" + encodeURIComponent(token) + "&site=" + encodeURIComponent(location.origin);
   frame.title = script.dataset.title || "Chat";
   frame.id = "ai-factory-chat-frame";
   frame.style.cssText = "position:fixed;bottom:84px;right:20px;width:380px;height:540px;max-width:calc(100vw - 40px);" +

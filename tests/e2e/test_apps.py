@@ -55,6 +55,9 @@ def test_publish_then_chat_through_the_widget_embedded_on_another_site(platform,
     page.get_by_role("button", name="Publish").click()
     expect(page.locator(".msg.success")).to_contain_text("Published 'Handbook'")
     page.get_by_label("Sites allowed to embed the web chat (one origin per line)").fill(f"http://localhost:{port}")
+    page.get_by_label("Web chat opener").fill("Hello! Ask me about Northwind's policies.")
+    page.get_by_label("Suggested questions").fill(
+        "How many days of annual leave do employees get?\nWho approves leave?")
     page.get_by_role("button", name="Save settings").click()
     expect(page.locator(".msg.success")).to_have_text("Saved.")
     snippet = page.locator("#embed-snippet").inner_text()
@@ -65,20 +68,25 @@ def test_publish_then_chat_through_the_widget_embedded_on_another_site(platform,
     intranet.goto("/intranet.html")
     intranet.get_by_role("button", name="Chat").click()
     chat = intranet.frame_locator("#ai-factory-chat-frame")
-    chat.get_by_label("Your question").fill("How many days of annual leave do employees get?")
-    chat.get_by_role("button", name="Send").click()
+    expect(chat.locator(".turn.opener")).to_have_text("Hello! Ask me about Northwind's policies.")
+    chat.get_by_role("button", name="How many days of annual leave do employees get?").click()
+    expect(chat.locator(".suggestion")).to_have_count(0)
     expect(chat.locator(".sources li").first).to_contain_text("northwind-", timeout=90_000)
-    answer = chat.locator(".turn.assistant").first
+    answer = chat.locator(".turn.assistant:not(.opener)").first
     expect(answer).not_to_be_empty()
     chat.get_by_role("button", name="Thumbs down").click()
     expect(chat.get_by_role("button", name="Thumbs down")).to_have_attribute("aria-pressed", "true")
+    chat.get_by_label("What was wrong? (optional)").fill("It did not say who approves.")
+    chat.get_by_role("button", name="Send feedback").click()
+    expect(chat.locator(".feedback-thanks")).to_be_visible()
     feedback = Feedback.objects.select_related("trace").get()
     assert feedback.rating == -1 and feedback.trace.channel == "widget"
+    assert feedback.comment == "It did not say who approves."
 
     page.goto("/apps/handbook/logs/?feedback=down")
     row = page.locator(f"tr[data-trace='{feedback.trace.public_id}']")
     expect(row).to_contain_text("How many days of annual leave")
-    expect(row.locator("[data-field=feedback]")).to_have_text("👎")
+    expect(row.locator("[data-field=feedback]")).to_have_text("👎 “It did not say who approves.”")
 
     # The same page served from an origin the app does not list: the browser refuses to frame the chat.
     stranger = open_page(f"http://127.0.0.1:{port}")

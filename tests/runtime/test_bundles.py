@@ -33,7 +33,8 @@ def _import(client, data: bytes):
 def test_an_exported_app_is_published_again_in_another_workspace(ann, acme, globex, indexed_kb, smollm2,
                                                                   key_client):
     app = services.publish_app(actor=ann, config=save_config(ann, indexed_kb), slug="handbook")
-    services.update_app(actor=ann, app=app, allowed_origins=["https://intranet.example"], rate_limit=7)
+    services.update_app(actor=ann, app=app, allowed_origins=["https://intranet.example"], rate_limit=7,
+                        opener="Hello.", suggested_questions=["Who approves leave?"])
     save_config(ann, indexed_kb, config=app.rag_config, generation={"max_tokens": 99})  # v2, not served
     assert Asset.objects.get(workspace=acme, kind=AssetKind.APP).latest_version >= 1
 
@@ -48,6 +49,7 @@ def test_an_exported_app_is_published_again_in_another_workspace(ann, acme, glob
     imported = App.objects.get(workspace=globex)
     assert imported.slug == "handbook-2"  # the slug is global, and taken by the original
     assert (imported.default_rate_limit, imported.allowed_origins) == (7, ["https://intranet.example"])
+    assert (imported.opener, imported.suggested_questions) == ("Hello.", ["Who approves leave?"])
     assert imported.current_release.config_version.settings["generation"]["max_tokens"] == 32
     assert imported.widget_token != app.widget_token and not imported.keys.exists()
     kb = KnowledgeBase.objects.get(workspace=globex)

@@ -80,7 +80,18 @@ def _upload(path, filename, content, **fields):
     return "post", path, {"file": handle, **fields}, "multipart"
 
 
+def _shared_deployment(objects, suffix):
+    """A shared deployment of its own for each principal's delete, so that one allowed delete leaves the next
+    principal something to be refused or allowed on."""
+    return serving_services.create_deployment(actor=SYSTEM, workspace=None, model=objects["shared_model"],
+                                              name=f"shared-{suffix}")
+
+
 ALPACA = b'{"instruction": "Say hi", "output": "Hi"}\n' * 12
+CODE_WORKFLOW = {"nodes": [{"id": "start", "kind": "start"},
+                           {"id": "code", "kind": "code", "settings": {"code": "def run(args):\n    return 'ok'\n"}},
+                           {"id": "end", "kind": "answer", "settings": {"answer": "{{code.output}}"}}],
+                 "edges": [{"from": "start", "to": "code"}, {"from": "code", "to": "end"}]}
 
 PRIVILEGES: dict[str, object] = {
     # Work Bridge: local MCP commands, python code, URLs fetched through the egress guard.
@@ -139,6 +150,9 @@ PRIVILEGES: dict[str, object] = {
     "deployment-start": HostAction(
         "starts the engine processes of a deployment every workspace shares", PLATFORM,
         lambda o, s: _json("post", f"/api/serving/deployments/{SMOLLM2}/start/")),
+    "deployment-detail": HostAction(
+        "stops the engine processes of a deployment every workspace shares and removes it (GET: reads its row)",
+        PLATFORM, lambda o, s: _json("delete", f"/api/serving/deployments/{_shared_deployment(o, s).name}/")),
     "deployment-routing": HostAction(
         "changes how the gateway spreads every workspace's traffic over a shared deployment", PLATFORM,
         lambda o, s: _json("patch", f"/api/serving/deployments/{SMOLLM2}/routing/", {"cooldown_s": 7})),
@@ -166,10 +180,22 @@ PRIVILEGES: dict[str, object] = {
     "deploy-model": Gui("model-deploy"), "create-deployment": Gui("deployment-list"),
     "deployment": Gui("deployment-stop"),
     "rag-kb-upload": Gui("knowledge-base-documents"), "rag-kb": Gui("knowledge-base-documents"),
+    # The "create an app" wizard uploads its documents into a new knowledge base.
+    "new-app": Gui("knowledge-base-documents"),
     "enhancement": Gui("enhancement-dataset-list"), "enhancement-new-job": Gui("enhancement-job-list"),
     "enhancement-job-quantize": Gui("enhancement-job-list"), "enhancement-job-prune": Gui("enhancement-job-list"),
     "enhancement-job-distill": Gui("enhancement-job-list"), "enhancement-job-deploy": Gui("model-deploy"),
     "assets-import": Gui("api-asset-import"),
+    # Workflows: a code node's python runs in the sandbox, an http node's URL goes through the egress guard.
+    "workflow-list": HostAction(
+        "saves a workflow whose code node the sandbox will run", Role.DEVELOPER,
+        lambda o, s: _json("post", "/api/workflows/", {"name": f"code-{s}", "graph": CODE_WORKFLOW})),
+    "workflow-detail": HostAction(
+        "changes a workflow whose code node the sandbox will run", Role.DEVELOPER,
+        lambda o, s: _json("put", f"/api/workflows/{o['workflow'].pk}/", {"name": "flow", "graph": CODE_WORKFLOW})),
+    "workflow-run": HostAction(
+        "queues a run whose code nodes run in the sandbox and http nodes call URLs through the egress guard",
+        Role.DEVELOPER, lambda o, s: _json("post", f"/api/workflows/{o['workflow'].pk}/run/", {"inputs": {}})),
     # The edge and public pages.
     "v1/^(?P<path>.*)$": EDGE, "api/apps/<slug:slug>/<path:endpoint>": EDGE, "app-chat": EDGE,
     "app-feedback": EDGE, "": PUBLIC,
@@ -179,7 +205,7 @@ PRIVILEGES: dict[str, object] = {
 }
 PRIVILEGES.update({key: ROWS for key in """
     dashboard model-detail api-me workspace-list workspace-detail member-list member-detail api-key-list api-key-detail
-    api-key-revoke audit-list job-list job-detail job-cancel asset-list asset-detail deployment-detail
+    api-key-revoke audit-list job-list job-detail job-cancel asset-list asset-detail
     deployment-engine deployment-events deployment-metrics deployment-requests request-record-detail
     model-group-list model-group-detail model-group-calibrate model-group-calibrations model-group-requests
     model-group-share calibration-run-detail calibration-run-pick egress-rule-list egress-rule-detail
@@ -188,6 +214,7 @@ PRIVILEGES.update({key: ROWS for key in """
     rag-document-detail rag-document-chunks rag-document-retry rag-config-list rag-config-detail rag-config-export
     rag-config-run rag-config-versions eval-set-list eval-set-detail eval-set-items eval-run-list eval-run-detail
     eval-run-results rag-tuning-list rag-tuning-detail rag-tuning-apply rag-tuning-cancel rag-tuning-resume
+    rag-tuning-rollback
     eval-set-cancel eval-run-cancel calibration-run-cancel agent-evaluation-cancel
     enhancement-dataset-sample enhancement-dataset-detail enhancement-dataset-preview enhancement-job-detail
     enhancement-job-cancel enhancement-job-log enhancement-job-metrics enhancement-plan agent-run-detail
@@ -196,12 +223,13 @@ PRIVILEGES.update({key: ROWS for key in """
     agent-scenarios agent-suggest-strategy agent-versions agent-templates agent-run-list app-list app-detail app-export
     app-feedback-dataset app-keys app-monitoring app-publish app-releases app-revoke-key app-rollback
     app-rotate-widget-token app-to-eval app-traces switch-workspace create-workspace api-keys revoke-api-key
-    settings remove-member cluster assets deployment-state create-model-group model-group playground
+    settings remove-member cluster assets deployment-state delete-model create-model-group model-group playground
     playground-chat tools secret-set secret-delete egress-rule-add egress-rule-delete rag rag-kb-progress
     rag-kb-settings rag-hit-test rag-document rag-document-action rag-config-new rag-config rag-config-chat
     rag-config-export-gui rag-config-chat-stream rag-evals rag-eval-run rag-tuning enhancement-dataset
     enhancement-job enhancement-job-live agents agent agent-delete agent-chat agent-evaluation
     agent-evaluation-report agent-evaluation-export-gui apps app app-export-gui app-logs app-trace
+    workflow-validate workflow-versions workflow-run-list workflow-run-detail workflow-run-events workflow-run-cancel
     app-monitoring-gui app-monitoring-data""".split()})
 
 
@@ -216,6 +244,7 @@ def test_every_endpoint_is_in_the_privilege_matrix():
 @pytest.fixture
 def principals(make_workspace, presets, settings, tmp_path):  # noqa: F811
     """Acme with a member of every role and a staff user who owns it too; the objects the requests act on."""
+    from agent_studio.workflows import services as workflow_services
     from cluster import inventory
     from cluster.services import register_node
     from enhancement import services as enhancement_services
@@ -266,6 +295,7 @@ def principals(make_workspace, presets, settings, tmp_path):  # noqa: F811
         "kb": rag_services.create_knowledge_base(actor=ann, workspace=acme, name="Acme docs"),
         "dataset": enhancement_services.upload_dataset(actor=ann, workspace=acme, name="acme-data",
                                                        filename="data.jsonl", content=ALPACA),
+        "workflow": workflow_services.save_workflow(actor=ann, workspace=acme, name="flow", graph=CODE_WORKFLOW),
     }
     return clients, objects
 

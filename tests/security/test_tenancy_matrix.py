@@ -68,6 +68,7 @@ MATRIX: dict[str, object] = {
     "model-list": LIST, "model-detail": _pk("model"), "model-chat-template": _pk("model"),
     "model-deploy": _pk("model"),
     "deploy-model": _pk("model", "model_id"), "model-chat-template-gui": _pk("model", "model_id"),
+    "delete-model": _pk("model", "model_id"),
     "deployment-list": LIST,
     **{name: Scoped("deployment", lambda o: {"name": o["deployment"].name}) for name in (
         "deployment-detail", "deployment-engine", "deployment-events", "deployment-metrics", "deployment-requests",
@@ -113,9 +114,10 @@ MATRIX: dict[str, object] = {
     "eval-run-cancel": _pk("eval_run"),
     "rag-eval-run": _pk("eval_run", "run_id"),
     "rag-tuning-list": LIST, "rag-tuning-detail": _pk("tuning"), "rag-tuning-apply": _pk("tuning"),
-    "rag-tuning-cancel": _pk("tuning"), "rag-tuning-resume": _pk("tuning"), "rag-tuning": _pk("tuning", "tuning_id"),
+    "rag-tuning-cancel": _pk("tuning"), "rag-tuning-resume": _pk("tuning"),
+    "rag-tuning-rollback": _pk("tuning"), "rag-tuning": _pk("tuning", "tuning_id"),
     # runtime
-    "apps": LIST, "app-list": LIST,
+    "apps": LIST, "app-list": LIST, "new-app": LIST,
     **{name: Scoped("app", lambda o: {"slug": o["app"].slug}) for name in (
         "app-detail", "app-export", "app-feedback-dataset", "app-keys", "app-monitoring", "app-publish", "app-releases",
         "app-rotate-widget-token", "app-traces", "app", "app-export-gui", "app-logs", "app-monitoring-gui",
@@ -144,6 +146,11 @@ MATRIX: dict[str, object] = {
     "agent-evaluation-export": _pk("agent_eval"), "agent-evaluation-cancel": _pk("agent_eval"),
     "agent-evaluation-report": _pk("agent_eval", "evaluation_id"),
     "agent-evaluation-export-gui": _pk("agent_eval", "evaluation_id"),
+    # agent_studio.workflows
+    "workflow-list": LIST, "workflow-run-list": LIST, "workflow-validate": OWN,
+    **{name: _pk("workflow") for name in ("workflow-detail", "workflow-run", "workflow-versions")},
+    **{name: Scoped("workflow_run", lambda o: {"public_id": o["workflow_run"].public_id}) for name in (
+        "workflow-run-detail", "workflow-run-cancel", "workflow-run-events")},
     # enhancement
     "enhancement": LIST, "enhancement-new-job": OWN, "enhancement-plan": OWN,
     "enhancement-dataset-list": LIST, "enhancement-dataset-sample": OWN,
@@ -269,6 +276,13 @@ def tenancy(make_workspace, presets, settings):  # noqa: F811
                                              thread=o["agent_thread"], caller="debug", input="hi")
     o["scenario"] = Scenario.objects.create(agent=o["agent"], name="acme-scenario", input="hi")
     o["agent_eval"] = AgentEvalRun.objects.create(agent=o["agent"], version=o["agent"].versions.first())
+    from agent_studio.workflows import services as workflow_services
+    from agent_studio.workflows.models import WorkflowRun
+    o["workflow"] = workflow_services.save_workflow(actor=ann, workspace=acme, name="acme-flow", graph={
+        "nodes": [{"id": "start", "kind": "start"}, {"id": "end", "kind": "answer", "settings": {"answer": "hi"}}],
+        "edges": [{"from": "start", "to": "end"}]})
+    o["workflow_run"] = WorkflowRun.objects.create(workspace=acme, workflow=o["workflow"], workflow_name="acme-flow",
+                                                   version=o["workflow"].versions.first(), caller="debug")
     o["dataset"] = enhancement_services.upload_dataset(
         actor=ann, workspace=acme, name="acme-data", filename="data.jsonl",
         content=b'{"instruction": "Say hi", "output": "Hi"}\n' * 12)
@@ -348,7 +362,7 @@ def test_another_workspaces_lists_do_not_show_its_objects(tenancy):
         body = api.get(_path(names[key][1], {})).content.decode()
         for marker in ("acme-key", "acme-chat", "acme-smol", "Acme docs", "Acme QA", "acme-app", "lookup",
                        "acme_token", "10.9.0.0", "Acme agent", "acme-data", "acme-job", "acme-spec", "acme-mcp",
-                       "acme-group", "acme-prompts"):
+                       "acme-group", "acme-prompts", "acme-flow"):
             if marker in body:
                 leaked.append(f"{key}: {marker}")
     assert not leaked, "Another workspace's list showed A's objects:\n" + "\n".join(leaked)

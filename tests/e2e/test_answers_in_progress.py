@@ -1,0 +1,101 @@
+"""Answers that show they are coming, in Chromium with SmolLM2: the RAG chat shows an indicator at once and a Stop
+button that ends the stream; the Playground sends its sampling settings and the whole conversation, turn after
+turn, until "New chat"."""
+
+import re
+
+import pytest
+from django.contrib.auth import get_user_model
+from playwright.sync_api import expect
+
+from accounts.services import Actor, create_workspace
+from rag_studio import services as rag_services
+from rag_studio.models import DocumentStatus, RagConfig
+from serving.presets import SMOLLM2
+from tests.conftest import deploy_presets, stop_engines_and_flush, wait_for
+from tests.e2e.conftest import sign_in
+from tests.rag_studio.conftest import SAMPLE_FILES, sample
+
+pytestmark = [pytest.mark.browser, pytest.mark.worker]
+
+
+@pytest.fixture(scope="module")
+def platform(shared_smollm2, celery_worker_process, web_server, django_db_blocker):
+    with django_db_blocker.unblock():
+        deploy_presets({SMOLLM2: 1})
+        ann = Actor(user=get_user_model().objects.create_user(username="ann", password="correct-horse-battery"))
+        workspace = create_workspace(actor=ann, name="Acme")
+        kb = rag_services.create_knowledge_base(actor=ann, workspace=workspace, name="Northwind")
+        rag_services.upload_documents(actor=ann, kb=kb, uploads=[sample(n) for n in SAMPLE_FILES])
+        wait_for(lambda: kb.documents.filter(status=DocumentStatus.INDEXED).count() == 3, timeout=120,
+                 what="the worker to index the samples")
+        # A long answer, so that there is time to stop it.
+        rag_services.save_rag_config(actor=ann, workspace=workspace, name="Handbook", knowledge_base=kb,
+                                     template="citations", model=SMOLLM2, generation={"max_tokens": 400})
+        yield web_server
+        stop_engines_and_flush(keep=SMOLLM2)
+
+
+@pytest.mark.timeout(900)  # indexing and SmolLM2 answers on a shared 2-core machine
+def test_the_playground_chats_over_several_turns_with_its_sampling_settings(platform, open_page, live_db):
+    page = open_page(platform)
+    page.set_default_timeout(60_000)
+    sign_in(page)
+    page.goto(f"/serving/playground/?deployment={SMOLLM2}")
+    page.get_by_label("Temperature").fill("0.2")
+    page.get_by_label("Top-p").fill("0.9")
+    page.get_by_label("Max tokens").fill("12")
+
+    def send(message: str) -> dict:
+        page.get_by_label("Message").fill(message)
+        with page.expect_request("**/playground/chat") as sent:
+            page.get_by_role("button", name="Send").click()
+        expect(page.locator("#pg-figures")).to_be_visible(timeout=120_000)
+        return sent.value.post_data_json
+
+    first = send("My name is Ada.")
+    assert (first["temperature"], first["top_p"], first["max_tokens"]) == (0.2, 0.9, 12)
+    assert [m["role"] for m in first["messages"]] == ["system", "user"]
+    first_answer = page.locator("#pg-answer").inner_text()
+    assert first_answer
+
+    second = send("What is my name?")
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "user"]
+    assert second["messages"][2]["content"] == first_answer
+    log = page.locator("#pg-log .turn")
+    expect(log).to_have_count(3)  # Ada, the first answer, the second question; the second answer below them
+    expect(page.locator("#pg-turns")).to_contain_text("2 earlier turns")  # both exchanges go with the next
+
+    page.get_by_role("button", name="New chat").click()
+    expect(log).to_have_count(0)
+    third = send("Hello.")
+    assert [m["role"] for m in third["messages"]] == ["system", "user"]
+
+
+# Last in the module: a stopped answer still holds its engine slot until it ends (the studio chat does not yet
+# close its gateway stream when the browser hangs up).
+@pytest.mark.timeout(900)
+def test_the_rag_chat_shows_it_is_working_and_stops_on_request(platform, open_page, live_db):
+    page = open_page(platform)
+    sign_in(page)
+    page.goto(f"/rag/configs/{RagConfig.objects.get(name='Handbook').pk}/")
+    page.get_by_placeholder("Ask your documents…").fill("Describe every policy in the handbook in detail.")
+    page.get_by_role("button", name="Send").click()
+
+    answer = page.locator(".turn.assistant").last
+    expect(answer.get_by_role("status")).to_be_visible(timeout=2_000)  # at once, before any token
+    stop = page.get_by_role("button", name="Stop")
+    expect(stop).to_be_visible()
+    expect(page.get_by_role("button", name="Send")).to_be_disabled()
+    # The sources came: the stream is live and the model is at work (its first words may take a while on 2 cores).
+    expect(answer.get_by_role("status")).to_have_text(re.compile("Writing the answer"), timeout=60_000)
+    expect(page.locator("#chat-sources li").first).to_be_visible()
+    stop.click()
+
+    expect(answer).to_have_attribute("data-stopped", "1")
+    expect(answer).to_contain_text("(stopped)")
+    expect(stop).to_be_hidden()
+    expect(page.get_by_role("button", name="Send")).to_be_enabled()
+    stopped_text = answer.inner_text()
+    page.wait_for_timeout(1_500)
+    assert answer.inner_text() == stopped_text, "the answer kept growing after Stop"
