@@ -4,7 +4,11 @@ and the same rows for Chinese, on the plant handbook in rag_studio/samples/ and 
 
     .venv/bin/python -m bench.rag_quality [--corpora english chinese] [--chunking recursive heading]
         [--retrievals dense keyword hybrid ...] [--gateway URL] [--model NAME] [--rerank-candidates 10]
-        [--questions N] [--per-question] [--keep]
+        [--questions N] [--per-question] [--adaptive] [--keep]
+
+With --adaptive, each knowledge base also gets the automatic tuning a new one gets when it finishes indexing
+(rag_studio/evals/adaptive.py: questions drawn from its own chunks, no LLM); the 'adaptive' row scores the default it
+leaves on the bench's own questions, which that tuning never sees.
 
 The Chinese set: three documents (Markdown with tables, DOCX with a table, a GB18030 text file) chunked at 240/40
 characters, about the information of the English 800/100 (a Chinese character carries three to four English
@@ -55,6 +59,7 @@ from django.conf import settings
 
 from accounts.services import SYSTEM
 from rag_studio import services
+from rag_studio.evals import adaptive, tuning
 from rag_studio.evals.eval_metrics import hit_at_k, reciprocal_rank, token_f1
 from rag_studio.gateway_client import openai_client
 from rag_studio.models import Chunk, KnowledgeBase
@@ -376,6 +381,28 @@ def print_per_question(questions: list[Question], results: dict[str, list[Outcom
 # ---- the run ----
 
 
+def adapt_default(kb: KnowledgeBase) -> dict | None:
+    """What the platform does when a knowledge base finishes indexing (rag_studio/evals/adaptive.py): questions
+    drawn from its own chunks, a short tuning job, its winner adopted only where it beats the fixed default on the
+    held-back half. Returns the default it leaves (the 'adaptive' row), or None when it did not run."""
+    started = time.perf_counter()
+    job = adaptive.consider(kb.pk)
+    if job is None:
+        print("adaptive default: not run (too few chunks, or settings of the user's own)")
+        return None
+    tuning.execute_tuning(job.pk, "bench")
+    outcome = adaptive.adopt(job.pk)
+    job.refresh_from_db()
+    kb.refresh_from_db()
+    trials = {trial.number: trial for trial in job.trials.all()}
+    synthetic = ", ".join(f"{name} {trials[number].holdout_metrics['hit@k']:.3f}"
+                          for name, number in [("fixed default", 0), *job.report["references"].items(),
+                                               ("best", job.report["best"])])
+    print(f"adaptive default: {outcome} in {time.perf_counter() - started:.0f} s; synthetic held-back hit@5 "
+          f"({job.report['questions']['held_back']} questions): {synthetic}; {job.report['why']}")
+    return kb.retrieval
+
+
 def run_chunking(actor, workspace, corpus: str, chunking: str, embedding: str, args: argparse.Namespace) -> None:
     kb, ingest_s = build_knowledge_base(actor, workspace, corpus, chunking, embedding)
     chunks = Chunk.objects.filter(knowledge_base=kb, searchable=True).count()
@@ -390,9 +417,13 @@ def run_chunking(actor, workspace, corpus: str, chunking: str, embedding: str, a
           + (f"; left out: {missing}" if missing else ""))
     problem = gateway_problem(args.gateway, kb.workspace_id, args.model)
     pipeline = None if problem else answer_pipeline(kb, args.model)
+    adapted = adapt_default(kb) if args.adaptive else None
     print(HEADER)
     results = {}
-    for retrieval, rerank, overrides in configurations(args.retrievals, args.model, args.rerank_candidates):
+    rows = configurations(args.retrievals, args.model, args.rerank_candidates)
+    if adapted is not None:
+        rows.insert(len(args.retrievals), ("adaptive", "none", adapted))
+    for retrieval, rerank, overrides in rows:
         if rerank != "none" and problem:
             print(f"{retrieval:<12}{rerank:<8}skipped ({problem})")
             continue
@@ -417,6 +448,8 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=len(QUESTIONS), help="use N questions spread over the list")
     parser.add_argument("--per-question", action="store_true", help="print each question's first relevant rank")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data dir")
+    parser.add_argument("--adaptive", action="store_true",
+                        help="also run the automatic tuning a new knowledge base gets, and score its default")
     args = parser.parse_args()
     try:
         if "english" in args.corpora:

@@ -9,7 +9,7 @@ from accounts.permissions import WorkspaceScopedMixin
 from assets.views import bundle_download
 from cluster import queues
 from cluster.api import QueuePlaceSerializer
-from rag_studio import selectors, services
+from rag_studio import embedding_choice, selectors, services
 from rag_studio.bundles import export_config_bundle
 from rag_studio.evals import evaluation, jobs, tuning
 from rag_studio.models import (
@@ -26,6 +26,7 @@ from rag_studio.models import (
     RagConfigVersion,
     RagTemplate,
     RetrievalTuning,
+    TuningObjective,
     TuningTrial,
 )
 from rag_studio.pipeline import line
@@ -38,16 +39,32 @@ class KnowledgeBaseSerializer(serializers.ModelSerializer):
     document_count = serializers.IntegerField(read_only=True)
     indexed_count = serializers.IntegerField(read_only=True)
     needs_reindex = serializers.SerializerMethodField()
+    embedding_model_reason = serializers.SerializerMethodField(
+        help_text="Why the knowledge base has this embedding model: the user's choice, or picked from the language "
+                  "of its first documents before they were embedded")
+    embedding_model_mismatch = serializers.SerializerMethodField(
+        help_text="Set when the model does not read the knowledge base's text (an English-only model on Chinese "
+                  "text), with what to do; null otherwise")
 
     class Meta:
         model = KnowledgeBase
         fields = ["id", "name", "description", "embedding_model", "embedding_deployment", "embedding_dimensions",
+                  "embedding_model_source", "embedding_model_reason", "embedding_model_mismatch",
                   "chunking", "screening", "retrieval", "language", "index_key", "building_key", "needs_reindex",
                   "document_count", "indexed_count", "created_at", "updated_at"]
-        read_only_fields = ["language"]
+        read_only_fields = ["language", "embedding_model_source"]
 
     def get_needs_reindex(self, obj) -> bool:
         return selectors.needs_reindex(obj)
+
+    def _fit(self, kb) -> embedding_choice.EmbeddingFit:
+        return _once(self.context, f"embedding_fit:{kb.pk}", lambda: embedding_choice.embedding_fit(kb))
+
+    def get_embedding_model_reason(self, obj) -> str:
+        return self._fit(obj).reason
+
+    def get_embedding_model_mismatch(self, obj) -> str | None:
+        return self._fit(obj).mismatch or None
 
 
 class KnowledgeBaseWriteSerializer(serializers.Serializer):
@@ -501,8 +518,8 @@ class TuningSerializer(InteractivePlace, serializers.ModelSerializer):
     class Meta:
         model = RetrievalTuning
         fields = ["id", "knowledge_base", "eval_set", "config", "trials_requested", "top_k", "rerank_model",
-                  "rewrite_model", "seed", "status", "queue", "progress", "report", "error", "applied_to",
-                  "created_at", "finished_at", "trials"]
+                  "rewrite_model", "seed", "objective", "status", "queue", "progress", "report", "error",
+                  "applied_to", "applied", "created_at", "finished_at", "trials"]
 
 
 class TuningCreateSerializer(serializers.Serializer):
@@ -518,6 +535,10 @@ class TuningCreateSerializer(serializers.Serializer):
     rewrite_model = serializers.CharField(required=False, allow_blank=True, default="",
                                           help_text="Also try query rewriting with this chat deployment")
     seed = serializers.IntegerField(required=False, default=0, min_value=0)
+    objective = serializers.ChoiceField(choices=TuningObjective.choices, required=False,
+                                        default=TuningObjective.HIT_AT_K,
+                                        help_text="What ranks the trials: hit@k first with MRR to break ties (the "
+                                                  "default), MRR first, or their mean")
 
 
 class TuningApplySerializer(serializers.Serializer):
@@ -549,7 +570,8 @@ class TuningViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retrieve
             selectors.rag_configs(workspace=self.workspace), spec["config"], "RAG config")
         job = tuning.start_tuning(actor=self.actor, kb=kb, eval_set=eval_set, config=config, trials=spec["trials"],
                                   top_k=spec["top_k"], rerank_model=spec["rerank_model"],
-                                  rewrite_model=spec["rewrite_model"], seed=spec["seed"])
+                                  rewrite_model=spec["rewrite_model"], seed=spec["seed"],
+                                  objective=spec["objective"])
         return Response(TuningSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=TuningSerializer)
@@ -569,4 +591,12 @@ class TuningViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.Retrieve
         data.is_valid(raise_exception=True)
         job = self.get_object()
         tuning.apply_tuning(actor=self.actor, tuning=job, trial_number=data.validated_data.get("trial"))
+        return Response(TuningSerializer(self.get_queryset().get(pk=job.pk)).data)
+
+    @extend_schema(request=None, responses=TuningSerializer)
+    @action(detail=True, methods=["post"])
+    def rollback(self, request, pk=None):
+        """Put back the settings the last apply replaced, as a new version."""
+        job = self.get_object()
+        tuning.rollback_tuning(actor=self.actor, tuning=job)
         return Response(TuningSerializer(self.get_queryset().get(pk=job.pk)).data)

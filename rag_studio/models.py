@@ -5,6 +5,12 @@ from accounts.models import Workspace
 from serving.models import Deployment, Model
 
 
+class EmbeddingModelSource(models.TextChoices):
+    CHOSEN = "chosen", _("Chosen by the user")
+    PENDING = "pending", _("To be chosen from the first documents' language")
+    DETECTED = "detected", _("Chosen from the first documents' language")
+
+
 class KnowledgeBase(models.Model):
     """Documents indexed with one embedding model and one chunking mode. `index_key` names the on-disk index that
     retrieval reads; a re-index builds `building_key` beside it and swaps when every document is done."""
@@ -16,6 +22,12 @@ class KnowledgeBase(models.Model):
     embedding_deployment = models.ForeignKey(Deployment, on_delete=models.SET_NULL, null=True, blank=True,
                                              related_name="+")
     embedding_dimensions = models.PositiveIntegerField()
+    # Existing rows keep the model they have: only a base created without one waits for its documents' language.
+    embedding_model_source = models.CharField(max_length=16, choices=EmbeddingModelSource.choices,
+                                              default=EmbeddingModelSource.CHOSEN)
+    embedding_model_evidence = models.JSONField(
+        default=dict, blank=True, help_text="What the automatic choice read: the language of the first documents, "
+                                            "their share of Chinese text, and the model it replaced")
     chunking = models.JSONField(default=dict)
     screening = models.JSONField(default=dict)
     retrieval = models.JSONField(default=dict)
@@ -274,6 +286,12 @@ class EvalResult(models.Model):
         constraints = [models.UniqueConstraint(fields=["run", "item"], name="unique_eval_result")]
 
 
+class TuningObjective(models.TextChoices):
+    HIT_AT_K = "hit@k", _("hit@k first, MRR to break ties")
+    MRR = "mrr", _("MRR first, hit@k to break ties")
+    MEAN = "mean", _("(hit@k + MRR) / 2")
+
+
 class RetrievalTuning(LeasedJob):
     """A search over a knowledge base's retrieval settings on one of its eval sets (rag_studio/evals/tuning.py).
     Its trials are kept as they finish, so a cancelled or killed job resumes where it stopped."""
@@ -291,9 +309,17 @@ class RetrievalTuning(LeasedJob):
     rewrite_model = models.CharField(max_length=96, blank=True,
                                      help_text="Also try query rewriting (multi-query) with this chat deployment")
     seed = models.PositiveIntegerField(default=0)
+    objective = models.CharField(max_length=8, choices=TuningObjective.choices, default=TuningObjective.HIT_AT_K,
+                                 help_text="What ranks the trials")
+    automatic = models.BooleanField(default=False,
+                                    help_text="Started by the platform on questions drawn from the knowledge base's "
+                                              "own text (evals/adaptive.py), when it finished indexing")
     progress = models.PositiveSmallIntegerField(default=0)
     report = models.JSONField(default=dict)
     applied_to = models.CharField(max_length=96, blank=True, help_text="Where the winner was saved, and its version")
+    applied = models.JSONField(default=dict, blank=True,
+                               help_text="The last apply: the trial, where it went (config and version, or the "
+                                         "knowledge base), the settings it replaced, and whether it was rolled back")
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -16,6 +16,7 @@ from rag_studio.models import (
 )
 from rag_studio.pipeline import line
 from rag_studio.search.keywords import TOKENS_VERSION
+from rag_studio.search.retrieval_config import validate_retrieval
 from serving.models import RoleHint, ServingState
 from serving.selectors import deployments_visible_to
 
@@ -65,15 +66,24 @@ _LATIN = re.compile(r"[A-Za-z]")
 MOSTLY_CHINESE_SHARE = 0.5
 
 
-def text_language(texts) -> str:
-    """'zh' when most of the text is Chinese, 'en' when there is other text, '' when there is none."""
+def chinese_share(texts) -> float | None:
+    """How much of the text is Chinese, 0–1, weighing one character as four Latin letters (about what each
+    carries); None when there is no text in either."""
     cjk = latin = 0
     for text in texts:
         cjk += len(_CJK.findall(text))
-        latin += len(_LATIN.findall(text)) / 4  # about four letters carry what one character does
+        latin += len(_LATIN.findall(text)) / 4
     if not cjk and not latin:
+        return None
+    return cjk / (cjk + latin)
+
+
+def text_language(texts) -> str:
+    """'zh' when most of the text is Chinese, 'en' when there is other text, '' when there is none."""
+    share = chinese_share(texts)
+    if share is None:
         return ""
-    return "zh" if cjk / (cjk + latin) >= MOSTLY_CHINESE_SHARE else "en"
+    return "zh" if share >= MOSTLY_CHINESE_SHARE else "en"
 
 
 def knowledge_base_language(*, kb: KnowledgeBase, sample: int = 200) -> str:
@@ -107,6 +117,20 @@ def eval_runs(*, workspace: Workspace):
 
 def tunings(*, workspace: Workspace):
     return RetrievalTuning.objects.filter(workspace=workspace).select_related("knowledge_base", "eval_set", "config")
+
+
+def tuned_settings_in_use(kb: KnowledgeBase) -> dict | None:
+    """The tuning job and trial whose applied settings the knowledge base searches with by default, while they
+    still are (neither rolled back nor changed since), with the held-back measurements behind them."""
+    job = kb.tunings.filter(config=None, applied__target="knowledge_base").order_by("-pk").first()
+    if job is None or job.applied.get("rolled_back"):
+        return None
+    trial = job.trials.filter(number=job.applied["trial"]).first()
+    baseline = job.trials.filter(number=0).first()
+    if trial is None or baseline is None or trial.settings["retrieval"] != validate_retrieval(kb.retrieval):
+        return None
+    return {"job": job, "trial": trial.number, "questions": trial.holdout_metrics["n"],
+            "hit": trial.holdout_metrics["hit@k"], "hit_before": baseline.holdout_metrics["hit@k"]}
 
 
 def scoped(queryset, pk, what: str):

@@ -22,6 +22,7 @@ from rag_studio.models import (
     Document,
     DocumentEvent,
     DocumentStatus,
+    EmbeddingModelSource,
     KnowledgeBase,
     RagConfig,
     RagConfigVersion,
@@ -94,9 +95,12 @@ def create_knowledge_base(*, actor: Actor, workspace: Workspace, name: str, desc
         raise Conflict(f"A knowledge base named '{name}' already exists in this workspace.")
     model = _embedding_model(workspace, embedding_model or DEFAULT_EMBEDDING_MODEL)
     deployment = _embedding_deployment(workspace, model, embedding_deployment) if embedding_deployment else None
+    # Without a model of the user's, the default holds until the first documents' language picks one
+    # (embedding_choice, just before they are embedded).
+    source = EmbeddingModelSource.CHOSEN if embedding_model or deployment else EmbeddingModelSource.PENDING
     kb = KnowledgeBase.objects.create(
         workspace=workspace, name=name, description=description, embedding_model=model,
-        embedding_deployment=deployment, embedding_dimensions=_dimensions(model),
+        embedding_deployment=deployment, embedding_dimensions=_dimensions(model), embedding_model_source=source,
         chunking=_validated(validate_chunking, "chunking", chunking or dict(DEFAULT_CHUNKING)),
         screening=_validated(validate_policy, "screening", screening or dict(DEFAULT_POLICY)),
         retrieval=_validated(validate_retrieval, "retrieval", retrieval or {}),
@@ -142,6 +146,9 @@ def update_knowledge_base(*, actor: Actor, kb: KnowledgeBase, reindex: bool = Fa
             kb.description = changes["description"]
         if changes.get("embedding_model"):
             model = _embedding_model(kb.workspace, changes["embedding_model"])
+            # Naming the provisional default before the automatic choice is made is a choice too.
+            if model.pk != kb.embedding_model_id or kb.embedding_model_source == EmbeddingModelSource.PENDING:
+                kb.embedding_model_source = EmbeddingModelSource.CHOSEN
             if model.pk != kb.embedding_model_id:
                 kb.embedding_model = model
                 kb.embedding_dimensions = _dimensions(model)

@@ -4,8 +4,9 @@ queues and the beat schedule are set in factory/celery.py."""
 from celery import shared_task
 from celery.signals import worker_ready
 
-from rag_studio.evals import evaluation, jobs, tuning
+from rag_studio.evals import adaptive, evaluation, jobs, tuning
 from rag_studio.leases import owner_name
+from rag_studio.models import JobStatus
 from rag_studio.pipeline import ingestion
 
 
@@ -43,7 +44,16 @@ def run_eval(self, run_id: int) -> str:
 
 @shared_task(name="rag_studio.tasks.tune_retrieval", bind=True, ignore_result=True)
 def tune_retrieval(self, tuning_id: int) -> str:
-    return tuning.execute_tuning(tuning_id, owner_name(self.request.hostname, self.request.id))
+    status = tuning.execute_tuning(tuning_id, owner_name(self.request.hostname, self.request.id))
+    if status == JobStatus.DONE:
+        adaptive.adopt(tuning_id)  # an automatic job's winner becomes the default where it earned it
+    return status
+
+
+@shared_task(name=jobs.ADAPT_TASK, ignore_result=True)
+def adapt_retrieval(kb_id: int) -> int | None:
+    job = adaptive.consider(kb_id)
+    return job.pk if job else None
 
 
 @worker_ready.connect

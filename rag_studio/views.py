@@ -14,11 +14,19 @@ from accounts.gui import gui_actor, has_role, workspace_page
 from accounts.models import Role
 from assets.views import bundle_download
 from cluster import queues
-from rag_studio import selectors, services
+from rag_studio import embedding_choice, selectors, services
 from rag_studio.bundles import export_config_bundle
-from rag_studio.evals import evaluation, jobs, tuning
+from rag_studio.evals import adaptive, evaluation, jobs, tuning
 from rag_studio.evals.evaluation import METRIC_NAMES
-from rag_studio.models import EvalRun, EvalSet, JobStatus, RagTemplate, RetrievalTuning
+from rag_studio.models import (
+    EmbeddingModelSource,
+    EvalRun,
+    EvalSet,
+    JobStatus,
+    RagTemplate,
+    RetrievalTuning,
+    TuningObjective,
+)
 from rag_studio.pipeline.chunking import CHUNK_MODES
 from rag_studio.pipeline.screening import ACTIONS, CATEGORIES
 from rag_studio.rag import DEFAULT_PROMPTS
@@ -139,16 +147,32 @@ def kb_page(request, kb_id):
         "kb": kb, "documents": selectors.document_progress(kb=kb), "needs_reindex": selectors.needs_reindex(kb),
         "policy": [(category, kb.screening.get(category)) for category in CATEGORIES],
         "chinese_suggestion": _chinese_suggestion(kb),
+        "embedding_choice": _embedding_choice(kb),
+        "tuned": selectors.tuned_settings_in_use(kb),
+        "measured": adaptive.measured_default(kb),
         "automatic_defaults": is_default(kb.retrieval),
         **_form_choices(request.workspace),
     })
 
 
 def _chinese_suggestion(kb) -> bool:
-    """For mostly Chinese text embedded by the English-only preset, where the multilingual preset is registered:
+    """For Chinese or mixed text embedded by an English-only model, where the multilingual preset is registered:
     its vectors tell Chinese passages apart (bench.rag_quality: dense hit@5 0.357 on MiniLM, 1.000 on e5)."""
-    return (kb.embedding_model.name == services.DEFAULT_EMBEDDING_MODEL and kb.language == "zh"
-            and _embedding_models(kb.workspace).filter(name=MULTILINGUAL_E5).exists())
+    return embedding_choice.embedding_fit(kb).suggested == MULTILINGUAL_E5
+
+
+def _embedding_choice(kb) -> dict:
+    """What the page says about an embedding model the user did not choose (embedding_choice)."""
+    evidence = kb.embedding_model_evidence or {}
+    if kb.embedding_model_source == EmbeddingModelSource.PENDING:
+        state = "pending"
+    elif kb.embedding_model_source != EmbeddingModelSource.DETECTED:
+        return {}
+    elif evidence.get("model") != kb.embedding_model.name:
+        state = "switched"
+    else:
+        state = "unavailable" if evidence.get("unavailable") else "kept"
+    return {"state": state, "share": f"{evidence.get('chinese_share', 0):.0%}", "default": evidence.get("model", "")}
 
 
 @workspace_page
@@ -404,7 +428,8 @@ def evals_page(request):
                 actor=actor, kb=eval_set.knowledge_base, eval_set=eval_set,
                 config=_config(request, post["config"]) if post.get("config") else None,
                 trials=_int(post.get("trials", "30"), "trials"), top_k=_int(post.get("top_k", "5"), "top_k"),
-                rerank_model=post.get("rerank_model", ""), rewrite_model=post.get("rewrite_model", ""))
+                rerank_model=post.get("rerank_model", ""), rewrite_model=post.get("rewrite_model", ""),
+                objective=post.get("objective") or TuningObjective.HIT_AT_K)
             messages.success(request, _("Tuning job #%(id)s started.") % {"id": job.pk})
             return redirect("rag-tuning", tuning_id=job.pk)
         return redirect("rag-evals")
@@ -426,7 +451,7 @@ def evals_page(request):
         "eval_sets": eval_sets, "runs": runs, "metric_names": METRIC_NAMES, "busy": busy,
         "knowledge_bases": selectors.knowledge_bases(workspace=workspace),
         "configs": selectors.rag_configs(workspace=workspace), "chat_deployments": _chat_deployments(workspace),
-        "tunings": selectors.tunings(workspace=workspace)[:20],
+        "tunings": selectors.tunings(workspace=workspace)[:20], "tuning_objectives": TuningObjective.choices,
         "cross_encoders": _form_choices(workspace)["cross_encoders"],
         "chart": [{"label": f"#{r.pk} {r.config_version}", "metrics": dict(r.metric_values)} for r in runs
                   if r.status == JobStatus.DONE][:6],
@@ -465,20 +490,40 @@ def tuning_page(request, tuning_id):
             applied = tuning.apply_tuning(actor=actor, tuning=job,
                                           trial_number=_int(trial, "trial") if trial else None)
             messages.success(request, _("Applied: saved as a new version of %(target)s.") % {"target": applied})
+        elif action == "rollback":
+            restored = tuning.rollback_tuning(actor=actor, tuning=job)
+            messages.success(request, _("Rolled back: the settings before it are in use again, saved as %(target)s.")
+                             % {"target": restored})
         return redirect("rag-tuning", tuning_id=job.pk)
     trials = list(job.trials.all())
     for trial in trials:
         trial.summary = retrieval_summary(trial.settings)
         trial.tuning_hit, trial.holdout_hit = trial.tuning_metrics["hit@k"], trial.holdout_metrics["hit@k"]
-    report = job.report or {}
+    report, applied = job.report or {}, _applied(job)
     place = jobs.place(queues.interactive_line(), RetrievalTuning, jobs.TUNE_TASK, job)
     return render(request, "rag/tuning.html", {
         "job": job, "trials": trials, "report": report, "active": job.status in tuning.ACTIVE,
         "place": place.as_dict() if place else None,
         "baseline": trials[0] if trials else None,
         "best": next((t for t in trials if t.number == report.get("best")), None),
-        "chart": [{"number": t.number, "tuning": t.tuning_metrics["score"], "held_back": t.holdout_metrics["score"]}
-                  for t in trials]})
+        "applied": applied,
+        # Once applied (and not rolled back), the page offers the rollback instead of the same apply again.
+        "offer_apply": report.get("suggested") and job.status == JobStatus.DONE and (
+            not applied or applied.get("rolled_back") or applied.get("trial") != report.get("best")),
+        "objective_name": {TuningObjective.MRR: "MRR", TuningObjective.MEAN: "(hit@k + MRR) / 2"}.get(
+            job.objective, "hit@k"),
+        "chart": [{"number": t.number, "tuning": tuning.ranking(t.tuning_metrics, job.objective)[0],
+                   "held_back": tuning.ranking(t.holdout_metrics, job.objective)[0]} for t in trials]})
+
+
+def _applied(job: RetrievalTuning) -> dict:
+    """The last apply, for the page: its trial, the version it made (linked), and whether it was rolled back."""
+    applied = dict(job.applied or {})
+    if applied.get("target") == "config" and job.config_id:
+        applied["url"] = reverse("rag-config", args=[job.config_id])
+    elif applied.get("target") == "knowledge_base":
+        applied["url"] = reverse("rag-kb", args=[job.knowledge_base_id])
+    return applied
 
 
 def retrieval_summary(settings: dict) -> str:

@@ -22,6 +22,8 @@ from rag_studio.models import EvalRun, EvalSet, JobStatus, RetrievalTuning
 GENERATE_TASK, RUN_TASK, TUNE_TASK = ("rag_studio.tasks.generate_eval_set", "rag_studio.tasks.run_eval",
                                       "rag_studio.tasks.tune_retrieval")
 TASKS = ((EvalSet, GENERATE_TASK), (EvalRun, RUN_TASK), (RetrievalTuning, TUNE_TASK))
+# Considers an automatic tuning job for a knowledge base that finished indexing (evals/adaptive.py).
+ADAPT_TASK = "rag_studio.tasks.adapt_retrieval"
 logger = logging.getLogger(__name__)
 
 
@@ -30,7 +32,7 @@ def active_in(workspace_id: int) -> int:
     active = {"status__in": [JobStatus.QUEUED, JobStatus.RUNNING]}
     return (EvalSet.objects.filter(workspace_id=workspace_id, **active).count()
             + EvalRun.objects.filter(eval_set__workspace_id=workspace_id, **active).count()
-            + RetrievalTuning.objects.filter(workspace_id=workspace_id, **active).count())
+            + RetrievalTuning.objects.filter(workspace_id=workspace_id, automatic=False, **active).count())
 
 
 def workspace_of(model, pk: int) -> int | None:
@@ -38,15 +40,28 @@ def workspace_of(model, pk: int) -> int | None:
     return model.objects.filter(pk=pk).values_list(field, flat=True).first()
 
 
+def queue_of(model, pk: int) -> str:
+    """A person waits for all of this work but an automatic tuning job (evals/adaptive.py): that one runs on the
+    main workers' `default` queue, in the background, so it never holds the interactive worker from someone's job."""
+    if model is RetrievalTuning and RetrievalTuning.objects.filter(pk=pk, automatic=True).exists():
+        return queues.DEFAULT
+    return queues.INTERACTIVE
+
+
 def dispatch(model, task: str, pk: int) -> None:
     model.objects.filter(pk=pk).update(dispatched_at=timezone.now())
-    queues.send(task, [pk], queue=queues.INTERACTIVE, workspace_id=workspace_of(model, pk))
+    queues.send(task, [pk], queue=queue_of(model, pk), workspace_id=workspace_of(model, pk))
 
 
 def place(line: queues.Line, model, task: str, row) -> queues.Place | None:
-    """Where a queued piece of work stands in the interactive line; None once it runs."""
+    """Where a queued piece of work stands in its line (`line`, the interactive one, read once for a list page);
+    None once it runs."""
     if row.status != JobStatus.QUEUED:
         return None
+    if getattr(row, "automatic", False):
+        return queues.Line(queues.DEFAULT, workers=settings.RAG_INGEST_SLOTS).place(
+            task, [row.pk], workspace_id=workspace_of(model, row.pk), default_s=60.0,
+            reason=_("waiting for a background worker (an automatic job gives way to ingestion and your own jobs)"))
     return line.place(task, [row.pk], workspace_id=workspace_of(model, row.pk), default_s=60.0,
                       reason=_("waiting for the interactive worker (evaluations, tuning, calibration)"))
 
@@ -57,7 +72,7 @@ def cancel(model, task: str, pk: int) -> bool:
     if not model.objects.filter(pk=pk, status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).update(
             status=JobStatus.CANCELLED, lease_owner="", lease_until=None):
         return False
-    queues.withdraw(queues.INTERACTIVE, task, [pk])
+    queues.withdraw(queue_of(model, pk), task, [pk])
     return True
 
 
@@ -138,7 +153,8 @@ def sweep_overdue() -> dict[str, list[int]]:
     stalled = (Q(status=JobStatus.RUNNING, lease_until__lt=now)
                | never_held & Q(dispatched_at__lt=overdue)
                | never_held & Q(dispatched_at__isnull=True, created_at__lt=overdue))
-    waiting = {(message.task, message.args) for message in queues.waiting(queues.INTERACTIVE)}
+    waiting = {(message.task, message.args) for queue in (queues.INTERACTIVE, queues.DEFAULT)
+               for message in queues.waiting(queue)}
     swept = {}
     for model, task in TASKS:
         candidates = model.objects.filter(stalled).order_by("pk").values_list("pk", flat=True)

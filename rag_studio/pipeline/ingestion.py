@@ -30,9 +30,14 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 
+from cluster import queues
 from rag_studio import files, selectors
 from rag_studio.embedding import Embedder, EmbeddingFailed
+from rag_studio.embedding_choice import choose_before_embedding
+from rag_studio.evals import jobs
 from rag_studio.leases import LeaseKeeper, lease_until
 from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, Stage
 from rag_studio.pipeline import line
@@ -378,7 +383,11 @@ class _Piece:
 
 
 def embed_documents(documents: list[Document], worker: str) -> None:
-    """Embed the documents' unsaved batches, several documents' batches per model call."""
+    """Embed the documents' unsaved batches, several documents' batches per model call. The knowledge base's
+    first embedding settles its model first (embedding_choice): every worker embeds with the model decided then."""
+    kb = choose_before_embedding(documents[0].knowledge_base_id)
+    for document in documents:
+        document.knowledge_base = kb
     pieces, batch_counts, done = [], {}, {}
     for document in documents:
         chunks = _searchable(document)
@@ -390,7 +399,7 @@ def embed_documents(documents: list[Document], worker: str) -> None:
                                      f"of {len(batches)}; {len(batches) - len(todo)} batch(es) were already saved")
         pieces += [_Piece(document, i, batches[i]) for i in todo]
         batch_counts[document.pk], done[document.pk] = len(batches), len(batches) - len(todo)
-    embedder = Embedder.for_knowledge_base(documents[0].knowledge_base)
+    embedder = Embedder.for_knowledge_base(kb)
     span = PROGRESS_AT[Stage.INDEX] - PROGRESS_AT[Stage.EMBED]
     held = list(documents)
     for call in _calls(pieces, settings.RAG_EMBED_BATCH_SIZE * EMBED_CALL_BATCHES):
@@ -505,6 +514,23 @@ def finish_documents(documents: list[Document], worker: str) -> None:
     if finished:
         switch_to_built_index(finished[0].knowledge_base_id)
         record_language(finished[0].knowledge_base_id)
+        offer_adaptation(finished[0].knowledge_base_id)
+
+
+def offer_adaptation(kb_id: int) -> None:
+    """Once nothing of the knowledge base is left to ingest, ask a background worker to consider fitting its
+    default retrieval settings to it (rag_studio/evals/adaptive.py decides whether to; nobody waits for it, so it
+    stays off the interactive queue). A broker that is down only loses the offer: the next document to finish makes
+    it again."""
+    kb = KnowledgeBase.objects.filter(pk=kb_id).values("workspace_id").first()
+    pending = Document.objects.filter(knowledge_base_id=kb_id,
+                                      status__in=[DocumentStatus.QUEUED, DocumentStatus.PROCESSING])
+    if kb is None or pending.exists():
+        return
+    try:
+        queues.send(jobs.ADAPT_TASK, [kb_id], queue=queues.DEFAULT, workspace_id=kb["workspace_id"])
+    except (OperationalError, RedisError):
+        logger.warning("Could not offer knowledge base %s an automatic tuning: the broker is unreachable", kb_id)
 
 
 def record_language(kb_id: int) -> None:

@@ -81,9 +81,11 @@ def test_a_tuning_job_searches_on_one_half_checks_on_the_other_and_applies_the_w
             assert metrics["p95_ms"] > 0
     assert trials[0].settings["retrieval"] == {**trials[0].settings["retrieval"], **indexed_kb.retrieval}
     best = trials[job.report["best"]]
-    assert all(best.tuning_metrics["score"] >= t.tuning_metrics["score"] for t in trials)
-    assert job.report["suggested"] == (best.tuning_metrics["score"] > trials[0].tuning_metrics["score"]
-                                       and best.holdout_metrics["score"] > trials[0].holdout_metrics["score"])
+    # Ranked by hit@k, then MRR (the default objective).
+    rank = [(t.tuning_metrics["hit@k"], t.tuning_metrics["mrr"]) for t in trials]
+    assert job.report["objective"] == "hit@k" and all(rank[best.number] >= other for other in rank)
+    held = [(t.holdout_metrics["hit@k"], t.holdout_metrics["mrr"]) for t in trials]
+    assert job.report["suggested"] == (rank[best.number] > rank[0] and held[best.number] > held[0])
 
     # Apply a trial (the suggested one, or any named one) to the knowledge base's defaults: a new asset version.
     versions = AssetVersion.objects.filter(asset__kind=AssetKind.KNOWLEDGE_BASE, asset__ref_id=str(indexed_kb.pk))
@@ -233,14 +235,14 @@ def test_among_equal_scores_the_trial_that_changes_least_is_best_and_no_gain_kee
     job = RetrievalTuning.objects.create(workspace=indexed_kb.workspace, knowledge_base=indexed_kb,
                                          eval_set=eval_set, status=JobStatus.RUNNING)
     baseline = tuning.baseline_settings(job)
-    metrics = {"hit@k": 1.0, "mrr": 0.9, "score": 0.95, "p95_ms": 12.0, "n": 6}
+    metrics = {"hit@k": 1.0, "mrr": 0.9, "p95_ms": 12.0, "n": 6}
     candidates = [{}, {"mode": "keyword", "candidates": 20, "max_per_document": 1}, {"mode": "keyword"},
                   {"mode": "keyword", "candidates": 20}]
     for number, changes in enumerate(candidates):
         settings = {**baseline, "retrieval": {**baseline["retrieval"], **changes}}
-        gain = 0.0 if number == 0 else 0.05
-        job.trials.create(number=number, settings=settings, tuning_metrics={**metrics, "score": 0.95 + gain},
-                          holdout_metrics={**metrics, "score": 0.95 + gain, "p95_ms": 20.0 - number})
+        hit = 0.8333 if number == 0 else 1.0
+        job.trials.create(number=number, settings=settings, tuning_metrics={**metrics, "hit@k": hit},
+                          holdout_metrics={**metrics, "hit@k": hit, "p95_ms": 20.0 - number})
     report = tuning.build_report(job, questions={})
     assert report["best"] == 2 and report["suggested"]  # one change, though trial 3 is faster
 
@@ -266,3 +268,126 @@ def test_rerank_and_rewrite_trials_name_the_chosen_models_and_the_rerank_kind_is
     reranked = [s["retrieval"]["rerank"] for s in tried if s["retrieval"].get("rerank", {}).get("kind") == "llm"]
     assert reranked and all(r["model"] == CHAT and 0 <= r["threshold"] <= 1 for r in reranked)
     assert {s["rewrite_model"] for s in tried} == {"", CHAT}
+
+
+def _trial_metrics(hits: list[int], ranks: list[float], p95: float = 10.0) -> dict:
+    return {"hit@k": round(sum(hits) / len(hits), 4), "mrr": round(sum(ranks) / len(ranks), 4), "p95_ms": p95,
+            "n": len(hits), "hits": hits, "ranks": ranks}
+
+
+def _synthetic_job(kb, eval_set, trials: list[tuple[dict, dict, dict]], **fields) -> RetrievalTuning:
+    """A finished job whose trials (retrieval changes, tuning-half metrics, held-back metrics) are given."""
+    job = RetrievalTuning.objects.create(workspace=kb.workspace, knowledge_base=kb, eval_set=eval_set,
+                                         status=JobStatus.DONE, **fields)
+    baseline = tuning.baseline_settings(job)
+    for number, (changes, tuned, held) in enumerate(trials):
+        settings = {**baseline, "retrieval": {**baseline["retrieval"], **changes}}
+        job.trials.create(number=number, settings=settings, tuning_metrics=tuned, holdout_metrics=held)
+    job.report = tuning.build_report(job, questions={"tuning": 6, "held_back": 6, "skipped": 0})
+    job.save(update_fields=["report"])
+    return job
+
+
+# Trial 1 finds every passage but ranks them lower; trial 2 ranks higher what it finds (issue 34: the old mean
+# score picked trial 2's kind and so traded hit@5 for MRR).
+IN_USE = _trial_metrics([1, 1, 1, 0, 1, 0], [1, 0.5, 0.5, 0, 0.5, 0])
+ALL_FOUND = _trial_metrics([1, 1, 1, 1, 1, 1], [0.5, 0.5, 0.5, 0.25, 0.5, 0.2])
+RANKED_HIGHER = _trial_metrics([1, 1, 1, 0, 1, 1], [1, 1, 1, 0, 1, 1])
+
+
+def test_the_objective_is_the_users_choice_hit_at_k_first_by_default(ann, indexed_kb, eval_set):
+    trials = [({}, IN_USE, IN_USE), ({"mode": "dense"}, ALL_FOUND, ALL_FOUND),
+              ({"mode": "keyword"}, RANKED_HIGHER, RANKED_HIGHER)]
+    by_hits = _synthetic_job(indexed_kb, eval_set, trials)
+    assert (by_hits.objective, by_hits.report["best"]) == ("hit@k", 1)
+    by_mrr = _synthetic_job(indexed_kb, eval_set, trials, objective="mrr")
+    assert by_mrr.report["best"] == 2
+
+    # Equal hit@k: MRR breaks the tie, and the report names both.
+    tie = _synthetic_job(indexed_kb, eval_set, [({}, ALL_FOUND, ALL_FOUND), (
+        {"mode": "dense"}, _trial_metrics([1] * 6, [1] * 6), _trial_metrics([1] * 6, [1] * 6))])
+    assert tie.report["best"] == 1 and "hit@k +0.000, MRR +0." in tie.report["why"]
+
+
+def test_a_gain_of_a_question_or_two_is_reported_within_noise(ann, indexed_kb, eval_set, client):
+    one_more = _trial_metrics([1, 1, 1, 1, 1, 0], [1, 0.5, 0.5, 0.5, 0.5, 0])
+    small = _synthetic_job(indexed_kb, eval_set, [({}, IN_USE, IN_USE), ({"mode": "dense"}, one_more, one_more)])
+    assert small.report["suggested"] and small.report["noise"]["within_noise"]
+    assert small.report["noise"]["one_question"] == pytest.approx(1 / 6, abs=1e-3)
+    assert "within noise" in small.report["why"]
+    client.force_login(ann.user)
+    assert 'id="within-noise"' in client.get(f"/rag/evals/tunings/{small.pk}/").content.decode()
+
+    none_found = _trial_metrics([0] * 6, [0.0] * 6)
+    clear = _synthetic_job(indexed_kb, eval_set, [({}, none_found, none_found),
+                                                  ({"mode": "dense"}, ALL_FOUND, ALL_FOUND)])
+    assert clear.report["suggested"] and not clear.report["noise"]["within_noise"]
+    assert "within noise" not in clear.report["why"]
+
+
+def test_no_setting_is_measured_twice_and_single_mode_trials_do_not_search_candidate_depth(
+        ann, indexed_kb, eval_set, dispatched, django_capture_on_commit_callbacks, monkeypatch):
+    job = _start(ann, indexed_kb, eval_set, django_capture_on_commit_callbacks, trials=20)
+    measured, real_measure = [], tuning.measure
+    monkeypatch.setattr(tuning, "measure", lambda *args: (measured.append(args[1]), real_measure(*args))[1])
+
+    assert tuning.execute_tuning(job.pk, "worker@a/1/t1") == JobStatus.DONE
+    job.refresh_from_db()
+    trials = list(job.trials.all())
+    keys = [json.dumps(t.settings, sort_keys=True) for t in trials]
+    assert len(trials) == 21 and len(set(keys)) == 21 and job.report["trials"] == 20
+    assert len(measured) == 2 * 21  # each distinct setting once per half
+    assert job.report["proposals"]["asked"] == 20 + job.report["proposals"]["already_measured"]
+    baseline = trials[0].settings["retrieval"]
+    single = [t for t in trials[1:] if t.params["mode"] != "hybrid"]
+    assert single and all("candidates" not in t.params and "fusion" not in t.params for t in single)
+    assert all(t.settings["retrieval"]["candidates"] == baseline["candidates"] for t in single)
+    assert all("candidates" in t.params for t in trials[1:] if t.params["mode"] == "hybrid")
+
+
+def test_after_apply_the_page_offers_rollback_and_the_knowledge_base_says_tuned_settings_are_in_use(
+        ann, own_indexed_kb, client):
+    kb = own_indexed_kb
+    eval_set = evaluation.upload_eval_set(actor=ann, kb=kb, name="Own questions", filename="qa.jsonl",
+                                          content=_eval_file(kb, QUESTIONS))
+    job = _synthetic_job(kb, eval_set, [({}, IN_USE, IN_USE), ({"mode": "dense", "max_per_document": 2},
+                                                                ALL_FOUND, ALL_FOUND)])
+    client.force_login(ann.user)
+    assert 'id="apply-best"' in client.get(f"/rag/evals/tunings/{job.pk}/").content.decode()
+    assert 'id="tuned-settings"' not in client.get(f"/rag/kb/{kb.pk}/").content.decode()
+
+    client.post(f"/rag/evals/tunings/{job.pk}/", {"action": "apply"})
+
+    page = client.get(f"/rag/evals/tunings/{job.pk}/").content.decode()
+    assert 'id="apply-best"' not in page and 'id="rollback"' in page
+    assert "Trial 1 is applied" in page
+    kb_page = client.get(f"/rag/kb/{kb.pk}/").content.decode()
+    assert 'id="tuned-settings"' in kb_page and f"trial 1 of tuning job #{job.pk}" in kb_page
+    assert 'id="retrieval-defaults"' not in kb_page
+
+    client.post(f"/rag/evals/tunings/{job.pk}/", {"action": "rollback"})
+
+    kb.refresh_from_db()
+    assert kb.retrieval == job.trials.get(number=0).settings["retrieval"]
+    page = client.get(f"/rag/evals/tunings/{job.pk}/").content.decode()
+    assert "rolled back" in page and 'id="apply-best"' in page
+    assert 'id="tuned-settings"' not in client.get(f"/rag/kb/{kb.pk}/").content.decode()
+
+
+def test_a_config_rolls_back_through_the_api_as_its_next_version(acme, ann, key_client, indexed_kb, eval_set, presets):
+    Deployment.objects.create(workspace=None, name=CHAT, model=presets[CHAT], engine="llamacpp")
+    config = services.save_rag_config(actor=ann, workspace=acme, name="Support", knowledge_base=indexed_kb,
+                                      template="citations", model=CHAT, retrieval={"top_k": 5})
+    job = _synthetic_job(indexed_kb, eval_set, [({}, IN_USE, IN_USE), ({"mode": "dense"}, ALL_FOUND, ALL_FOUND)],
+                         config=config)
+    client = key_client("ann", acme)
+    assert client.post(f"/api/rag/tunings/{job.pk}/rollback/").status_code == 409  # nothing applied yet
+
+    applied = client.post(f"/api/rag/tunings/{job.pk}/apply/", {}, format="json").json()
+    assert applied["applied"] == {"trial": 1, "target": "config", "version": 2, "previous": {"version": 1},
+                                  "rolled_back": False}
+    rolled = client.post(f"/api/rag/tunings/{job.pk}/rollback/")
+    assert rolled.status_code == 200 and rolled.json()["applied"]["rolled_back"]
+    config.refresh_from_db()
+    assert config.version == 3 and config.retrieval == {"top_k": 5}
+    assert client.post(f"/api/rag/tunings/{job.pk}/rollback/").status_code == 409
