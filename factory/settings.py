@@ -18,6 +18,7 @@ FACTORY_MCP_COMMANDS   the operator's catalogue of local (stdio) MCP commands wo
 FACTORY_MCP_POOL_SIZE, FACTORY_MCP_POOL_IDLE_S  open MCP sessions each process keeps, and how long one stays unused
                        (16, 300 s)
 FACTORY_WORKSPACE_CREATION  staff (default) or anyone: who may create workspaces
+FACTORY_RAG_ADAPTIVE_DEFAULTS  on (default) or off: whether knowledge bases fit their default retrieval to their text
 FACTORY_MCP_ALLOWED_HOSTS    the names /mcp answers to (default: loopback, FACTORY_HOST, ALLOWED_HOSTS)
 FACTORY_SANDBOX        bwrap (default) or unsafe-dev: how python tools are isolated
 FACTORY_SANDBOX_MEMORY_MB, FACTORY_SANDBOX_PROCESSES  each python tool run's memory and process limits (512, 32)
@@ -302,6 +303,10 @@ TORCH_THREADS = int(os.environ.get("FACTORY_TORCH_THREADS") or RAG_EMBED_CONCURR
 # comes soon (rag_studio/pipeline/line.py).
 RAG_INGEST_GROUP_DOCS = int(os.environ.get("FACTORY_RAG_INGEST_GROUP_DOCS", "32"))
 RAG_INGEST_SHARED_GROUP_DOCS = int(os.environ.get("FACTORY_RAG_INGEST_SHARED_GROUP_DOCS", "4"))
+# A knowledge base that finishes indexing has its default retrieval settings measured on questions drawn from its own
+# text, and the winner adopted where it beats the fixed default (rag_studio/evals/adaptive.py); "off" leaves every
+# knowledge base on the fixed default until someone tunes it.
+RAG_ADAPTIVE_DEFAULTS = os.environ.get("FACTORY_RAG_ADAPTIVE_DEFAULTS", "on") != "off"
 # The ingestion workers' processes in all (every `scripts/proc.sh worker`'s FACTORY_WORKER_CONCURRENCY): the line
 # keeps that many messages waiting in the broker, no more.
 RAG_INGEST_SLOTS = int(os.environ.get("FACTORY_RAG_INGEST_SLOTS") or os.environ.get("FACTORY_WORKER_CONCURRENCY")

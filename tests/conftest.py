@@ -39,6 +39,10 @@ settings.PASSWORD_HASHERS = [f"{__name__}.OneRoundPBKDF2PasswordHasher", *(
 # The fixtures make workspaces for plain users, as an installation with FACTORY_WORKSPACE_CREATION=anyone lets them;
 # tests/accounts checks the default (staff only). The worker and web processes inherit the same.
 os.environ["FACTORY_WORKSPACE_CREATION"] = settings.WORKSPACE_CREATION = "anyone"
+# Knowledge bases keep the fixed default retrieval, in this process and the workers the tests start: a background job
+# adopting other settings mid-test would change what the tests retrieve (tests/rag_studio/test_adaptive.py turns it on).
+os.environ["FACTORY_RAG_ADAPTIVE_DEFAULTS"] = "off"
+settings.RAG_ADAPTIVE_DEFAULTS = False
 
 
 def pytest_collection_modifyitems(config, items):

@@ -522,6 +522,8 @@ def offer_adaptation(kb_id: int) -> None:
     default retrieval settings to it (rag_studio/evals/adaptive.py decides whether to; nobody waits for it, so it
     stays off the interactive queue). A broker that is down only loses the offer: the next document to finish makes
     it again."""
+    if not settings.RAG_ADAPTIVE_DEFAULTS:
+        return
     kb = KnowledgeBase.objects.filter(pk=kb_id).values("workspace_id").first()
     pending = Document.objects.filter(knowledge_base_id=kb_id,
                                       status__in=[DocumentStatus.QUEUED, DocumentStatus.PROCESSING])

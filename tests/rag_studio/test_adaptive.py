@@ -86,7 +86,7 @@ def test_settings_the_user_chose_are_never_adapted(ann, indexed_kb, django_captu
 
 
 def test_the_last_document_to_finish_offers_the_adaptation_once(acme, ann, settings, monkeypatch):
-    settings.RAG_INGEST_GROUP_DOCS = 1
+    settings.RAG_INGEST_GROUP_DOCS, settings.RAG_ADAPTIVE_DEFAULTS = 1, True
     sent = []
     monkeypatch.setattr(ingestion.queues, "send",
                         lambda task, args, **options: sent.append((task, args, options["queue"])))

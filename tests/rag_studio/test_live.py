@@ -49,8 +49,10 @@ def platform(shared_smollm2, celery_worker_process, web_server, django_db_blocke
 def northwind(platform, django_db_blocker):
     """The sample documents, uploaded and ingested by the platform's Celery worker."""
     with django_db_blocker.unblock():
+        # The English model, named: these tests check what it retrieves (with none, the samples' mixed Chinese and
+        # English would pick the multilingual one, tests/rag_studio/test_embedding_choice.py).
         kb = services.create_knowledge_base(actor=platform["actor"], workspace=platform["workspace"],
-                                            name="Northwind docs")
+                                            name="Northwind docs", embedding_model="all-minilm-l6-v2")
         services.upload_documents(actor=platform["actor"], kb=kb, uploads=[sample(n) for n in SAMPLE_FILES])
         wait_for(lambda: kb.documents.filter(status=DocumentStatus.INDEXED).count() == 3, timeout=120,
                  what="the worker to index the samples")

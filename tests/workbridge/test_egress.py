@@ -186,6 +186,7 @@ DIRECT_HTTP = {
     "serving/gateway.py": "engines the platform started; external endpoints through egress.pinned",
     "serving/engines/process.py": "health of engine processes the platform started, on loopback",
     "serving/engines/llamacpp.py": "a local llama-server's /props, /metrics and /slots",
+    "serving/engines/vllm.py": "a vLLM server the platform started: its /health and /metrics",
     "rag_studio/gateway_client.py": "the platform's own gateway (settings.GATEWAY_URL)",
     "rag_studio/embedding.py": "the platform's own gateway (settings.GATEWAY_URL)",
     "workbridge/mcp_client.py": "MCP servers: an HTTP one through egress.guarded_async_client",
