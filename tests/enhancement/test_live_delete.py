@@ -10,7 +10,8 @@ from enhancement.runner import disk_bytes, run_dir
 from tests.conftest import wait_for
 from tests.enhancement.conftest import finished, start
 
-pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+# A real fine-tune (a minute here): `make test-all` runs it; tests/enhancement/test_job_delete.py covers the delete.
+pytestmark = [pytest.mark.slow, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 
 def test_a_finished_fine_tune_keeps_its_output_only_and_its_delete_frees_the_disk(tuner, celery_worker_process):
