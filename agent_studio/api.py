@@ -3,7 +3,7 @@ plan, cancel), conversation variables, scenarios and evaluations."""
 
 import json
 
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -229,9 +229,7 @@ class RunViewSet(_InWorkspace, viewsets.GenericViewSet):
     def events(self, request, public_id=None):
         """Server-sent events: status, step…, then plan (awaiting approval), done, error or cancelled."""
         run = self.get_object()
-        return StreamingHttpResponse(streaming.sse(run, after=request.query_params.get("after", "0")),
-                                     content_type="text/event-stream", headers={"Cache-Control": "no-cache",
-                                                                                "X-Accel-Buffering": "no"})
+        return streaming.response(streaming.sse(run, after=request.query_params.get("after", "0")))
 
     @extend_schema(request=PlanSerializer, responses={202: dict})
     @action(detail=True, methods=["post"])

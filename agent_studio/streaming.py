@@ -6,6 +6,7 @@ import json
 from collections.abc import AsyncIterator
 
 from asgiref.sync import sync_to_async
+from django.http import StreamingHttpResponse
 
 from agent_studio import events
 from agent_studio.models import AgentRun, RunStatus
@@ -14,6 +15,12 @@ from agent_studio.tracing import step_payload
 
 ENDINGS = {RunStatus.DONE: "done", RunStatus.FAILED: "error", RunStatus.CANCELLED: "cancelled",
            RunStatus.AWAITING_APPROVAL: "plan"}
+
+
+def response(frames: AsyncIterator[bytes]) -> StreamingHttpResponse:
+    """A run's events as server-sent events, unbuffered by proxies (agent runs and workflow runs alike)."""
+    return StreamingHttpResponse(frames, content_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 def frame(event: str, data, stream_id: str = "") -> bytes:

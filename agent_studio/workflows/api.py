@@ -1,13 +1,13 @@
 """Workflows' REST API under /api/workflows/: CRUD with versions, validate, run (queued; follow it over SSE at
 /api/workflows/runs/<run_id>/events/), a run with its per-node trace, cancel."""
 
-from django.http import StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from accounts.permissions import WorkspaceScopedMixin
+from agent_studio import streaming as agent_streaming
 from agent_studio.workflows import selectors, services, streaming
 from agent_studio.workflows.models import Workflow, WorkflowRun, WorkflowVersion
 from agent_studio.workflows.runner import run_payload
@@ -121,9 +121,7 @@ class WorkflowRunViewSet(WorkspaceScopedMixin, viewsets.GenericViewSet):
     def events(self, request, public_id=None):
         """Server-sent events: status, node (each node's start and record)…, then done, error or cancelled."""
         run = self.get_object()
-        return StreamingHttpResponse(streaming.sse(run, after=request.query_params.get("after", "0")),
-                                     content_type="text/event-stream", headers={"Cache-Control": "no-cache",
-                                                                                "X-Accel-Buffering": "no"})
+        return agent_streaming.response(streaming.sse(run, after=request.query_params.get("after", "0")))
 
     @extend_schema(request=None, responses=dict)
     @action(detail=True, methods=["post"])
