@@ -49,8 +49,8 @@ REPLANNER = ("Given the request, the plan and the results so far, decide: contin
              "them, or finish. Reply with JSON: {\"action\": \"continue\" | \"revise\" | \"finish\", \"steps\": "
              "[remaining steps when revising]}.")
 ANSWERER = "Answer the user's request from the results of the steps below. Be brief."
-RESPONDER = ("Answer the user's last message in plain sentences, from the results of the tools given with it. Be "
-             "brief. Do not write JSON and do not call a tool.")
+RESPONDER = ("Answer the user's last message in plain sentences, from the facts the tools gave. Be brief. Do not "
+             "write JSON and do not call a tool.")
 
 
 class PlanUnreadable(Exception):
@@ -138,10 +138,25 @@ def _call_text(call: dict) -> str:
     return f"{call['name']}({arguments})"
 
 
+def _result_text(content) -> str:
+    """A tool's result as a small model reads best: a JSON object as `key: value` lines under the call, anything
+    else as it is after it."""
+    try:
+        value = json.loads(content) if isinstance(content, str) else None
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not value:
+        return f" {content}"
+    return "".join(f"\n  {key}: {item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)}"
+                   for key, item in value.items())
+
+
 def _respond(context: RunContext, model, *, streams: bool):
     """The respond step, the last of a turn that called tools (or whose loop ended without words): the answer is
     written with no tools offered, from the conversation and the turn's tool results, which are given as text
-    (`name(arguments) returned ...`), never as the JSON of a call, which a small model would copy."""
+    (`name(arguments) returned:` and the result's fields as lines), never as the JSON of a call, which a small model
+    would copy. The facts come before the question: asked first and given the facts after, SmolLM2-135M answered
+    "What time is it in Shanghai?" with the time in 5 of 8 tries; given the facts first, in 8 of 8."""
 
     @after_agent
     def respond(state, runtime) -> dict | None:
@@ -149,8 +164,8 @@ def _respond(context: RunContext, model, *, streams: bool):
         start = max((n for n, m in enumerate(messages) if isinstance(m, HumanMessage)), default=0)
         turn = messages[start + 1:]
         calls = {call["id"]: call for m in turn if isinstance(m, AIMessage) for call in m.tool_calls}
-        results = [f"- {_call_text(calls[m.tool_call_id]) if m.tool_call_id in calls else m.name} returned: "
-                   f"{m.content}" for m in turn if isinstance(m, ToolMessage)]
+        results = [f"- {_call_text(calls[m.tool_call_id]) if m.tool_call_id in calls else m.name} returned:"
+                   f"{_result_text(m.content)}" for m in turn if isinstance(m, ToolMessage)]
         last = turn[-1] if turn else None
         loop_answered = isinstance(last, AIMessage) and not last.tool_calls and str(last.content).strip()
         if not results and loop_answered:
@@ -158,8 +173,8 @@ def _respond(context: RunContext, model, *, streams: bool):
         question = str(messages[start].content)
         prompt = [SystemMessage(content=system_prompt(context, RESPONDER)),
                   *plain_turns(messages[:start], context.settings["memory"]["window_messages"]),
-                  HumanMessage(content="\n\n".join([question, "Results of the tools:\n" + "\n".join(results)])
-                               if results else question)]
+                  HumanMessage(content="Facts from the tools:\n" + "\n".join(results)
+                               + f"\n\nUsing these facts, answer: {question}" if results else question)]
         text = write_answer(model, prompt, streams=streams)
         # The loop's own last words (a copied call, or none) give way to the answer: same id, replaced.
         replaced = last.id if isinstance(last, AIMessage) and not last.tool_calls else None

@@ -167,7 +167,7 @@ class FinetuneSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=80)
     base_model = serializers.CharField(help_text="Name of a registered GGUF or Hugging Face model")
     dataset = serializers.IntegerField(help_text="Dataset id")
-    node = serializers.CharField(required=False, default="", help_text="This node when blank")
+    node = serializers.CharField(required=False, default="", allow_blank=True, help_text="This node when blank")
     more_nodes = serializers.ListField(child=serializers.CharField(), required=False, default=list,
                                        help_text="Further nodes to train across, data-parallel on a Ray cluster "
                                                  "that spans them (RAY_ADDRESS on the first node's worker)")
@@ -185,7 +185,7 @@ class QuantizeSerializer(serializers.Serializer):
     quantizations = serializers.ListField(child=serializers.ChoiceField(choices=list(QUANTIZATIONS)))
     dataset = serializers.IntegerField(required=False, allow_null=True, default=None,
                                        help_text="Its validation split is the report's held-out text")
-    node = serializers.CharField(required=False, default="")
+    node = serializers.CharField(required=False, default="", allow_blank=True)
     keep_intermediates = serializers.BooleanField(default=False, help_text="Keep checkpoints, merged weights and "
                                                   "the f16 GGUF once the outputs are registered")
 
@@ -202,7 +202,7 @@ class PruneSerializer(serializers.Serializer):
     hyperparameters = serializers.DictField(required=False, default=dict, help_text="Of the recovery fine-tune")
     quantizations = serializers.ListField(child=serializers.ChoiceField(choices=list(QUANTIZATIONS)),
                                           default=["q8_0"])
-    node = serializers.CharField(required=False, default="")
+    node = serializers.CharField(required=False, default="", allow_blank=True)
     keep_intermediates = serializers.BooleanField(default=False, help_text="Keep checkpoints, merged weights and "
                                                   "the f16 GGUF once the outputs are registered")
 
@@ -221,14 +221,15 @@ class DistillSerializer(serializers.Serializer):
     temperature = serializers.FloatField(default=2.0, help_text="logits only")
     alpha = serializers.FloatField(default=0.5, help_text="logits only: the KL term's share of the loss")
     max_prompts = serializers.IntegerField(default=200, help_text="sequence only: training prompts the teacher answers")
-    node = serializers.CharField(required=False, default="")
+    node = serializers.CharField(required=False, default="", allow_blank=True)
     keep_intermediates = serializers.BooleanField(default=False, help_text="Keep checkpoints, merged weights and "
                                                   "the f16 GGUF once the outputs are registered")
 
 
 class DeploySerializer(serializers.Serializer):
     model = serializers.CharField(help_text="Name of one of the job's output models")
-    node = serializers.CharField(required=False, default="", help_text="This server's node when blank")
+    node = serializers.CharField(required=False, default="", allow_blank=True,
+                                 help_text="This server's node when blank")
 
 
 class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -56,8 +56,8 @@ def test_the_tool_calling_agent_calls_a_work_bridge_tool_and_answers_with_every_
     assert script.offered == [["word_count"], ["word_count"], []]
     respond = script.prompts[-1]
     assert "Do not write JSON" in respond[0].content and echoed not in str([m.content for m in respond])
-    assert respond[-1].content == ("How many words in 'the quick brown fox'?\n\nResults of the tools:\n"
-                                   '- word_count(text="the quick brown fox") returned: {"words": 4}')
+    assert respond[-1].content == ('Facts from the tools:\n- word_count(text="the quick brown fox") returned:\n'
+                                   "  words: 4\n\nUsing these facts, answer: How many words in 'the quick brown fox'?")
     tool_step = RunStep.objects.get(run=run, kind="tool")
     assert (tool_step.detail["arguments"] == {"text": "the quick brown fox"}
             and '"words": 4' in tool_step.detail["result"])

@@ -308,26 +308,43 @@ def test_a_spec_that_does_not_validate_is_imported_with_what_was_skipped_and_rep
     assert call("POST /anything", {})["body"] is None
 
 
-def test_the_platform_s_own_schema_is_imported_where_strict_validation_refuses_it(dev):
-    """drf-spectacular writes `default: ''` beside `minLength: 1`: openapi-spec-validator refuses the whole document
-    without saying where; read leniently, each such default is dropped and named."""
+def test_the_platform_s_own_schema_imports_strictly_with_nothing_repaired(dev):
     text = dev.get("/api/schema/", {"format": "json"}).content.decode()
 
-    strict = dev.post(f"{SPECS}preview/", {"text": text, "strict": True}, format="json")
-    preview = dev.post(f"{SPECS}preview/", {"text": text, "base_url": "https://factory.example"}, format="json")
+    strict = dev.post(f"{SPECS}preview/", {"text": text, "strict": True, "base_url": "https://factory.example"},
+                      format="json")
+
+    assert strict.status_code == 200, strict.json()
+    imported, skipped = strict.json()["operations"], strict.json()["skipped"]
+    assert strict.json()["repaired"] == [] and len(imported) / (len(imported) + len(skipped)) >= 0.95
+    assert {item["reason"] for item in skipped} == {
+        "its body is multipart/form-data, and tools send JSON or form bodies."}
+    [deploy] = [draft for draft in imported if draft["operation"] == "POST /api/enhancement/jobs/{id}/deploy/"]
+    assert deploy["parameters"]["properties"]["node"] == {"type": "string", "default": "",
+                                                          "description": "This server's node when blank"}
+
+
+def test_a_default_that_does_not_fit_its_own_schema_is_dropped_and_named_where_strict_validation_refuses(dev):
+    """drf-spectacular wrote `default: ''` beside `minLength: 1` for a field that refuses blanks: openapi-spec-validator
+    refuses the whole document without saying where; read leniently, the default is dropped and named."""
+    body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/DeployRequest"}}}}
+    spec = {"openapi": "3.0.3", "info": {"title": "Jobs", "version": "1"},
+            "paths": {"/deploy": {"post": {"operationId": "deploy", "requestBody": body,
+                                           "responses": {"200": {"description": "ok"}}}}},
+            "components": {"schemas": {"DeployRequest": {"type": "object", "properties": {
+                "node": {"type": "string", "minLength": 1, "default": ""}}}}}}
+
+    strict = dev.post(f"{SPECS}preview/", {"text": json.dumps(spec), "strict": True}, format="json")
+    preview = dev.post(f"{SPECS}preview/", {"text": json.dumps(spec), "base_url": "https://jobs.example"},
+                       format="json")
 
     assert strict.status_code == 400 and "'' should be non-empty" in strict.json()["error"]["message"]
     assert preview.status_code == 200, preview.json()
-    imported, skipped = preview.json()["operations"], preview.json()["skipped"]
-    assert len(imported) / (len(imported) + len(skipped)) >= 0.95
-    assert {item["reason"] for item in skipped} == {
-        "its body is multipart/form-data, and tools send JSON or form bodies."}
-    assert {"path": "components.schemas.DeployRequest.properties.node.default",
-            "reason": "the default \"\" does not fit its own schema ('' should be non-empty); dropped"} \
-        in preview.json()["repaired"]
-    [deploy] = [draft for draft in imported if draft["operation"] == "POST /api/enhancement/jobs/{id}/deploy/"]
-    assert deploy["parameters"]["properties"]["node"] == {"type": "string", "minLength": 1,
-                                                          "description": "This server's node when blank"}
+    assert preview.json()["repaired"] == [
+        {"path": "components.schemas.DeployRequest.properties.node.default",
+         "reason": "the default \"\" does not fit its own schema ('' should be non-empty); dropped"}]
+    [deploy] = preview.json()["operations"]
+    assert deploy["parameters"]["properties"]["node"] == {"type": "string", "minLength": 1}
 
 
 def _text(page) -> str:
