@@ -187,6 +187,7 @@ class Appliance:
         old = self.preflight(release)
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         journal = {"from": str(old), "to": str(release), "upgrader": str(Path(__file__).resolve()),
+                   "upgrader_pid": os.getpid(), "upgrader_process": _process_identity(os.getpid()),
                    "started_at": time.time(), "backup": str(self.backups / f"pre-upgrade-{stamp}.tar"),
                    "backup_done": False, "state": "upgrading", "step": None}
         try:
@@ -228,9 +229,16 @@ class Appliance:
     # ---- rollback and recovery ----
 
     def recover(self, say) -> str:
-        """At start: finish what an upgrade cut short. Returns what was found: none, or rolled back."""
-        if self.journal() is None:
+        """At start: finish what an upgrade cut short. Returns what was found: none, an upgrade in progress (its
+        own start step starts the services, and with them this), or rolled back."""
+        journal = self.journal()
+        if journal is None:
             return "none"
+        pid = journal.get("upgrader_pid")
+        if pid and _process_identity(pid) == journal.get("upgrader_process"):
+            say(f"==> an upgrade is in progress (the upgrader, pid {pid}, is at '{journal['step']}'); it finishes "
+                f"or rolls back by itself")
+            return "upgrade in progress"
         say(f"==> an upgrade was cut short ({self.journal_path}); rolling back")
         self.roll_back(say)
         return "rolled back"
@@ -329,6 +337,18 @@ def _as_owner_of(path: Path) -> dict:
     if os.geteuid() != 0 or owner.st_uid == 0:
         return {}
     return {"user": owner.st_uid, "group": owner.st_gid}
+
+
+def _process_identity(pid: int) -> str | None:
+    """boot:pid:start time of a live process, None for one that is gone: a pid alone could be another process's
+    after a reboot, or later in the same boot."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    state, start_time = fields[0], fields[19]
+    return None if state in ("Z", "X") else f"{boot}:{pid}:{start_time}"
 
 
 def _python(release: Path) -> Path:

@@ -117,16 +117,19 @@ def previous_instance(tmp_path_factory, health_url):
 
 @pytest.fixture
 def appliance(previous_instance, tmp_path):
-    """A copy of the previous release's appliance for one test, and a services command that records its calls."""
+    """A copy of the previous release's appliance for one test, and a services command that records its calls and,
+    starting them, runs the setup unit's first command (`ai-factory recover`), as systemd and the supervisor do."""
     prefix = tmp_path / "prefix"
     shutil.copytree(previous_instance["prefix"], prefix, symlinks=True)
     services = tmp_path / "services.sh"
+    recover = f"{sys.executable} {UPGRADER} --prefix {prefix} --services none recover >>{tmp_path}/recover.log"
     # A supervisor takes a moment to stop and start the platform's processes.
-    services.write_text(f'#!/bin/sh\necho "$1" >>{tmp_path}/services.log\nsleep 1\n')
+    services.write_text(f'#!/bin/sh\necho "$1" >>{tmp_path}/services.log\n'
+                        f'if [ "$1" = start ]; then {recover} || exit 1; fi\nsleep 1\n')
     services.chmod(0o755)
     release = prefix / "releases" / previous_instance["release"].name
     return {**previous_instance, "prefix": prefix, "release": release, "services": services,
-            "services_log": tmp_path / "services.log"}
+            "services_log": tmp_path / "services.log", "recover_log": tmp_path / "recover.log"}
 
 
 def _upgrader(appliance: dict, *argv: str, env: dict | None = None, **options):
@@ -162,6 +165,8 @@ def test_an_instance_of_the_previous_release_upgrades_and_answers_as_before(appl
     assert (prefix / "current").resolve() == ROOT
     assert not (prefix / "upgrade.json").exists()
     assert _services_calls(appliance) == ["stop", "start"]
+    # The services' start (its setup step's recovery) found the upgrade in progress and left it to finish.
+    assert "recovery: upgrade in progress" in appliance["recover_log"].read_text()
     backups = list((prefix / "backups").glob("pre-upgrade-*.tar"))
     assert len(backups) == 1 and str(backups[0]) in upgraded.stdout
     answers = _probe(ROOT, prefix / "data", appliance["keys"])
