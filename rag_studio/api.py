@@ -39,6 +39,9 @@ class KnowledgeBaseSerializer(serializers.ModelSerializer):
     document_count = serializers.IntegerField(read_only=True)
     indexed_count = serializers.IntegerField(read_only=True)
     needs_reindex = serializers.SerializerMethodField()
+    index_search = serializers.SerializerMethodField(
+        help_text="How dense search runs on the live index: \"exact\", or the approximate index in use (\"ivf\" "
+                  "once a segment of the embedded store holds FACTORY_RAG_INDEX_ANN_THRESHOLD chunks)")
     embedding_model_reason = serializers.SerializerMethodField(
         help_text="Why the knowledge base has this embedding model: the user's choice, or picked from the language "
                   "of its first documents before they were embedded")
@@ -50,12 +53,16 @@ class KnowledgeBaseSerializer(serializers.ModelSerializer):
         model = KnowledgeBase
         fields = ["id", "name", "description", "embedding_model", "embedding_deployment", "embedding_dimensions",
                   "embedding_model_source", "embedding_model_reason", "embedding_model_mismatch",
-                  "chunking", "screening", "retrieval", "language", "index_key", "building_key", "needs_reindex",
-                  "document_count", "indexed_count", "created_at", "updated_at"]
-        read_only_fields = ["language", "embedding_model_source"]
+                  "chunking", "screening", "retrieval", "keyword_terms", "language", "index_key", "building_key",
+                  "needs_reindex", "index_backend", "index_search", "document_count", "indexed_count", "created_at",
+                  "updated_at"]
+        read_only_fields = ["language", "embedding_model_source", "index_backend"]
 
     def get_needs_reindex(self, obj) -> bool:
         return selectors.needs_reindex(obj)
+
+    def get_index_search(self, obj) -> str:
+        return selectors.index_search(obj)
 
     def _fit(self, kb) -> embedding_choice.EmbeddingFit:
         return _once(self.context, f"embedding_fit:{kb.pk}", lambda: embedding_choice.embedding_fit(kb))
@@ -75,6 +82,9 @@ class KnowledgeBaseWriteSerializer(serializers.Serializer):
     chunking = serializers.JSONField(required=False)
     screening = serializers.JSONField(required=False)
     retrieval = serializers.JSONField(required=False)
+    keyword_terms = serializers.JSONField(
+        required=False, help_text="Domain terms keyword search keeps whole, e.g. [\"数据湖仓\", \"kube-proxy\"]; a "
+                                  "change needs a re-index")
     reindex = serializers.BooleanField(required=False, default=False,
                                        help_text="Start the re-index at once if the change needs one")
 

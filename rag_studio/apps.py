@@ -12,3 +12,8 @@ class RagStudioConfig(AppConfig):
         from rag_studio.evals import jobs
 
         queues.count_workload(jobs.active_in)
+        # Backups carry the pgvector indexes, which live outside the data dir and the Django tables.
+        from assets.backup import register_part
+        from rag_studio.search import pgvector_backup
+
+        register_part("pgvector", pgvector_backup.dump, pgvector_backup.load)

@@ -130,7 +130,8 @@ def _kb_settings(kb: KnowledgeBase) -> dict:
     return {"description": kb.description, "embedding_model": kb.embedding_model.name,
             "embedding_dimensions": kb.embedding_dimensions,
             "embedding_deployment": kb.embedding_deployment.name if kb.embedding_deployment else "",
-            "chunking": kb.chunking, "screening": kb.screening, "retrieval": kb.retrieval}
+            "chunking": kb.chunking, "screening": kb.screening, "retrieval": kb.retrieval,
+            "keyword_terms": kb.keyword_terms}
 
 
 def _document_path(filename: str, taken: dict) -> str:
@@ -234,7 +235,8 @@ def import_verified_bundle(*, actor: Actor, workspace: Workspace, bundle: Bundle
                 actor=actor, workspace=workspace, name=_free_name(workspace.knowledge_bases, plan.kb_name),
                 description=plan.kb_settings.get("description", ""), embedding_model=embedding_model,
                 embedding_deployment=embedding_deployment, chunking=plan.kb_settings.get("chunking"),
-                screening=plan.kb_settings.get("screening"), retrieval=plan.kb_settings.get("retrieval"))
+                screening=plan.kb_settings.get("screening"), retrieval=plan.kb_settings.get("retrieval"),
+                keyword_terms=plan.kb_settings.get("keyword_terms"))
             kb_dir = files.kb_dir(kb.pk)
             # A new id starts with no files: on SQLite, the id of a rolled-back knowledge base is given out again.
             _clear(kb_dir)

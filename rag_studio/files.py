@@ -3,6 +3,7 @@ intermediate stage output, and the indexes."""
 
 import json
 import os
+import uuid
 from pathlib import Path
 
 from django.conf import settings
@@ -13,6 +14,9 @@ def kb_dir(kb_id: int) -> Path:
 
 
 def uploads_dir(kb_id: int) -> Path:
+    # Ingestion workers on other nodes read uploads from storage every node mounts (FACTORY_RAG_UPLOADS_DIR).
+    if settings.RAG_UPLOADS_DIR:
+        return settings.RAG_UPLOADS_DIR / f"kb-{kb_id}"
     return kb_dir(kb_id) / "uploads"
 
 
@@ -22,6 +26,23 @@ def upload_path(kb_id: int, sha256: str) -> Path:
 
 def index_dir(kb_id: int, key: str) -> Path:
     return kb_dir(kb_id) / "indexes" / key
+
+
+def index_home() -> dict:
+    """Where this process keeps embedded indexes: its node's name and its data dir's id (made once, kept by backups),
+    so that a worker on another node with a data dir of its own never writes a second, partial copy of an index."""
+    marker = settings.DATA_DIR / "rag" / "data-dir-id"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    if not marker.exists():
+        # Written beside, then linked into place: a link never replaces, so every process reads the first one made.
+        partial = marker.with_name(f".{marker.name}.{uuid.uuid4().hex}")
+        partial.write_text(uuid.uuid4().hex, encoding="ascii")
+        try:
+            os.link(partial, marker)
+        except FileExistsError:
+            pass
+        partial.unlink()
+    return {"node": settings.NODE_NAME, "data_dir": marker.read_text(encoding="ascii").strip()}
 
 
 def work_dir(document_id: int) -> Path:

@@ -11,6 +11,11 @@ class EmbeddingModelSource(models.TextChoices):
     DETECTED = "detected", _("Chosen from the first documents' language")
 
 
+class IndexBackend(models.TextChoices):
+    EMBEDDED = "embedded", _("Embedded (files on this node)")
+    PGVECTOR = "pgvector", _("pgvector (Postgres, shared by every node)")
+
+
 class KnowledgeBase(models.Model):
     """Documents indexed with one embedding model and one chunking mode. `index_key` names the on-disk index that
     retrieval reads; a re-index builds `building_key` beside it and swaps when every document is done."""
@@ -35,9 +40,16 @@ class KnowledgeBase(models.Model):
     indexed_with = models.JSONField(default=dict, help_text="The embedding model and chunking of the live index")
     building_key = models.CharField(max_length=64, blank=True)
     building_with = models.JSONField(default=dict)
+    index_backend = models.CharField(max_length=16, choices=IndexBackend.choices, default=IndexBackend.EMBEDDED)
+    index_home = models.JSONField(
+        default=dict, blank=True, help_text="Embedded indexes: the node and data dir that hold them ({'node', "
+                                            "'data_dir'}); a worker with another data dir must not write them")
     language = models.CharField(max_length=8, blank=True,
                                 help_text="What most of its text is written in ('zh' or 'en'), read when documents "
                                           "finish indexing; '' before any is indexed")
+    keyword_terms = models.JSONField(
+        default=list, blank=True, help_text="The user's domain terms, kept whole by keyword search "
+                                            "(search.keywords.tokenizer_for)")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

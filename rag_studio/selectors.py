@@ -15,7 +15,8 @@ from rag_studio.models import (
     RetrievalTuning,
 )
 from rag_studio.pipeline import line
-from rag_studio.search.keywords import TOKENS_VERSION
+from rag_studio.search.index_store import store_for
+from rag_studio.search.keywords import TOKENS_VERSION, domain_terms_version
 from rag_studio.search.retrieval_config import validate_retrieval
 from serving.models import RoleHint, ServingState
 from serving.selectors import deployments_visible_to
@@ -34,13 +35,22 @@ def documents(*, workspace: Workspace):
 
 def index_settings(kb: KnowledgeBase) -> dict:
     """What the index content depends on: a change to any means every chunk must be rebuilt."""
-    return {"embedding_model": kb.embedding_model.name, "chunking": kb.chunking, "keyword_tokens": TOKENS_VERSION}
+    settings = {"embedding_model": kb.embedding_model.name, "chunking": kb.chunking, "keyword_tokens": TOKENS_VERSION}
+    if terms := domain_terms_version(kb.keyword_terms):  # absent without terms: older indexes still match
+        settings["keyword_terms"] = terms
+    return settings
 
 
 def needs_reindex(kb: KnowledgeBase) -> bool:
     """Whether the index (the one being built, else the live one) no longer matches the settings."""
     target = kb.building_with if kb.building_key else kb.indexed_with
     return target != index_settings(kb)
+
+
+def index_search(kb: KnowledgeBase) -> str:
+    """How the live index's dense side is searched: "exact", or the approximate index in use ("ivf" in the
+    embedded store once a segment holds RAG_INDEX_ANN_THRESHOLD chunks)."""
+    return store_for(kb).search_method()
 
 
 def ready_embedding_deployments(workspace: Workspace):

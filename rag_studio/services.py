@@ -10,19 +10,21 @@ from pathlib import Path
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.translation import gettext
 
-from accounts.errors import Conflict, NotFound, ValidationFailed
+from accounts.errors import Conflict, NotFound, ServiceUnavailable, ValidationFailed
 from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from assets.models import AssetKind, AssetVersion
 from assets.services import forget_asset, payload_checksum, register_asset
-from rag_studio import files, selectors
+from rag_studio import files, log_messages as log, selectors
 from rag_studio.embedding import check_local_model
 from rag_studio.models import (
     Document,
     DocumentEvent,
     DocumentStatus,
     EmbeddingModelSource,
+    IndexBackend,
     KnowledgeBase,
     RagConfig,
     RagConfigVersion,
@@ -34,7 +36,9 @@ from rag_studio.pipeline.chunking import DEFAULT_CHUNKING, validate_chunking
 from rag_studio.pipeline.parsing import ParseError, file_kind
 from rag_studio.pipeline.screening import DEFAULT_POLICY, validate_policy
 from rag_studio.rag import RagPipeline
+from rag_studio.search import pgvector_store
 from rag_studio.search.index_store import store_for
+from rag_studio.search.keywords import validate_domain_terms
 from rag_studio.search.retrieval_config import validate_retrieval
 from serving.models import Deployment, Model, RoleHint
 from serving.selectors import chat_model_problem, deployments_visible_to, models_visible_to
@@ -86,13 +90,19 @@ def _next_index_key(kb: KnowledgeBase) -> str:
 @transaction.atomic
 def create_knowledge_base(*, actor: Actor, workspace: Workspace, name: str, description: str = "",
                           embedding_model: str = "", embedding_deployment: str = "", chunking: dict | None = None,
-                          screening: dict | None = None, retrieval: dict | None = None) -> KnowledgeBase:
+                          screening: dict | None = None, retrieval: dict | None = None,
+                          keyword_terms: list[str] | None = None) -> KnowledgeBase:
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
     name = name.strip()
     if not name:
         raise _fields_error("name", "A knowledge base needs a name.")
+    if settings.RAG_INDEX_BACKEND == IndexBackend.PGVECTOR:
+        try:
+            pgvector_store.check_available()
+        except pgvector_store.PgvectorUnavailable as exc:
+            raise ServiceUnavailable(str(exc), retry_after=60)
     if KnowledgeBase.objects.filter(workspace=workspace, name=name).exists():
-        raise Conflict(f"A knowledge base named '{name}' already exists in this workspace.")
+        raise Conflict(gettext("A knowledge base named '%(name)s' already exists in this workspace.") % {"name": name})
     model = _embedding_model(workspace, embedding_model or DEFAULT_EMBEDDING_MODEL)
     deployment = _embedding_deployment(workspace, model, embedding_deployment) if embedding_deployment else None
     # Without a model of the user's, the default holds until the first documents' language picks one
@@ -104,12 +114,17 @@ def create_knowledge_base(*, actor: Actor, workspace: Workspace, name: str, desc
         chunking=_validated(validate_chunking, "chunking", chunking or dict(DEFAULT_CHUNKING)),
         screening=_validated(validate_policy, "screening", screening or dict(DEFAULT_POLICY)),
         retrieval=_validated(validate_retrieval, "retrieval", retrieval or {}),
+        keyword_terms=_validated(validate_domain_terms, "keyword_terms", keyword_terms or []),
         index_key=_index_key(model, 1),
+        index_backend=settings.RAG_INDEX_BACKEND,
+        index_home=files.index_home(),
     )
     kb.indexed_with = selectors.index_settings(kb)
     kb.save(update_fields=["indexed_with"])
     # Files a deleted knowledge base with this id left behind (its deletion stopped halfway) go now.
     shutil.rmtree(files.kb_dir(kb.pk), ignore_errors=True)
+    if kb.index_backend == IndexBackend.PGVECTOR:
+        pgvector_store.drop_knowledge_base(kb.pk)  # and so do its tables
     register_kb_asset(kb, actor=actor)
     record_audit(actor=actor, workspace=workspace, action="rag.kb.create", target=kb, detail={"name": name})
     return kb
@@ -121,6 +136,8 @@ def register_kb_asset(kb: KnowledgeBase, *, actor: Actor | None = None) -> Asset
     documents = sorted(kb.documents.values_list("sha256", flat=True))
     payload = {"description": kb.description, "embedding_model": kb.embedding_model.name, "chunking": kb.chunking,
                "screening": kb.screening, "retrieval": kb.retrieval, "documents": documents}
+    if kb.keyword_terms:  # absent without terms, so bases without them keep their asset version
+        payload["keyword_terms"] = kb.keyword_terms
     return register_asset(workspace=kb.workspace, kind=AssetKind.KNOWLEDGE_BASE, ref_id=kb.pk, name=kb.name,
                           payload=payload, actor=actor,
                           summary={"embedding_model": kb.embedding_model.name, "documents": len(documents)})
@@ -140,7 +157,8 @@ def update_knowledge_base(*, actor: Actor, kb: KnowledgeBase, reindex: bool = Fa
             if not name:
                 raise _fields_error("name", "A knowledge base needs a name.")
             if KnowledgeBase.objects.filter(workspace=kb.workspace, name=name).exclude(pk=kb.pk).exists():
-                raise Conflict(f"A knowledge base named '{name}' already exists in this workspace.")
+                raise Conflict(gettext("A knowledge base named '%(name)s' already exists in this workspace.")
+                               % {"name": name})
             kb.name = name
         if "description" in changes:
             kb.description = changes["description"]
@@ -156,7 +174,7 @@ def update_knowledge_base(*, actor: Actor, kb: KnowledgeBase, reindex: bool = Fa
             name = changes["embedding_deployment"]
             kb.embedding_deployment = _embedding_deployment(kb.workspace, kb.embedding_model, name) if name else None
         for field, validate in (("chunking", validate_chunking), ("screening", validate_policy),
-                                ("retrieval", validate_retrieval)):
+                                ("retrieval", validate_retrieval), ("keyword_terms", validate_domain_terms)):
             if changes.get(field) is not None:
                 setattr(kb, field, _validated(validate, field, changes[field]))
         kb.save()
@@ -192,6 +210,8 @@ def start_reindex(*, actor: Actor, kb: KnowledgeBase) -> str:
         transaction.on_commit(lambda: ingestion.dispatch_ingest([d.pk for d in documents]))
     if previous_build:
         shutil.rmtree(files.index_dir(kb.pk, previous_build), ignore_errors=True)
+        if kb.index_backend == IndexBackend.PGVECTOR:
+            pgvector_store.drop_index(kb.pk, previous_build)
     if not documents:
         ingestion.switch_to_built_index(kb.pk)
     return kb.building_key
@@ -212,6 +232,9 @@ def delete_knowledge_base(*, actor: Actor, kb: KnowledgeBase) -> None:
         forget_asset(workspace=kb.workspace, kind=AssetKind.KNOWLEDGE_BASE, ref_id=kb_id)
         kb.delete()
     shutil.rmtree(files.kb_dir(kb_id), ignore_errors=True)
+    shutil.rmtree(files.uploads_dir(kb_id), ignore_errors=True)  # when shared storage holds them
+    if kb.index_backend == IndexBackend.PGVECTOR:
+        pgvector_store.drop_knowledge_base(kb_id)
 
 
 @dataclass
@@ -239,10 +262,12 @@ def upload_documents(*, actor: Actor, kb: KnowledgeBase, uploads) -> list[Upload
         except OSError as exc:
             if exc.errno not in storage.DISK_FULL:
                 raise
-            stored = f" ({len(outcomes)} file(s) before it were stored)" if outcomes else ""
-            raise storage.StorageFull(f"The data directory is full: '{Path(upload.name or 'unnamed').name}' and the "
-                                      f"files after it were not stored{stored}. Free space on the server, then upload "
-                                      f"them again.", retry_after=60)
+            stored = (gettext(" (%(count)s file(s) before it were stored)") % {"count": len(outcomes)}
+                      if outcomes else "")
+            raise storage.StorageFull(gettext("The data directory is full: '%(name)s' and the files after it were "
+                                              "not stored%(stored)s. Free space on the server, then upload them "
+                                              "again.")
+                                      % {"name": Path(upload.name or 'unnamed').name, "stored": stored}, retry_after=60)
     record_audit(actor=actor, workspace=kb.workspace, action="rag.document.upload", target=kb,
                  detail={"files": [o.filename for o in outcomes], "statuses": [o.status for o in outcomes]})
     return outcomes
@@ -268,7 +293,7 @@ def _store_upload(kb: KnowledgeBase, upload) -> UploadOutcome:
                 status=DocumentStatus.FAILED if failure else DocumentStatus.QUEUED,
                 error_code=failure[0] if failure else "", error=failure[1] if failure else "")
             DocumentEvent.objects.create(document=document, stage=Stage.PARSE,
-                                         message=f"Rejected: {failure[1]}" if failure else "Uploaded and queued")
+                                         message=log.REJECTED(reason=failure[1]) if failure else log.UPLOADED())
             if failure is None:
                 transaction.on_commit(lambda: ingestion.dispatch_ingest([document.pk]))
     except IntegrityError:
@@ -304,15 +329,16 @@ def retry_document(*, actor: Actor, document: Document) -> Document:
     kb = document.knowledge_base
     require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
     if document.status not in (DocumentStatus.FAILED, DocumentStatus.QUEUED):
-        raise Conflict(f"'{document.filename}' is {document.status}; only failed or queued documents can be "
-                       f"retried.")
+        raise Conflict(gettext("'%(document)s' is %(status)s; only failed or queued documents can be retried.")
+                       % {"document": document.filename, "status": gettext(document.status)})
     if not storage.is_stored(kb.pk, document.sha256):
-        raise Conflict(f"'{document.filename}' was never stored ({document.error}); upload a fixed file instead.")
+        raise Conflict(gettext("'%(document)s' was never stored (%(error)s); upload a fixed file instead.")
+                       % {"document": document.filename, "error": document.error})
     with transaction.atomic():
         Document.objects.filter(pk=document.pk).update(status=DocumentStatus.QUEUED, error="", error_code="",
                                                        lease_owner="", lease_until=None, attempts=0,
                                                        updated_at=timezone.now())
-        DocumentEvent.objects.create(document=document, stage=document.stage, message="Retry requested")
+        DocumentEvent.objects.create(document=document, stage=document.stage, message=log.RETRY_REQUESTED())
         record_audit(actor=actor, workspace=kb.workspace, action="rag.document.retry", target=document)
         transaction.on_commit(lambda: ingestion.dispatch_ingest([document.pk]))
     document.refresh_from_db()
@@ -377,7 +403,7 @@ def save_rag_config(*, actor: Actor, workspace: Workspace, config: RagConfig | N
         if config is not None:
             clash = clash.exclude(pk=config.pk)
         if clash.exists():
-            raise Conflict(f"A RAG config named '{name}' already exists in this workspace.")
+            raise Conflict(gettext("A RAG config named '%(name)s' already exists in this workspace.") % {"name": name})
         config = config or RagConfig(workspace=workspace, version=0)
         config.name, config.knowledge_base, config.template, config.model = name, knowledge_base, template, model
         config.prompt, config.retrieval, config.generation = prompt, overrides, _generation(generation)

@@ -145,12 +145,14 @@ def kb_page(request, kb_id):
     kb = _kb(request, kb_id)
     return render(request, "rag/kb.html", {
         "kb": kb, "documents": selectors.document_progress(kb=kb), "needs_reindex": selectors.needs_reindex(kb),
+        "index_search": selectors.index_search(kb),
         "policy": [(category, kb.screening.get(category)) for category in CATEGORIES],
         "chinese_suggestion": _chinese_suggestion(kb),
         "embedding_choice": _embedding_choice(kb),
         "tuned": selectors.tuned_settings_in_use(kb),
         "measured": adaptive.measured_default(kb),
         "automatic_defaults": is_default(kb.retrieval),
+        "keyword_terms": "\n".join(kb.keyword_terms),
         **_form_choices(request.workspace),
     })
 
@@ -221,6 +223,7 @@ def kb_settings(request, kb_id):
         name=post.get("name", kb.name), description=post.get("description", ""),
         embedding_model=post.get("embedding_model", ""), embedding_deployment=post.get("embedding_deployment", ""),
         chunking=_chunking_from(post), retrieval=_retrieval_from(post),
+        keyword_terms=post["keyword_terms"].splitlines() if "keyword_terms" in post else None,
         screening={category: post.get(f"screen_{category}", "flag") for category in CATEGORIES})
     if stale and post.get("reindex") != "on":
         messages.info(request, _("Saved. The index was built with other settings: re-index to apply them."))

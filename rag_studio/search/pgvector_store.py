@@ -1,0 +1,423 @@
+"""A knowledge base's dense and keyword indexes in Postgres with the pgvector extension: the store that several nodes
+share (FACTORY_RAG_INDEX_BACKEND=pgvector, or a knowledge base's `index_backend`). Same interface and scores as
+index_store.IndexStore, so fusion, explanations and evals do not tell the two apart.
+
+Where: FACTORY_RAG_PGVECTOR_URL when set, else the default database (DATABASE_URL), which must then be Postgres with
+the `vector` extension (`CREATE EXTENSION vector;`; Debian/Ubuntu package postgresql-NN-pgvector). The store opens
+its own psycopg connection, so the test database's transactions and Django's connection handling stay out of it.
+
+Layout, per knowledge base and index key (a new embedding model or dimension gets a new key, hence a new table; the
+old one is dropped when retrieval switches to the new one):
+
+    rag_index_<kb id>_<key hash>   chunk_id bigint primary key, owner text (document id), embedding vector(dim)
+                                   (L2-normalised, HNSW index with inner-product ops: inner product = cosine),
+                                   tokens tsvector (GIN index), length int (keyword tokens in the chunk)
+    rag_pgvector_index             one row per index: its dimension, a generation number new at every write,
+                                   and the sums that make the z-score statistics exact without scanning the table:
+                                   row count, total token length, the sum of the vectors and their Gram matrix.
+
+Keyword search: Postgres has no Chinese parser, so the tokens are those of search/keywords.py (jieba words plus CJK
+bigrams, identifiers kept whole), computed in Python and stored as a tsvector written literally (the 'simple'
+configuration's behaviour: no stemming, no stopwords), each token with positions 1..count so that a row's term
+frequency is its number of positions (Postgres keeps at most 256 per token; BM25 saturates long before). The GIN
+index finds the rows holding any query token; BM25 (Lucene's formula, as the embedded store) is computed from those
+rows' term frequencies, the document frequencies among them and the stored length sums.
+
+Dense search: the HNSW index's nearest neighbours by inner product. The mean and spread of the query's cosine over
+every chunk (fusion's z-scores) come from the stored sums: mean = q.s / n, mean square = q'Gq / n.
+
+Writes: one transaction per `apply`, which locks the index's row, deletes the owners' rows, COPYs the new ones and
+updates the sums. A worker killed mid-batch leaves the previous state whole; the document is taken over and the
+same `apply` run again, so nothing is lost and nothing doubled.
+"""
+
+import hashlib
+import os
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+import psycopg
+from django.conf import settings
+from pgvector.psycopg import register_vector
+from psycopg import sql
+
+from rag_studio.search.keywords import keyword_tokens
+from rag_studio.vectors import normalised
+
+BM25_K1 = 1.5
+BM25_B = 0.75
+REGISTRY = "rag_pgvector_index"
+# Generation numbers come from one sequence: never reused, even by an index dropped and made again under the same
+# name, so a process's cached sums are fresh exactly when the number matches.
+GENERATIONS = "rag_pgvector_generation"
+# HNSW indexes of pgvector's `vector` type take at most this many dimensions.
+MAX_DIMENSIONS = 2000
+# Postgres refuses a tsvector lexeme longer than this (bytes); such a "word" (a base64 blob) is never queried.
+MAX_LEXEME_BYTES = 2046
+MAX_POSITIONS = 256
+INSTALL_HINT = ("install pgvector on the database server (Debian/Ubuntu: `apt install postgresql-{major}-pgvector`) "
+                "and run `CREATE EXTENSION vector;` in that database as a superuser, or keep knowledge bases on the "
+                "embedded store (FACTORY_RAG_INDEX_BACKEND=embedded)")
+
+Upsert = tuple[list[int], np.ndarray, list[str]]
+
+
+class PgvectorUnavailable(RuntimeError):
+    """The pgvector backend cannot run here; the message says what to set up."""
+
+
+class PgvectorStore:
+    """One knowledge base + index key's indexes in Postgres."""
+
+    def __init__(self, kb_id: int, key: str, dimension: int, tokenize: Callable[[str], list[str]] = keyword_tokens):
+        self.kb_id, self.key, self.dimension, self.tokenize = kb_id, key, dimension, tokenize
+        self.table = table_name(kb_id, key)
+
+    def apply(self, *, upserts: dict[str, Upsert] | None = None, removals: list[str] | None = None) -> None:
+        """Replace the chunks of each upserted owner and drop those of each removed owner, in one transaction.
+        Re-running the same call leaves each chunk indexed exactly once."""
+        rows = [row for owner, upsert in (upserts or {}).items() for row in self._validated(owner, *upsert)]
+        ids = [row[0] for row in rows]
+        if len(set(ids)) != len(ids):
+            raise ValueError("a chunk id appears more than once in the upserts.")
+        replaced = sorted(set(removals or ()) | set((upserts or {})))
+        if not replaced:
+            return
+        connection = connect()
+        self._create()
+        with connection.transaction():
+            sums = _Sums.locked(connection, self.table, self.dimension)
+            gone = connection.execute(
+                sql.SQL("DELETE FROM {} WHERE owner = ANY(%s) OR chunk_id = ANY(%s) RETURNING embedding, length")
+                .format(sql.Identifier(self.table)), (replaced, ids), binary=True).fetchall()
+            if gone:
+                sums.remove(np.array([row[0].to_numpy() for row in gone], np.float32), sum(row[1] for row in gone))
+            if rows:
+                with connection.cursor().copy(sql.SQL("COPY {} (chunk_id, owner, embedding, tokens, length) FROM STDIN")
+                                              .format(sql.Identifier(self.table))) as copy:
+                    for chunk_id, owner, vector, tokens in rows:
+                        copy.write_row((chunk_id, owner, _vector_text(vector), _tsvector(tokens), len(tokens)))
+                sums.add(np.array([row[2] for row in rows], np.float32), sum(len(row[3]) for row in rows))
+            sums.save(connection, self.table)
+
+    def _validated(self, owner: str, chunk_ids: list[int], vectors, texts: list[str]):
+        ids = [int(chunk_id) for chunk_id in np.asarray(chunk_ids, dtype=np.int64).reshape(-1)]
+        matrix = np.array(vectors, dtype=np.float32)
+        if matrix.size == 0:
+            matrix = matrix.reshape(0, self.dimension)
+        if matrix.shape != (len(ids), self.dimension) or len(texts) != len(ids):
+            raise ValueError(f"owner {owner!r}: {len(ids)} chunk ids, vectors of shape {np.shape(vectors)} and "
+                             f"{len(texts)} texts; expected one {self.dimension}-dimension vector and one text per id.")
+        if not np.isfinite(matrix).all():
+            raise ValueError(f"owner {owner!r}: a vector holds NaN or infinity.")
+        return [(chunk_id, str(owner), vector, self.tokenize(text))
+                for chunk_id, vector, text in zip(ids, normalised(matrix), texts)]
+
+    def search_dense(self, vector: np.ndarray, k: int, stats: dict | None = None) -> list[tuple[int, float]]:
+        """(chunk id, cosine similarity) of the k nearest chunks, best first (ties by chunk id); `stats` gets the
+        mean and standard deviation of the query's cosine over every chunk."""
+        query = normalised(np.reshape(vector, (1, -1)))[0]
+        if len(query) != self.dimension:
+            raise ValueError(f"vector has {len(query)} dimensions; this index has {self.dimension}.")
+        sums = _current_sums(self.table, self.dimension)
+        if sums is None or sums.rows == 0 or k < 1:
+            return []
+        if stats is not None:
+            mean = float(query.astype(np.float64) @ sums.vector_sum) / sums.rows
+            square = float(query.astype(np.float64) @ sums.gram @ query.astype(np.float64)) / sums.rows
+            stats.update(mean=mean, std=float(np.sqrt(max(square - mean * mean, 0.0))), count=sums.rows)
+        connection = connect()
+        with connection.transaction():
+            # The HNSW scan returns at most ef_search rows (40 by default).
+            connection.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(min(1000, max(200, 4 * k)))))
+            if not settings.RAG_INDEX_ANN_SEARCH:  # exact: every row scored, as FACTORY_RAG_INDEX_ANN_SEARCH=off says
+                connection.execute("SET LOCAL enable_indexscan = off")
+            hits = connection.execute(
+                sql.SQL("SELECT chunk_id, -(embedding <#> %s) FROM {} ORDER BY embedding <#> %s LIMIT %s")
+                .format(sql.Identifier(self.table)), (query, query, k)).fetchall()
+        return sorted(((int(chunk_id), float(score)) for chunk_id, score in hits), key=lambda hit: (-hit[1], hit[0]))
+
+    def search_keyword(self, query: str, k: int, stats: dict | None = None) -> list[tuple[int, float]]:
+        """(chunk id, raw BM25 score > 0) of the k best keyword matches, best first (ties by chunk id); `stats` gets
+        the mean and standard deviation of the BM25 score over every chunk (0 where no token occurs)."""
+        sums = _current_sums(self.table, self.dimension)
+        if sums is None or sums.total_length == 0 or k < 1:
+            return []
+        wanted = Counter(token for token in self.tokenize(query) if len(token.encode()) <= MAX_LEXEME_BYTES)
+        matched = []
+        if wanted:
+            matched = connect().execute(
+                sql.SQL("SELECT c.chunk_id, c.length, t.lexeme, cardinality(t.positions) FROM {} c "
+                        "CROSS JOIN LATERAL unnest(c.tokens) AS t WHERE c.tokens @@ %s::tsquery AND t.lexeme = ANY(%s)")
+                .format(sql.Identifier(self.table)),
+                (" | ".join(_quoted(token) for token in wanted), list(wanted))).fetchall()
+        chunk_ids, scores = _bm25(matched, wanted, sums)
+        if stats is not None:
+            total = scores.sum(dtype=np.float64)
+            mean = total / sums.rows
+            square = float(np.square(scores, dtype=np.float64).sum()) / sums.rows
+            stats.update(mean=float(mean), std=float(np.sqrt(max(square - mean * mean, 0.0))), count=sums.rows,
+                         matches=int(len(chunk_ids)))
+        best_first = np.lexsort((chunk_ids, -scores))[:k]
+        return list(zip(chunk_ids[best_first].tolist(), scores[best_first].tolist()))
+
+    def chunk_ids(self, owner: str) -> list[int]:
+        if _current_sums(self.table, self.dimension) is None:
+            return []
+        return [row[0] for row in connect().execute(
+            sql.SQL("SELECT chunk_id FROM {} WHERE owner = %s ORDER BY chunk_id").format(sql.Identifier(self.table)),
+            (str(owner),))]
+
+    def vectors(self, chunk_ids: list[int]) -> np.ndarray:
+        """float32 [len(chunk_ids), dimension]: the stored (normalised) vectors of these chunks, in that order.
+        Raises KeyError naming a chunk that is not in the index."""
+        found = {}
+        if chunk_ids and _current_sums(self.table, self.dimension) is not None:
+            found = dict(connect().execute(
+                sql.SQL("SELECT chunk_id, embedding FROM {} WHERE chunk_id = ANY(%s)")
+                .format(sql.Identifier(self.table)),
+                ([int(chunk_id) for chunk_id in chunk_ids],), binary=True).fetchall())
+        missing = [chunk_id for chunk_id in chunk_ids if chunk_id not in found]
+        if missing:
+            raise KeyError(f"chunk {missing[0]} is not in the index")
+        if not chunk_ids:
+            return np.empty((0, self.dimension), np.float32)
+        return np.array([found[chunk_id].to_numpy() for chunk_id in chunk_ids], np.float32)
+
+    def count(self) -> int:
+        sums = _current_sums(self.table, self.dimension)
+        return sums.rows if sums else 0
+
+    def generation(self) -> int:
+        """A number that grows with every write to this index; 0 before the first."""
+        sums = _current_sums(self.table, self.dimension)
+        return sums.generation if sums else 0
+
+    def search_method(self) -> str:
+        """"hnsw": dense search goes through the HNSW index (approximate), unless FACTORY_RAG_INDEX_ANN_SEARCH=off."""
+        return "hnsw" if settings.RAG_INDEX_ANN_SEARCH else "exact"
+
+    def merge(self, wait: bool = False) -> int:
+        """Nothing to merge: Postgres maintains its indexes as rows are written (the embedded store merges segments)."""
+        return 0
+
+    def _create(self) -> None:
+        if self.dimension > MAX_DIMENSIONS:
+            raise PgvectorUnavailable(f"pgvector's HNSW index takes at most {MAX_DIMENSIONS} dimensions; this "
+                                      f"embedding model has {self.dimension}: keep this knowledge base embedded.")
+        if (conninfo(), self.table) in _CREATED:
+            return
+        connection = connect()
+        table = sql.Identifier(self.table)
+        with connection.transaction():
+            # Two workers creating the same table at once would collide in the catalogue.
+            connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
+            connection.execute(sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (chunk_id bigint PRIMARY KEY, owner text NOT NULL, "
+                "embedding vector({}) NOT NULL, tokens tsvector NOT NULL, length integer NOT NULL)"
+            ).format(table, sql.Literal(self.dimension)))
+            connection.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (owner)").format(
+                sql.Identifier(f"{self.table}_owner"), table))
+            connection.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (embedding vector_ip_ops)")
+                               .format(sql.Identifier(f"{self.table}_embedding"), table))
+            connection.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING gin (tokens)").format(
+                sql.Identifier(f"{self.table}_tokens"), table))
+            connection.execute(
+                f"INSERT INTO {REGISTRY} (name, kb_id, key, dimension) VALUES (%s, %s, %s, %s) "
+                "ON CONFLICT (name) DO NOTHING", (self.table, self.kb_id, self.key, self.dimension))
+        _CREATED.add((conninfo(), self.table))
+
+
+def table_name(kb_id: int, key: str) -> str:
+    # Keys hold dots and may be long; a hash keeps the name a plain identifier under Postgres's 63 bytes.
+    return f"rag_index_{kb_id}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def drop_index(kb_id: int, key: str) -> None:
+    """Remove one index (an old key after a re-index switched away from it); nothing happens if it never existed."""
+    name = table_name(kb_id, key)
+    connection = connect()
+    with connection.transaction():
+        connection.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+        connection.execute(f"DELETE FROM {REGISTRY} WHERE name = %s", (name,))
+    _SUMS.pop(name, None)
+    _CREATED.discard((conninfo(), name))
+
+
+def drop_knowledge_base(kb_id: int) -> None:
+    """Remove every index of a deleted knowledge base."""
+    for (key,) in connect().execute(f"SELECT key FROM {REGISTRY} WHERE kb_id = %s", (kb_id,)).fetchall():
+        drop_index(kb_id, key)
+
+
+def check_available() -> None:
+    """Raise PgvectorUnavailable with what to set up, unless the store's database has the vector extension."""
+    connect()
+
+
+# ---- the sums behind exact z-score statistics ----
+
+
+class _Sums:
+    def __init__(self, dimension: int, generation: int = 0, rows: int = 0, total_length: int = 0,
+                 vector_sum: np.ndarray | None = None, gram: np.ndarray | None = None):
+        self.dimension, self.generation, self.rows, self.total_length = dimension, generation, rows, total_length
+        self.vector_sum = np.zeros(dimension) if vector_sum is None else vector_sum
+        self.gram = np.zeros((dimension, dimension)) if gram is None else gram
+
+    @classmethod
+    def from_row(cls, row, dimension: int) -> "_Sums":
+        generation, rows, total_length, stored_dimension, vector_sum, gram = row
+        if stored_dimension != dimension:
+            raise ValueError(f"the index holds dimension {stored_dimension}; expected {dimension}.")
+        return cls(dimension, generation, rows, total_length,
+                   np.frombuffer(vector_sum, np.float64).copy() if vector_sum else None,
+                   np.frombuffer(gram, np.float64).reshape(dimension, dimension).copy() if gram else None)
+
+    @classmethod
+    def locked(cls, connection, table: str, dimension: int) -> "_Sums":
+        row = connection.execute(f"SELECT generation, rows, total_length, dimension, vector_sum, gram FROM {REGISTRY} "
+                                 "WHERE name = %s FOR UPDATE", (table,)).fetchone()
+        return cls.from_row(row, dimension)
+
+    def add(self, vectors: np.ndarray, length: int) -> None:
+        matrix = vectors.astype(np.float64)
+        self.rows += len(matrix)
+        self.total_length += length
+        self.vector_sum += matrix.sum(axis=0)
+        self.gram += matrix.T @ matrix
+
+    def remove(self, vectors: np.ndarray, length: int) -> None:
+        matrix = vectors.astype(np.float64)
+        self.rows -= len(matrix)
+        self.total_length -= length
+        self.vector_sum -= matrix.sum(axis=0)
+        self.gram -= matrix.T @ matrix
+        if self.rows == 0:  # no drift left behind by float sums of what was removed
+            self.vector_sum[:], self.gram[:] = 0.0, 0.0
+
+    def save(self, connection, table: str) -> None:
+        connection.execute(
+            f"UPDATE {REGISTRY} SET generation = nextval('{GENERATIONS}'), rows = %s, total_length = %s, "
+            "vector_sum = %s, gram = %s WHERE name = %s",
+            (self.rows, self.total_length, self.vector_sum.tobytes(), self.gram.tobytes(), table))
+
+
+_SUMS: dict[str, _Sums] = {}
+# (database, table) this process created or found: each write need not ask again.
+_CREATED: set[tuple[str, str]] = set()
+
+
+def _current_sums(table: str, dimension: int) -> _Sums | None:
+    """The index's sums as of its latest write (reloaded when the generation moved), None if it does not exist."""
+    connection = connect()
+    row = connection.execute(f"SELECT generation FROM {REGISTRY} WHERE name = %s", (table,)).fetchone()
+    if row is None:
+        return None
+    cached = _SUMS.get(table)
+    if cached is None or cached.generation != row[0]:
+        full = connection.execute(f"SELECT generation, rows, total_length, dimension, vector_sum, gram FROM {REGISTRY} "
+                                  "WHERE name = %s", (table,)).fetchone()
+        if full is None:
+            return None
+        cached = _SUMS[table] = _Sums.from_row(full, dimension)
+    return cached
+
+
+# ---- keyword scoring ----
+
+
+def _bm25(matched: list[tuple], wanted: Counter, sums: _Sums) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk ids, float32 BM25 scores) of the matching rows, as the embedded store scores them."""
+    if not matched:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    chunk, length, lexeme, frequency = zip(*matched)
+    chunk_ids, row = np.unique(np.array(chunk, np.int64), return_inverse=True)
+    lexemes, column = np.unique(np.array(lexeme, dtype=object), return_inverse=True)
+    documents = np.bincount(column)  # each (row, lexeme) pair occurs once
+    idf = np.log1p((sums.rows - documents + 0.5) / (documents + 0.5)).astype(np.float32)
+    mean_length = sums.total_length / sums.rows
+    norm = (BM25_K1 * (1 - BM25_B + BM25_B * np.array(length, np.float64) / mean_length)).astype(np.float32)
+    frequency = np.array(frequency, np.float32)
+    repeats = np.array([wanted[token] for token in lexemes], np.float32)  # a repeated query token counts again
+    terms = repeats[column] * idf[column] * frequency / (frequency + norm)
+    return chunk_ids, np.bincount(row, weights=terms, minlength=len(chunk_ids)).astype(np.float32)
+
+
+def _vector_text(vector: np.ndarray) -> str:
+    # pgvector's own dumper converts element by element (1 ms a 384-d vector); tolist() is 5x faster, and a float32
+    # read back from its float64 repr is exact.
+    return "[" + ",".join(map(repr, vector.tolist())) + "]"
+
+
+def _quoted(token: str) -> str:
+    return "'" + token.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _tsvector(tokens: list[str]) -> str:
+    """A tsvector literal of the tokens as they are, each with positions 1..count (its term frequency)."""
+    counts = Counter(token for token in tokens if len(token.encode()) <= MAX_LEXEME_BYTES)
+    return " ".join(f"{_quoted(token)}:{','.join(map(str, range(1, min(count, MAX_POSITIONS) + 1)))}"
+                    for token, count in counts.items())
+
+
+# ---- the connection: one per process and thread ----
+
+_CONNECTIONS: dict[tuple[int, int, str], psycopg.Connection] = {}
+_CONNECTIONS_LOCK = threading.Lock()
+
+
+def conninfo() -> str:
+    """Where the store lives: FACTORY_RAG_PGVECTOR_URL, else the default database when it is Postgres."""
+    if settings.RAG_PGVECTOR_URL:
+        return settings.RAG_PGVECTOR_URL
+    database = settings.DATABASES["default"]
+    if database["ENGINE"] != "django.db.backends.postgresql":
+        raise PgvectorUnavailable(
+            "The pgvector index backend needs Postgres with the vector extension, and the database is "
+            f"{database['ENGINE'].rsplit('.', 1)[-1]}: set DATABASE_URL (or FACTORY_RAG_PGVECTOR_URL) to a Postgres "
+            f"database, then {INSTALL_HINT.format(major='NN')}.")
+    django_only = {"pool", "server_side_binding", "isolation_level", "assume_role", "cursor_factory", "context"}
+    options = {key: value for key, value in database.get("OPTIONS", {}).items() if key not in django_only}
+    parts = {"dbname": database["NAME"], "user": database.get("USER"), "password": database.get("PASSWORD"),
+             "host": database.get("HOST"), "port": database.get("PORT"), **options}
+    return psycopg.conninfo.make_conninfo(**{key: str(value) for key, value in parts.items() if value})
+
+
+def connect() -> psycopg.Connection:
+    # Celery forks its pool processes: a connection opened before the fork must not be used after it.
+    where = conninfo()
+    slot = (os.getpid(), threading.get_ident(), where)
+    connection = _CONNECTIONS.get(slot)
+    if connection is not None and not connection.closed and not connection.broken:
+        return connection
+    connection = psycopg.connect(where, autocommit=True)
+    _prepare(connection)
+    with _CONNECTIONS_LOCK:
+        _CONNECTIONS[slot] = connection
+    return connection
+
+
+def _prepare(connection: psycopg.Connection) -> None:
+    """Make sure of the vector extension and the registry table, then teach psycopg the vector type."""
+    installed = connection.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone()
+    if installed is None:
+        try:
+            connection.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        except psycopg.Error as exc:
+            major, database = connection.info.server_version // 10000, connection.info.dbname
+            connection.close()
+            raise PgvectorUnavailable(
+                f"The pgvector index backend needs the Postgres extension `vector` in database "
+                f"{database!r}, which could not be created ({str(exc).strip().splitlines()[0]}): "
+                f"{INSTALL_HINT.format(major=major)}.") from exc
+    register_vector(connection)
+    with connection.transaction():
+        connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (REGISTRY,))
+        connection.execute(
+            f"CREATE TABLE IF NOT EXISTS {REGISTRY} (name text PRIMARY KEY, kb_id bigint NOT NULL, key text NOT NULL, "
+            "dimension integer NOT NULL, generation bigint NOT NULL DEFAULT 0, rows bigint NOT NULL DEFAULT 0, "
+            "total_length bigint NOT NULL DEFAULT 0, vector_sum bytea, gram bytea)")
+        connection.execute(f"CREATE SEQUENCE IF NOT EXISTS {GENERATIONS}")
