@@ -1,4 +1,11 @@
 # The appliance image: one image, three roles (web, worker, beat) chosen by scripts/proc.sh, as `make run` does.
+# The GUI's browser libraries are vendored in a stage of their own (scripts/vendor-js.sh), so the image has no npm.
+FROM node:20-bookworm-slim AS vendor
+WORKDIR /src
+COPY package.json package-lock.json ./
+COPY scripts/vendor-js.sh scripts/vendor-js.sh
+RUN FACTORY_CACHE_DIR=/tmp/cache scripts/vendor-js.sh
+
 FROM python:3.11-slim-bookworm
 
 RUN apt-get update \
@@ -20,6 +27,7 @@ RUN sed 's/+cpu//' requirements/constraints.txt > /tmp/constraints.txt \
  && package_lib=$(python -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib")') \
  && mkdir -p "$package_lib" && cp -P "$llama/lib/"*.so* "$package_lib/"
 COPY . .
+COPY --from=vendor /src/static/vendor static/vendor
 RUN pip install --no-cache-dir -c /tmp/constraints.txt -e .
 
 ENV FACTORY_DATA_DIR=/data FACTORY_HOST=0.0.0.0 FACTORY_PORT=8000 PYTHONUNBUFFERED=1

@@ -96,9 +96,8 @@ def _json_field(answer: str, path: str):
     return value
 
 
-def _judge(evaluation: AgentEvalRun, requirement: str, answer: str, model: str) -> bool:
-    judge = gateway_model(workspace_id=evaluation.agent.workspace_id, model=model, temperature=0.0, max_tokens=32,
-                          timeout_s=120)
+def _judge(workspace_id: int, requirement: str, answer: str, model: str) -> bool:
+    judge = gateway_model(workspace_id=workspace_id, model=model, temperature=0.0, max_tokens=32, timeout_s=120)
     bound = judge.bind(response_format={"type": "json_schema", "json_schema": {"name": "verdict", "schema": {
         "type": "object", "required": ["verdict"], "properties": {"verdict": {"type": "boolean"}}}}})
     reply = bound.invoke(JUDGE_PROMPT.format(requirement=requirement, answer=answer))
@@ -106,6 +105,12 @@ def _judge(evaluation: AgentEvalRun, requirement: str, answer: str, model: str) 
 
 
 def check_answer(evaluation: AgentEvalRun, check: dict, answer: str) -> dict:
+    return answer_check(check, answer, workspace_id=evaluation.agent.workspace_id,
+                        model=evaluation.version.settings["model"])
+
+
+def answer_check(check: dict, answer: str, *, workspace_id: int, model: str) -> dict:
+    """One check on an answer; a judge check asks `model` (the check's own model, if it names one)."""
     kind, value = check["kind"], check.get("value")
     try:
         if kind == "contains":
@@ -117,7 +122,7 @@ def check_answer(evaluation: AgentEvalRun, check: dict, answer: str) -> dict:
         elif kind == "json_field":
             passed = _json_field(answer, check["path"]) == value
         else:
-            passed = _judge(evaluation, value, answer, check.get("model") or evaluation.version.settings["model"])
+            passed = _judge(workspace_id, value, answer, check.get("model") or model)
     except (ValueError, TypeError, AttributeError) as exc:
         return {"check": check, "passed": False, "reason": f"{type(exc).__name__}: {exc}"}
     return {"check": check, "passed": bool(passed)}

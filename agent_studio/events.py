@@ -30,10 +30,16 @@ def _client() -> redis.Redis:
 
 
 def publish(run_public_id, event: str, data: dict) -> None:
+    publish_many(run_public_id, [(event, data)])
+
+
+def publish_many(run_public_id, batch: list[tuple[str, dict]]) -> None:
+    """Several events of a run, in order, in one round trip to Redis."""
     key = _key(run_public_id)
     pipe = _client().pipeline()
-    pipe.xadd(key, {"event": event, "data": json.dumps(data, ensure_ascii=False, default=str)},
-              maxlen=STREAM_MAX_EVENTS, approximate=True)
+    for event, data in batch:
+        pipe.xadd(key, {"event": event, "data": json.dumps(data, ensure_ascii=False, default=str)},
+                  maxlen=STREAM_MAX_EVENTS, approximate=True)
     pipe.expire(key, STREAM_TTL_S)
     pipe.execute()
 

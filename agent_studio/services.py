@@ -235,22 +235,7 @@ def _check_scenario(*, name, input, checks, expected_tools, forbidden_tools, exp
     if not isinstance(name, str) or not name.strip() or len(name) > 120:
         raise ValidationFailed("A scenario needs a name of at most 120 characters.", fields={"name": ["Required."]})
     clean_input(input)
-    if not isinstance(checks, list) or not all(isinstance(c, dict) and c.get("kind") in SCENARIO_CHECK_KINDS
-                                               for c in checks):
-        raise ValidationFailed(f"'checks' must be a list of {{kind, ...}} with kind one of "
-                               f"{', '.join(sorted(SCENARIO_CHECK_KINDS))}.", fields={"checks": ["Invalid."]})
-    for check in checks:
-        if check["kind"] in ("contains", "not_contains", "regex", "judge") and not isinstance(check.get("value"), str):
-            raise ValidationFailed(f"A '{check['kind']}' check needs a text 'value'.", fields={"checks": ["Invalid."]})
-        if check["kind"] == "json_field" and not isinstance(check.get("path"), str):
-            raise ValidationFailed("A 'json_field' check needs a 'path' and a 'value'.",
-                                   fields={"checks": ["Invalid."]})
-        if check["kind"] == "regex":
-            try:
-                re.compile(check["value"])
-            except re.error as exc:
-                raise ValidationFailed(f"The regex '{check['value']}' does not compile: {exc}.",
-                                       fields={"checks": ["Invalid regex."]})
+    check_answer_checks(checks)
     if not isinstance(expected_tools, list) or not all(
             isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("arguments", {}), dict)
             for t in expected_tools):
@@ -268,6 +253,26 @@ def _check_scenario(*, name, input, checks, expected_tools, forbidden_tools, exp
             for turn in history):
         raise ValidationFailed("'history' must be a list of {role: user|assistant, content}.",
                                fields={"history": ["Invalid."]})
+
+
+def check_answer_checks(checks) -> None:
+    """A scenario's checks on the answer (an agent's or a workflow's), or the 400 naming the one at fault."""
+    if not isinstance(checks, list) or not all(isinstance(c, dict) and c.get("kind") in SCENARIO_CHECK_KINDS
+                                               for c in checks):
+        raise ValidationFailed(f"'checks' must be a list of {{kind, ...}} with kind one of "
+                               f"{', '.join(sorted(SCENARIO_CHECK_KINDS))}.", fields={"checks": ["Invalid."]})
+    for check in checks:
+        if check["kind"] in ("contains", "not_contains", "regex", "judge") and not isinstance(check.get("value"), str):
+            raise ValidationFailed(f"A '{check['kind']}' check needs a text 'value'.", fields={"checks": ["Invalid."]})
+        if check["kind"] == "json_field" and not isinstance(check.get("path"), str):
+            raise ValidationFailed("A 'json_field' check needs a 'path' and a 'value'.",
+                                   fields={"checks": ["Invalid."]})
+        if check["kind"] == "regex":
+            try:
+                re.compile(check["value"])
+            except re.error as exc:
+                raise ValidationFailed(f"The regex '{check['value']}' does not compile: {exc}.",
+                                       fields={"checks": ["Invalid regex."]})
 
 
 def save_scenario(*, actor: Actor, agent: Agent, scenario: Scenario | None = None, name: str, input: str,

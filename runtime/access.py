@@ -28,7 +28,8 @@ class Access:
 
 # What a call needs of its app, read with it in the same query.
 APP_RELATIONS = ("current_release__config_version", "current_release__agent_version",
-                 "current_release__published_by", "agent", "workspace")
+                 "current_release__workflow_version", "current_release__published_by", "agent", "workflow",
+                 "workspace")
 
 
 def own_origin() -> str:

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from accounts.errors import NotFound
 from accounts.permissions import WorkspaceScopedMixin
 from agent_studio import selectors as agent_selectors
+from agent_studio.workflows import selectors as workflow_selectors
 from assets.views import bundle_download
 from rag_studio import selectors as rag_selectors
 from runtime import selectors, services
@@ -21,23 +22,26 @@ from runtime.models import App, AppKey, Feedback, Release, Trace
 class ReleaseSerializer(serializers.ModelSerializer):
     config_version = serializers.IntegerField(source="config_version.number", default=None)
     agent_version = serializers.IntegerField(source="agent_version.number", default=None)
+    workflow_version = serializers.IntegerField(source="workflow_version.number", default=None)
     published_by = serializers.CharField(source="published_by.username", default=None)
 
     class Meta:
         model = Release
-        fields = ["number", "config_version", "agent_version", "note", "published_by", "published_at"]
+        fields = ["number", "config_version", "agent_version", "workflow_version", "note", "published_by",
+                  "published_at"]
 
 
 class AppSerializer(serializers.ModelSerializer):
     rag_config = serializers.IntegerField(source="rag_config_id", read_only=True)
     agent = serializers.IntegerField(source="agent_id", read_only=True)
+    workflow = serializers.IntegerField(source="workflow_id", read_only=True)
     release = ReleaseSerializer(source="current_release", read_only=True)
     calls = serializers.IntegerField(read_only=True)
     endpoints = serializers.SerializerMethodField()
 
     class Meta:
         model = App
-        fields = ["id", "slug", "name", "rag_config", "agent", "release", "enabled",
+        fields = ["id", "slug", "name", "rag_config", "agent", "workflow", "release", "enabled",
                   "default_rate_limit", "allowed_origins", "opener", "suggested_questions",
                   "widget_token", "calls", "endpoints", "created_at", "updated_at"]
 
@@ -52,6 +56,8 @@ class PublishSerializer(serializers.Serializer):
     rag_config = serializers.IntegerField(required=False, allow_null=True, default=None)
     agent = serializers.IntegerField(required=False, allow_null=True, default=None,
                                      help_text="An agent to publish, instead of a RAG config")
+    workflow = serializers.IntegerField(required=False, allow_null=True, default=None,
+                                        help_text="A workflow to publish, instead of a RAG config or an agent")
     name = serializers.CharField(required=False, allow_blank=True, default="")
     slug = serializers.CharField(required=False, allow_blank=True, default="")
     rate_limit = serializers.IntegerField(required=False, default=60, help_text="Requests per minute per key")
@@ -94,12 +100,15 @@ class TraceSerializer(serializers.ModelSerializer):
     release = serializers.IntegerField(source="release.number", default=None)
     conversation_id = serializers.UUIDField(source="conversation.public_id", default=None)
     feedback = FeedbackSerializer(default=None)
+    workflow_run = serializers.UUIDField(source="workflow_run.public_id", default=None,
+                                         help_text="A workflow app's run: GET /api/workflows/runs/<id>/ has its nodes")
 
     class Meta:
         model = Trace
         fields = ["id", "message_id", "release", "conversation_id", "channel", "end_user", "stream", "query",
                   "queries", "answer", "hits", "citations", "deployment", "model", "input_tokens", "output_tokens",
-                  "retrieval_ms", "ttft_ms", "latency_ms", "status", "error", "feedback", "created_at"]
+                  "retrieval_ms", "ttft_ms", "latency_ms", "status", "error", "feedback", "workflow_run",
+                  "created_at"]
 
 
 class FeedbackDatasetSerializer(serializers.Serializer):
@@ -141,7 +150,13 @@ class AppViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
             agent = agent_selectors.agents(workspace=self.workspace).filter(pk=spec["agent"]).first()
             if agent is None:
                 raise NotFound(f"Agent {spec['agent']} not found.")
-        app = services.publish_app(actor=self.actor, config=config, agent=agent, name=spec["name"],
+        workflow = None
+        if spec["workflow"] is not None:
+            workflow = workflow_selectors.workflows(workspace=self.workspace).filter(pk=spec["workflow"]).first()
+            if workflow is None:
+                raise NotFound(f"Workflow {spec['workflow']} not found.")
+        app = services.publish_app(actor=self.actor, config=config, agent=agent, workflow=workflow,
+                                   name=spec["name"],
                                    slug=spec["slug"], rate_limit=spec["rate_limit"])
         return Response(self._fresh(app), status=status.HTTP_201_CREATED)
 
@@ -166,7 +181,8 @@ class AppViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
     @extend_schema(responses=ReleaseSerializer(many=True))
     @action(detail=True, methods=["get"])
     def releases(self, request, slug=None):
-        releases = self.get_object().releases.select_related("config_version", "agent_version", "published_by")
+        releases = self.get_object().releases.select_related("config_version", "agent_version", "workflow_version",
+                                                             "published_by")
         return Response(ReleaseSerializer(releases, many=True).data)
 
     @extend_schema(request=None, responses=AppSerializer)

@@ -21,7 +21,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from accounts.errors import ApplicationError, NotFound, ValidationFailed, error_body
-from runtime import agent_answering, answering, services
+from runtime import agent_answering, answering, services, workflow_answering
 from runtime.access import Access, authorize, count_conversation
 from runtime.models import App, Channel
 from serving.chat_messages import CHAT_ROLES, check_messages
@@ -190,6 +190,8 @@ async def chat(request: AppRequest) -> Reply:
     access = None
     try:
         access, body = await _post(request)
+        if access.app.is_workflow:
+            return _with_cors(request, await _workflow_chat(access, body), access.app)
         call = await _prepare(access, body, key_channel=Channel.CHAT, query=body.get("query"))
         if access.app.is_agent:
             reply = await _agent_chat(call)
@@ -209,9 +211,10 @@ async def chat(request: AppRequest) -> Reply:
 def _retrieved(access: Access, body: dict) -> dict:
     """Check, retrieve and store the trace in one thread hop: this is the endpoint load tests and debugging
     sessions call most."""
-    if access.app.is_agent:
-        raise ValidationFailed(f"'{access.app.slug}' serves an agent, which searches its knowledge bases itself; "
-                               f"use chat, whose steps show each search.")
+    if access.app.is_agent or access.app.is_workflow:
+        what = "an agent" if access.app.is_agent else "a workflow"
+        raise ValidationFailed(f"'{access.app.slug}' serves {what}, which searches its knowledge bases itself; "
+                               f"use chat, whose events show each search.")
     call = answering.prepare(access=access, channel=Channel.RETRIEVE, query=body.get("query"),
                              user=body.get("user"))
     try:
@@ -300,6 +303,8 @@ async def openai_chat_completions(request: AppRequest) -> Reply:
     try:
         access, body = await _post(request)
         query, history = _openai_turn(body)
+        if access.app.is_workflow:
+            return await _workflow_openai(access, body, query, history)
         call = await _prepare(access, body, key_channel=Channel.OPENAI, query=query, history=history)
         if access.app.is_agent:
             return await _agent_openai(call, body)
@@ -442,6 +447,121 @@ async def approve_run(request: AppRequest, run_id: str) -> Reply:
     except ApplicationError as exc:
         reply = error_reply(exc)
     return _with_cors(request, reply, access.app if access else None)
+
+
+# ---- workflow apps: each node's start and record, the answer's tokens, the answer ----
+
+async def _workflow_prepare(access: Access, body: dict, *, key_channel: str, query=None, history=None):
+    return await sync_to_async(workflow_answering.prepare, thread_sensitive=False)(
+        access=access, channel=key_channel if access.app_key else Channel.WIDGET, body=body, query=query,
+        history=history)
+
+
+def _workflow_body(call: answering.Call, run, data: dict) -> dict:
+    # No citations of their own (a knowledge node's hits are in its record), but the web chat reads the field.
+    return {**_ids(call), "run_id": str(run.public_id), "status": data.get("status"),
+            "answer": data.get("answer", ""), "citations": [], "outputs": data.get("outputs", {}),
+            "usage": data.get("usage", {}), "latency_ms": data.get("latency_ms")}
+
+
+async def _workflow_outcome(call: answering.Call, run) -> dict:
+    try:
+        event, data = await workflow_answering.outcome(run)
+    except workflow_answering.RunTimedOut as exc:
+        raise _answer_failed(call, exc)
+    finally:
+        await workflow_answering.store(call, run)
+    if event in ("error", "cancelled"):
+        raise _answer_failed(call, RuntimeError(data.get("error", event)))
+    return _workflow_body(call, run, data)
+
+
+async def _workflow_answer(call: answering.Call, run):
+    """("node_started" | "node_finished", event), ("token", text)…, then ("done", body): an answer that was not
+    streamed (written by a template, or a run replayed from its rows) comes as one token. AnswerFailed when the
+    run failed."""
+    streamed = False
+    try:
+        async for event, data in workflow_answering.follow(run):
+            if event == "node":
+                yield workflow_answering.node_event(data)
+            elif event == "token":
+                streamed = True
+                yield "token", data.get("text", "")
+            elif event == "done":
+                if not streamed:
+                    yield "token", data.get("answer", "")
+                yield "done", _workflow_body(call, run, data)
+            elif event in ("error", "cancelled"):
+                raise _answer_failed(call, RuntimeError(data.get("error", event)))
+    except workflow_answering.RunTimedOut as exc:
+        raise _answer_failed(call, exc)
+    finally:
+        await workflow_answering.store(call, run)
+
+
+async def _workflow_events(call: answering.Call, run):
+    """start, node_started / node_finished per node, token…, done; error if the run failed."""
+    yield _sse("start", {**_ids(call), "run_id": str(run.public_id)})
+    try:
+        async for event, value in _workflow_answer(call, run):
+            yield _sse(event, {"text": value} if event == "token" else value)
+    except AnswerFailed as exc:
+        yield _sse("error", {"message": exc.message, "code": exc.code, "message_id": str(call.message_id),
+                             "run_id": str(run.public_id)})
+
+
+async def _start_workflow_run(call: answering.Call, inputs: dict):
+    return await sync_to_async(workflow_answering.start, thread_sensitive=False)(call, inputs)
+
+
+async def _workflow_chat(access: Access, body: dict) -> Reply:
+    """`{"query"?, "inputs"?, "conversation_id"?, "user"?, "stream"?}`: the query fills the workflow's chat input,
+    `inputs` any of its inputs."""
+    call, inputs = await _workflow_prepare(access, body, key_channel=Channel.CHAT,
+                                           query=body.get("query") if "query" in body else None)
+    run = await _start_workflow_run(call, inputs)
+    if call.stream:
+        return Reply(200, _workflow_events(call, run), dict(SSE_HEADERS))
+    return _json(await _workflow_outcome(call, run))
+
+
+async def _workflow_openai(access: Access, body: dict, query: str, history: list[dict]) -> Reply:
+    """A chat-shaped workflow on OpenAI's chat/completions: the last user message fills its chat input, and the
+    answer node's tokens stream as the chunks' content."""
+    call, inputs = await _workflow_prepare(access, body, key_channel=Channel.OPENAI, query=query, history=history)
+    run = await _start_workflow_run(call, inputs)
+    created = int(time.time())
+
+    def usage_of(outcome: dict) -> dict:
+        usage = outcome.get("usage") or {}
+        prompt, completion = usage.get("input_tokens") or 0, usage.get("output_tokens") or 0
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    if call.stream:
+        async def chunks():
+            yield _chunk(call, created, {"role": "assistant", "content": ""})
+            try:
+                async for event, value in _workflow_answer(call, run):
+                    if event == "token":
+                        yield _chunk(call, created, {"content": value})
+                    elif event == "done":
+                        yield _chunk(call, created, {}, "stop", run_id=value["run_id"], **_ids(call))
+                        if (body.get("stream_options") or {}).get("include_usage"):
+                            yield _data({"id": _completion_id(call), "object": "chat.completion.chunk",
+                                         "created": created, "model": call.access.app.slug, "choices": [],
+                                         "usage": usage_of(value)})
+            except AnswerFailed as exc:
+                yield _data({"error": {"message": exc.message, "type": "server_error", "code": exc.code}})
+            yield _data("[DONE]")
+
+        return Reply(200, chunks(), dict(SSE_HEADERS))
+    outcome = await _workflow_outcome(call, run)
+    return _json({"id": _completion_id(call), "object": "chat.completion", "created": created,
+                  "model": call.access.app.slug, "usage": usage_of(outcome), "run_id": outcome["run_id"],
+                  **_ids(call), "choices": [{"index": 0, "message": {"role": "assistant",
+                                                                     "content": outcome["answer"]},
+                                             "finish_reason": "stop"}]})
 
 
 ENDPOINTS = {"chat": chat, "retrieve": retrieve, "feedback": feedback,

@@ -1,5 +1,6 @@
-"""Published apps in signed bundles: the app's settings travel with a RAG config bundle of the version it serves,
-and importing one publishes the app again in the target workspace, in the same all-or-nothing transaction."""
+"""Published apps in signed bundles: the app's settings travel with a RAG config bundle of the version it serves
+(a workflow app's with its workflow and the assets it uses: runtime/workflow_bundles.py), and importing one
+publishes the app again in the target workspace, in the same all-or-nothing transaction."""
 
 from django.db.models import Q
 
@@ -12,21 +13,27 @@ from rag_studio.bundles import APP_BUNDLE, ExportedBundle, export_config_bundle,
 from rag_studio.models import RagConfig
 from runtime import services
 from runtime.models import App
+from runtime.workflow_bundles import export_workflow_app_bundle
 
 
 def export_app_bundle(*, actor: Actor, app: App, include_indexes: bool = False) -> ExportedBundle:
     """The app's served config version with its knowledge base (optionally its index), and the app's settings.
     Keys, traces and the web chat token stay behind: they belong to this instance."""
+    if app.is_workflow:
+        return export_workflow_app_bundle(actor=actor, app=app, extra=_app_settings(app))
     if app.is_agent:
         raise ValidationFailed("Bundles carry RAG apps for now; an agent app's agent, tools and knowledge bases "
                                "cannot be exported yet.")
     services.register_app_asset(app, actor=actor)
     return export_config_bundle(
         actor=actor, config=app.rag_config, version_number=app.current_release.config_version.number,
-        include_indexes=include_indexes,
-        extra={"name": app.name, "slug": app.slug, "default_rate_limit": app.default_rate_limit,
-               "allowed_origins": app.allowed_origins, "opener": app.opener,
-               "suggested_questions": app.suggested_questions})
+        include_indexes=include_indexes, extra=_app_settings(app))
+
+
+def _app_settings(app: App) -> dict:
+    return {"name": app.name, "slug": app.slug, "default_rate_limit": app.default_rate_limit,
+            "allowed_origins": app.allowed_origins, "opener": app.opener,
+            "suggested_questions": app.suggested_questions}
 
 
 def _free_slug(slug: str) -> str:

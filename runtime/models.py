@@ -6,19 +6,21 @@ from django.utils.translation import gettext_lazy as _
 
 from accounts.models import Workspace
 from agent_studio.models import Agent, AgentRun, AgentVersion
+from agent_studio.workflows.models import Workflow, WorkflowRun, WorkflowVersion
 from rag_studio.models import EvalItem, RagConfig, RagConfigVersion
 
 
 class App(models.Model):
-    """A published assistant: a RAG config or an agent. It serves the version of its current release, whatever
-    the studio has saved since, until it is published again."""
+    """A published assistant: a RAG config, an agent or a workflow. It serves the version of its current release,
+    whatever the studio has saved since, until it is published again."""
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="apps")
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=96)
-    # Exactly one of the two: what the app serves.
+    # Exactly one of the three: what the app serves.
     rag_config = models.ForeignKey(RagConfig, on_delete=models.PROTECT, null=True, blank=True, related_name="apps")
     agent = models.ForeignKey(Agent, on_delete=models.PROTECT, null=True, blank=True, related_name="apps")
+    workflow = models.ForeignKey(Workflow, on_delete=models.PROTECT, null=True, blank=True, related_name="apps")
     current_release = models.ForeignKey("Release", on_delete=models.PROTECT, null=True, related_name="+")
     enabled = models.BooleanField(default=True)
     default_rate_limit = models.PositiveIntegerField(default=60, help_text="Requests per minute per key")
@@ -35,8 +37,10 @@ class App(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [models.CheckConstraint(
-            condition=models.Q(rag_config__isnull=False, agent__isnull=True)
-            | models.Q(rag_config__isnull=True, agent__isnull=False), name="app_serves_a_config_or_an_agent")]
+            condition=models.Q(rag_config__isnull=False, agent__isnull=True, workflow__isnull=True)
+            | models.Q(rag_config__isnull=True, agent__isnull=False, workflow__isnull=True)
+            | models.Q(rag_config__isnull=True, agent__isnull=True, workflow__isnull=False),
+            name="app_serves_a_config_an_agent_or_a_workflow")]
 
     def __str__(self) -> str:
         return self.slug
@@ -46,9 +50,13 @@ class App(models.Model):
         return self.agent_id is not None
 
     @property
+    def is_workflow(self) -> bool:
+        return self.workflow_id is not None
+
+    @property
     def source(self):
         """The studio artefact the app publishes."""
-        return self.agent if self.is_agent else self.rag_config
+        return self.agent if self.is_agent else self.workflow if self.is_workflow else self.rag_config
 
 
 class Release(models.Model):
@@ -58,6 +66,8 @@ class Release(models.Model):
                                        related_name="releases")
     agent_version = models.ForeignKey(AgentVersion, on_delete=models.PROTECT, null=True, blank=True,
                                       related_name="releases")
+    workflow_version = models.ForeignKey(WorkflowVersion, on_delete=models.PROTECT, null=True, blank=True,
+                                         related_name="releases")
     published_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
     note = models.CharField(max_length=200, blank=True)
     published_at = models.DateTimeField(auto_now_add=True)
@@ -68,7 +78,9 @@ class Release(models.Model):
 
     @property
     def version(self):
-        """The RAG config version or agent version this release serves."""
+        """The RAG config version, agent version or workflow version this release serves."""
+        if self.workflow_version_id:
+            return self.workflow_version
         return self.agent_version if self.agent_version_id else self.config_version
 
 
@@ -139,6 +151,9 @@ class Trace(models.Model):
     error = models.TextField(blank=True)
     # An agent app's run: its steps (plan, model and tool calls) are the trace's detail.
     agent_run = models.ForeignKey(AgentRun, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # A workflow app's run: its nodes' records (NodeRun) are the trace's detail.
+    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.SET_NULL, null=True, blank=True,
+                                     related_name="+")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:

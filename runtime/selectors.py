@@ -15,8 +15,8 @@ PERIODS = {"1h": (timedelta(hours=1), timedelta(minutes=5)), "24h": (timedelta(h
 
 def apps(*, workspace: Workspace):
     return (App.objects.filter(workspace=workspace)
-            .select_related("rag_config", "agent", "current_release__config_version",
-                            "current_release__agent_version")
+            .select_related("rag_config", "agent", "workflow", "current_release__config_version",
+                            "current_release__agent_version", "current_release__workflow_version")
             .annotate(calls=Count("traces")))
 
 
@@ -24,7 +24,8 @@ def app_cards(*, workspace: Workspace, hours: int = 24):
     """The workspace's apps with their calls and errors of the last `hours`, for the home page's cards."""
     since = timezone.now() - timedelta(hours=hours)
     recent = Q(traces__created_at__gte=since) & ~Q(traces__channel="retrieve")
-    return (App.objects.filter(workspace=workspace).select_related("rag_config", "agent", "current_release")
+    return (App.objects.filter(workspace=workspace).select_related("rag_config", "agent", "workflow",
+                                                                   "current_release")
             .annotate(recent_calls=Count("traces", filter=recent),
                       recent_errors=Count("traces", filter=recent & Q(traces__status=TraceStatus.ERROR))))
 
@@ -39,7 +40,7 @@ def app_by_slug(*, workspace: Workspace, slug: str) -> App:
 def traces(*, app: App, since: datetime | None = None, until: datetime | None = None, feedback: str = "",
            status: str = ""):
     """The app's calls, newest first. feedback: up, down, any or none; status: ok, error or cancelled."""
-    found = Trace.objects.filter(app=app).select_related("feedback", "release")
+    found = Trace.objects.filter(app=app).select_related("feedback", "release", "workflow_run")
     if since:
         found = found.filter(created_at__gte=since)
     if until:
@@ -62,7 +63,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def latest_eval(app: App) -> EvalRun | None:
     """The newest finished eval run of the config version the app serves now."""
-    if app.current_release is None or app.is_agent:
+    if app.current_release is None or app.is_agent or app.is_workflow:
         return None
     return (EvalRun.objects.filter(config_version_id=app.current_release.config_version_id, status=JobStatus.DONE)
             .select_related("eval_set").first())

@@ -17,13 +17,15 @@ from accounts.services import Actor, hash_secret, issue_secret, record_audit, re
 from agent_studio import services as agent_services
 from agent_studio.models import Agent, Scenario
 from agent_studio.services import agent_version, save_scenario
+from agent_studio.workflows import services as workflow_services
+from agent_studio.workflows.models import Workflow, WorkflowScenario
 from assets.models import AssetKind, AssetVersion
 from assets.services import forget_asset, register_asset
 from enhancement.models import Dataset
 from enhancement.services import dataset_from_pairs
 from rag_studio import services as rag_services
 from rag_studio.evals.evaluation import add_corrected_item
-from rag_studio.models import EvalItem, EvalSet, RagConfig
+from rag_studio.models import DocumentStatus, EvalItem, EvalSet, RagConfig
 from rag_studio.selectors import config_version
 from rag_studio.services import register_kb_asset
 from runtime.models import App, AppKey, Feedback, Release, Trace, TraceStatus
@@ -73,7 +75,7 @@ def _origins(values) -> list[str]:
 def register_app_asset(app: App, *, actor: Actor | None = None) -> AssetVersion:
     """Record what the app serves and how it is exposed; a new asset version whenever either changes."""
     version = app.current_release.version
-    kind = "agent" if app.is_agent else "rag_config"
+    kind = "agent" if app.is_agent else "workflow" if app.is_workflow else "rag_config"
     payload = {"slug": app.slug, "name": app.name, kind: app.source.pk, f"{kind}_version": version.number,
                f"{kind}_checksum": version.checksum, "enabled": app.enabled,
                "default_rate_limit": app.default_rate_limit, "allowed_origins": app.allowed_origins}
@@ -82,40 +84,47 @@ def register_app_asset(app: App, *, actor: Actor | None = None) -> AssetVersion:
                           summary={"release": app.current_release.number, f"{kind}_version": version.number})
 
 
-def _release(*, actor: Actor, app: App, note: str = "", config_version_=None, agent_version_=None) -> Release:
+def _release(*, actor: Actor, app: App, note: str = "", config_version_=None, agent_version_=None,
+             workflow_version_=None) -> Release:
     """A new release serving the given version (by default the studio's latest), made current."""
     if app.is_agent:
         agent_version_ = agent_version_ or agent_version(app.agent)
+    elif app.is_workflow:
+        workflow_version_ = workflow_version_ or workflow_services.workflow_version(app.workflow)
     else:
         config_version_ = config_version_ or config_version(app.rag_config)
     number = (app.releases.order_by("-number").values_list("number", flat=True).first() or 0) + 1
     release = Release.objects.create(app=app, number=number, config_version=config_version_,
-                                     agent_version=agent_version_, published_by=actor.user, note=note[:200])
+                                     agent_version=agent_version_, workflow_version=workflow_version_,
+                                     published_by=actor.user, note=note[:200])
     App.objects.filter(pk=app.pk).update(current_release=release, updated_at=timezone.now())
     app.current_release = release
-    if not app.is_agent:
+    if not app.is_agent and not app.is_workflow:
         register_kb_asset(app.rag_config.knowledge_base, actor=actor)
     register_app_asset(app, actor=actor)
     return release
 
 
-def publish_app(*, actor: Actor, config: RagConfig | None = None, agent: Agent | None = None, name: str = "",
-                slug: str = "", rate_limit: int = 60) -> App:
-    """A new app serving the latest version of a RAG config or of an agent."""
-    if (config is None) == (agent is None):
-        raise ValidationFailed("Publish a RAG config or an agent: one of them.", fields={"source": ["One of two."]})
-    source = config or agent
+def publish_app(*, actor: Actor, config: RagConfig | None = None, agent: Agent | None = None,
+                workflow: Workflow | None = None, name: str = "", slug: str = "", rate_limit: int = 60) -> App:
+    """A new app serving the latest version of a RAG config, of an agent or of a workflow."""
+    if sum(source is not None for source in (config, agent, workflow)) != 1:
+        raise ValidationFailed("Publish a RAG config, an agent or a workflow: one of them.",
+                               fields={"source": ["One of three."]})
+    source = config or agent or workflow
     require_role(actor=actor, workspace=source.workspace, role=Role.DEVELOPER)
     name = (name or source.name).strip()
     slug = _slug(slug, name)
     try:
         with transaction.atomic():
             app = App.objects.create(workspace=source.workspace, slug=slug, name=name, rag_config=config, agent=agent,
+                                     workflow=workflow,
                                      default_rate_limit=_rate_limit(rate_limit),
                                      widget_token=f"{WIDGET_TOKEN_TAG}{secrets.token_urlsafe(24)}")
             release = _release(actor=actor, app=app, note=gettext("First release"))
             record_audit(actor=actor, workspace=source.workspace, action="app.publish", target=app,
-                         detail={"slug": slug, "serves": "agent" if agent else "rag_config",
+                         detail={"slug": slug, "serves": "agent" if agent else "workflow" if workflow
+                                 else "rag_config",
                                  "version": release.version.number})
     except IntegrityError:
         raise Conflict(f"The slug '{slug}' is taken; choose another.", fields={"slug": ["Already in use."]})
@@ -127,7 +136,7 @@ def republish(*, actor: Actor, app: App, note: str = "") -> Release:
     the release it started with and the next one gets the new release."""
     require_role(actor=actor, workspace=app.workspace, role=Role.DEVELOPER)
     with transaction.atomic():
-        app = App.objects.select_for_update().select_related("rag_config", "agent").get(pk=app.pk)
+        app = App.objects.select_for_update().select_related("rag_config", "agent", "workflow").get(pk=app.pk)
         release = _release(actor=actor, app=app, note=note)
         record_audit(actor=actor, workspace=app.workspace, action="app.republish", target=app,
                      detail={"release": release.number, "version": release.version.number})
@@ -138,12 +147,14 @@ def roll_back(*, actor: Actor, app: App, number: int) -> Release:
     """Serve an earlier release again, as a new release, so the history says what happened and when."""
     require_role(actor=actor, workspace=app.workspace, role=Role.DEVELOPER)
     with transaction.atomic():
-        app = App.objects.select_for_update().select_related("rag_config", "agent").get(pk=app.pk)
-        earlier = app.releases.filter(number=number).select_related("config_version", "agent_version").first()
+        app = App.objects.select_for_update().select_related("rag_config", "agent", "workflow").get(pk=app.pk)
+        earlier = app.releases.filter(number=number).select_related("config_version", "agent_version",
+                                                                     "workflow_version").first()
         if earlier is None:
             raise NotFound(f"Release {number} of '{app.slug}' not found.")
         release = _release(actor=actor, app=app, note=f"Rollback to release {number}",
-                           config_version_=earlier.config_version, agent_version_=earlier.agent_version)
+                           config_version_=earlier.config_version, agent_version_=earlier.agent_version,
+                           workflow_version_=earlier.workflow_version)
         record_audit(actor=actor, workspace=app.workspace, action="app.rollback", target=app,
                      detail={"release": release.number, "to": number})
     return release
@@ -247,23 +258,39 @@ def create_app_key(*, actor: Actor, app: App, name: str, rate_limit: int | None 
 class StartedApp:
     app: App
     key: IssuedAppKey
-    uploads: list  # rag_studio's UploadOutcome of each file, for a RAG assistant
 
 
-def start_rag_assistant(*, actor: Actor, workspace, name: str, uploads, model: str) -> StartedApp:
-    """The wizard's RAG path in one go: a knowledge base of the uploaded documents (indexed in the background), a
-    config that answers from them with citations, the app publishing it and its first key. All or nothing: a
-    refused name or model leaves no half-made knowledge base behind."""
+def start_rag_assistant(*, actor: Actor, workspace, name: str, uploads, model: str) -> RagConfig:
+    """The wizard's RAG path, first step: a knowledge base of the uploaded documents (indexed in the background)
+    and a config that answers from them with citations; `publish_rag_assistant` publishes it once they are
+    indexed. All or nothing: a refused name or model leaves no half-made knowledge base behind."""
     if not uploads:
-        raise ValidationFailed("Choose the documents the assistant answers from.", fields={"files": ["Required."]})
+        raise ValidationFailed(gettext("Choose the documents the assistant answers from."),
+                               fields={"files": [gettext("Required.")]})
     with transaction.atomic():
         kb = rag_services.create_knowledge_base(actor=actor, workspace=workspace, name=name)
         config = rag_services.save_rag_config(actor=actor, workspace=workspace, name=name, knowledge_base=kb,
                                               template="citations", model=model)
-        app = publish_app(actor=actor, config=config, name=name)
+        rag_services.upload_documents(actor=actor, kb=kb, uploads=uploads)
+    return config
+
+
+def publish_rag_assistant(*, actor: Actor, config: RagConfig) -> StartedApp:
+    """The wizard's RAG path, last step: the app and its first key, once indexing has ended with at least one
+    document indexed (as Dify shows a dataset's indexing before it can be used), never while an app would answer
+    from a half-built knowledge base."""
+    documents = config.knowledge_base.documents
+    pending = documents.filter(status__in=[DocumentStatus.QUEUED, DocumentStatus.PROCESSING]).count()
+    if pending:
+        raise Conflict(gettext("%(pending)s of %(total)s documents are still being indexed; publish once they are "
+                               "done.") % {"pending": pending, "total": documents.count()})
+    if not documents.filter(status=DocumentStatus.INDEXED).exists():
+        raise Conflict(gettext("None of the documents could be indexed, so the assistant would have nothing to "
+                               "answer from; add documents it can read."))
+    with transaction.atomic():
+        app = publish_app(actor=actor, config=config, name=config.name)
         key = create_app_key(actor=actor, app=app, name="first key")
-        outcomes = rag_services.upload_documents(actor=actor, kb=kb, uploads=uploads)
-    return StartedApp(app=app, key=key, uploads=outcomes)
+    return StartedApp(app=app, key=key)
 
 
 def start_agent_app(*, actor: Actor, workspace, name: str, template: str, model: str) -> StartedApp:
@@ -273,7 +300,7 @@ def start_agent_app(*, actor: Actor, workspace, name: str, template: str, model:
                                           settings={"model": model})
         app = publish_app(actor=actor, agent=agent, name=name)
         key = create_app_key(actor=actor, app=app, name="first key")
-    return StartedApp(app=app, key=key, uploads=[])
+    return StartedApp(app=app, key=key)
 
 
 def revoke_app_key(*, actor: Actor, app_key: AppKey) -> AppKey:
@@ -317,8 +344,9 @@ def feedback_to_eval_item(*, actor: Actor, feedback: Feedback, expected_answer: 
     """Turn a down-voted answer into an eval item of the app's knowledge base: the question with the corrected
     answer, and the documents it should come from (by default, those the answer cited)."""
     trace = feedback.trace
-    if trace.app.is_agent:
-        raise ValidationFailed("An agent app's corrections become evaluation scenarios of its agent.")
+    if trace.app.is_agent or trace.app.is_workflow:
+        raise ValidationFailed("An agent or workflow app's corrections become evaluation scenarios of its agent "
+                               "or workflow.")
     kb = trace.app.rag_config.knowledge_base
     sources = cited_documents(trace) if expected_sources is None else [s.strip() for s in expected_sources
                                                                         if s.strip()]
@@ -329,18 +357,25 @@ def feedback_to_eval_item(*, actor: Actor, feedback: Feedback, expected_answer: 
     return item
 
 
-def feedback_to_scenario(*, actor: Actor, feedback: Feedback, expected_answer: str) -> Scenario:
-    """Turn a down-voted answer of an agent app into a scenario of its agent: the question, judged against the
-    corrected answer, so that the next evaluation shows whether a new version gets it right."""
+def feedback_to_scenario(*, actor: Actor, feedback: Feedback, expected_answer: str) -> Scenario | WorkflowScenario:
+    """Turn a down-voted answer of an agent or workflow app into a scenario of its agent or workflow: the question
+    (a workflow's run inputs), judged against the corrected answer, so that the next evaluation shows whether a new
+    version gets it right."""
     trace = feedback.trace
-    if not trace.app.is_agent:
+    if not trace.app.is_agent and not trace.app.is_workflow:
         raise ValidationFailed("A RAG app's corrections become eval items of its knowledge base.")
     if not expected_answer.strip():
         raise ValidationFailed("Write the answer the agent should have given.",
                                fields={"expected_answer": ["Required."]})
+    judged = [{"kind": "judge", "value": f"The answer says what this answer says: {expected_answer.strip()}"}]
+    if trace.app.is_workflow:
+        if trace.workflow_run is None:
+            raise ValidationFailed("This call started no workflow run, so there are no inputs to replay.")
+        return workflow_services.save_scenario(actor=actor, workflow=trace.app.workflow,
+                                               name=f"feedback {trace.public_id.hex[:8]}",
+                                               inputs=trace.workflow_run.inputs, checks=judged)
     return save_scenario(actor=actor, agent=trace.app.agent, name=f"feedback {trace.public_id.hex[:8]}",
-                         input=trace.query, checks=[{"kind": "judge", "value": f"The answer says what this answer "
-                                                                               f"says: {expected_answer.strip()}"}])
+                         input=trace.query, checks=judged)
 
 
 def feedback_to_dataset(*, actor: Actor, app: App, name: str = "") -> Dataset:

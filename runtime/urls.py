@@ -17,6 +17,7 @@ api_urlpatterns = [
 urlpatterns = [
     path("apps/", views.apps_page, name="apps"),
     path("new-app/", views.new_app, name="new-app"),
+    path("new-app/rag/<int:config_id>/", views.new_app_indexing, name="new-app-indexing"),
     path("apps/<slug:slug>/", views.app_page, name="app"),
     path("apps/<slug:slug>/export/", views.app_export, name="app-export"),
     path("apps/<slug:slug>/logs/", views.logs_page, name="app-logs"),

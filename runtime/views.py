@@ -1,3 +1,4 @@
+import json
 from urllib.parse import urlsplit
 
 from django.contrib import messages
@@ -13,9 +14,12 @@ from accounts.errors import ApplicationError, NotFound, ValidationFailed
 from accounts.gui import gui_actor, workspace_page
 from agent_studio import selectors as agent_selectors
 from agent_studio.models import AgentTemplate
+from agent_studio.workflows import selectors as workflow_selectors
+from agent_studio.workflows.models import NodeStatus
+from agent_studio.workflows.nodes import as_text
 from assets.views import bundle_download
 from rag_studio import selectors as rag_selectors
-from rag_studio.models import EvalSet
+from rag_studio.models import DocumentStatus, EvalSet
 from runtime import selectors, services
 from runtime.bundles import export_app_bundle
 from runtime.models import App, Feedback, TraceStatus
@@ -30,15 +34,20 @@ def apps_page(request):
     if request.method == "POST":
         source = request.POST.get("source", "")
         kind, _separator, pk = source.partition(":")
-        config = agent = None
+        config = agent = workflow = None
         if kind == "agent":
             agent = agent_selectors.agents(workspace=workspace).filter(pk=pk if pk.isdigit() else None).first()
             if agent is None:
                 raise NotFound("That agent is not in this workspace.")
+        elif kind == "workflow":
+            workflow = workflow_selectors.workflows(workspace=workspace).filter(
+                pk=pk if pk.isdigit() else None).first()
+            if workflow is None:
+                raise NotFound("That workflow is not in this workspace.")
         else:
             config = rag_selectors.scoped(rag_selectors.rag_configs(workspace=workspace), pk or
                                           request.POST.get("rag_config"), "RAG config")
-        app = services.publish_app(actor=gui_actor(request), config=config, agent=agent,
+        app = services.publish_app(actor=gui_actor(request), config=config, agent=agent, workflow=workflow,
                                    name=request.POST.get("name", ""), slug=request.POST.get("slug", ""))
         messages.success(request, _("Published '%(name)s' at %(url)s (release 1, %(source)s v%(version)s).") % {
             "name": app.name, "url": f"/api/apps/{app.slug}/", "source": app.source.name,
@@ -49,7 +58,9 @@ def apps_page(request):
         "apps": selectors.apps(workspace=workspace),
         "configs": rag_selectors.rag_configs(workspace=workspace),
         "agents": agent_selectors.agents(workspace=workspace),
-        "selected_agent": _id_param(request, "agent"), "selected_config": _id_param(request, "config")})
+        "workflows": workflow_selectors.workflows(workspace=workspace).filter(version__gt=0),
+        "selected_agent": _id_param(request, "agent"), "selected_config": _id_param(request, "config"),
+        "selected_workflow": _id_param(request, "workflow")})
 
 
 WIZARD_PATHS = ("rag", "agent", "bundle")
@@ -57,23 +68,25 @@ WIZARD_PATHS = ("rag", "agent", "bundle")
 
 @workspace_page
 def new_app(request):
-    """The "create an app" wizard: a RAG assistant from documents or an agent from a template, published with its
-    key in one form; or the import of a bundle (on the Assets page)."""
+    """The "create an app" wizard: a RAG assistant from documents (published from the indexing step that follows)
+    or an agent from a template, published with its key in one form; or the import of a bundle (on the Assets
+    page)."""
     post = request.POST
     path = (post or request.GET).get("path", "")
     status = 200
     if request.method == "POST":
         try:
             if path == "rag":
-                started = services.start_rag_assistant(
+                config = services.start_rag_assistant(
                     actor=gui_actor(request), workspace=request.workspace, name=post.get("name", ""),
                     uploads=request.FILES.getlist("files"), model=post.get("model", ""))
-            elif path == "agent":
+                return redirect("new-app-indexing", config_id=config.pk)
+            if path == "agent":
                 started = services.start_agent_app(
                     actor=gui_actor(request), workspace=request.workspace, name=post.get("name", ""),
                     template=post.get("template", ""), model=post.get("model", ""))
             else:
-                raise ValidationFailed("Choose what to build: a RAG assistant or an agent.")
+                raise ValidationFailed(_("Choose what to build: a RAG assistant or an agent."))
         except NotFound:
             raise
         except ApplicationError as exc:
@@ -81,13 +94,40 @@ def new_app(request):
             messages.error(request, exc.message)
             status = 400
         else:
-            messages.success(request, _("Published '%(name)s'. Its API key, shown only now: %(secret)s") % {
-                "name": started.app.name, "secret": started.key.secret})
-            return redirect("app", slug=started.app.slug)
+            return _published_with_key(request, started)
     return render(request, "runtime/new_app.html", {
         "path": path if path in WIZARD_PATHS else "", "form": post,
         "chat_models": serving_selectors.chat_models(workspace=request.workspace),
         "agent_templates": AgentTemplate.choices}, status=status)
+
+
+def _published_with_key(request, started: services.StartedApp):
+    messages.success(request, _("Published '%(name)s'. Its API key, shown only now: %(secret)s") % {
+        "name": started.app.name, "secret": started.key.secret})
+    return redirect("app", slug=started.app.slug)
+
+
+@workspace_page
+def new_app_indexing(request, config_id):
+    """The RAG path's second step: each document's indexing, then Publish once indexing has ended (the page
+    reloads itself meanwhile); failures are named, and an assistant with nothing indexed is not published."""
+    config = rag_selectors.scoped(rag_selectors.rag_configs(workspace=request.workspace), config_id, "RAG config")
+    if (app := App.objects.filter(rag_config=config).first()) is not None:
+        return redirect("app", slug=app.slug)
+    status = 200
+    if request.method == "POST":
+        try:
+            return _published_with_key(request, services.publish_rag_assistant(actor=gui_actor(request),
+                                                                               config=config))
+        except ApplicationError as exc:
+            messages.error(request, exc.message)
+            status = 409
+    documents = rag_selectors.document_progress(kb=config.knowledge_base)
+    indexed = sum(d["status"] == DocumentStatus.INDEXED for d in documents)
+    failed = [d for d in documents if d["status"] == DocumentStatus.FAILED]
+    return render(request, "runtime/new_app_indexing.html", {
+        "config": config, "documents": documents, "indexed": indexed, "failed": failed, "total": len(documents),
+        "busy": indexed + len(failed) < len(documents)}, status=status)
 
 
 def _id_param(request, name: str) -> int | None:
@@ -150,6 +190,8 @@ def app_page(request, slug):
     return render(request, "runtime/app.html", {
         "app": app, "base": base, "latest_version": latest,
         "releases": app.releases.select_related("config_version", "agent_version", "published_by"),
+        "workflow_inputs_example": json.dumps({item["name"]: "…" for item in app.current_release.version.graph[
+            "inputs"]}, ensure_ascii=False) if app.is_workflow else "",
         "keys": app.keys.all(), "origins": "\n".join(app.allowed_origins),
         "suggested_questions": "\n".join(app.suggested_questions)})
 
@@ -196,11 +238,11 @@ def trace_page(request, slug, message_id):
     if trace is None:
         raise NotFound("That call is not in this app's log.")
     feedback = Feedback.objects.filter(trace=trace).first()
-    if request.method == "POST" and feedback is not None and app.is_agent:
+    if request.method == "POST" and feedback is not None and (app.is_agent or app.is_workflow):
         scenario = services.feedback_to_scenario(actor=gui_actor(request), feedback=feedback,
                                                  expected_answer=request.POST.get("expected_answer", ""))
         messages.success(request, _("Added the scenario '%(scenario)s' to the evaluation of %(agent)s.")
-                         % {"scenario": scenario.name, "agent": app.agent.name})
+                         % {"scenario": scenario.name, "agent": app.source.name})
         return redirect("app-trace", slug=slug, message_id=message_id)
     if request.method == "POST" and feedback is not None:
         eval_set = (rag_selectors.scoped(rag_selectors.eval_sets(workspace=request.workspace),
@@ -216,8 +258,11 @@ def trace_page(request, slug, message_id):
     return render(request, "runtime/trace.html", {
         "app": app, "trace": trace, "feedback": feedback, "conversation": conversation,
         "steps": agent_selectors.run_steps(trace.agent_run) if trace.agent_run_id else [],
+        "nodes": [node | {"status_label": NodeStatus(node["status"]).label,
+                          "output_text": as_text((node["outputs"] or {}).get("output", node["outputs"] or ""))}
+                  for node in workflow_selectors.node_trace(trace.workflow_run)] if trace.workflow_run_id else [],
         "eval_sets": EvalSet.objects.filter(knowledge_base=app.rag_config.knowledge_base).exclude(status="failed")
-        if not app.is_agent else [],
+        if app.rag_config_id else [],
         "cited_documents": "\n".join(services.cited_documents(trace))})
 
 

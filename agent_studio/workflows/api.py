@@ -1,24 +1,29 @@
 """Workflows' REST API under /api/workflows/: CRUD with versions, validate, run (queued; follow it over SSE at
-/api/workflows/runs/<run_id>/events/), a run with its per-node trace, cancel."""
+/api/workflows/runs/<run_id>/events/), a run with its per-node trace, cancel; the shipped templates (a workflow
+made from one, with its scenario set); scenarios and evaluations (started, read, cancelled)."""
 
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from accounts.errors import NotFound
 from accounts.permissions import WorkspaceScopedMixin
 from agent_studio import streaming as agent_streaming
-from agent_studio.workflows import selectors, services, streaming
-from agent_studio.workflows.models import Workflow, WorkflowRun, WorkflowVersion
+from agent_studio.workflows import catalog, selectors, services, streaming
+from agent_studio.workflows.models import Workflow, WorkflowEvalRun, WorkflowRun, WorkflowScenario, WorkflowVersion
 from agent_studio.workflows.runner import run_payload
 
 
 class WorkflowSerializer(serializers.ModelSerializer):
     graph = serializers.JSONField()
+    layout = serializers.JSONField(required=False, default=None,
+                                   help_text='Where the canvas draws each node: {node id: {"x", "y"}}; no new version')
 
     class Meta:
         model = Workflow
-        fields = ["id", "name", "description", "graph", "version", "created_at", "updated_at"]
+        fields = ["id", "name", "description", "graph", "layout", "version", "created_at", "updated_at"]
         read_only_fields = ["id", "version", "created_at", "updated_at"]
 
 
@@ -35,6 +40,40 @@ class WorkflowGraphSerializer(serializers.Serializer):
 class WorkflowRunRequestSerializer(serializers.Serializer):
     inputs = serializers.JSONField(required=False, default=dict)
     version = serializers.IntegerField(required=False, allow_null=True, default=None)
+
+
+class WorkflowScenarioSerializer(serializers.ModelSerializer):
+    inputs = serializers.JSONField()
+    checks = serializers.JSONField(required=False, default=list)
+    expected_nodes = serializers.JSONField(required=False, default=list)
+    forbidden_nodes = serializers.JSONField(required=False, default=list)
+
+    class Meta:
+        model = WorkflowScenario
+        fields = ["id", "name", "inputs", "checks", "expected_nodes", "forbidden_nodes", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class WorkflowEvalRunSerializer(serializers.ModelSerializer):
+    workflow = serializers.CharField(source="workflow.name", read_only=True)
+    version = serializers.IntegerField(source="version.number", read_only=True)
+
+    class Meta:
+        model = WorkflowEvalRun
+        fields = ["id", "workflow", "version", "status", "include_safety", "progress", "total", "scores",
+                  "results", "error", "created_at", "finished_at"]
+
+
+class EvaluateSerializer(serializers.Serializer):
+    version = serializers.IntegerField(required=False, allow_null=True, default=None)
+    include_safety = serializers.BooleanField(required=False, default=True)
+
+
+class FromTemplateSerializer(serializers.Serializer):
+    template = serializers.CharField(help_text="A template's key, from GET /api/workflows/templates/")
+    name = serializers.CharField(required=False, allow_blank=True, default="")
+    bindings = serializers.JSONField(required=False, default=dict,
+                                     help_text="slot: asset (a model's name, a knowledge base's or tool's id)")
 
 
 def run_detail(run: WorkflowRun) -> dict:
@@ -61,6 +100,12 @@ class WorkflowViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
         return Response(WorkflowSerializer(self._save(request)).data, status=status.HTTP_201_CREATED)
 
     def update(self, request, pk=None):
+        """Save the graph (a new version when it changed); a body with only `layout` moves the nodes on the
+        canvas and keeps the version."""
+        if isinstance(request.data, dict) and set(request.data) == {"layout"}:
+            workflow = services.save_layout(actor=self.actor, workflow=self.get_object(),
+                                            layout=request.data["layout"])
+            return Response(WorkflowSerializer(workflow).data)
         return Response(WorkflowSerializer(self._save(request, self.get_object())).data)
 
     def destroy(self, request, pk=None):
@@ -96,6 +141,85 @@ class WorkflowViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
         version = services.workflow_version(workflow, fields["version"]) if fields["version"] else None
         run = services.start_run(actor=self.actor, workflow=workflow, inputs=fields["inputs"], version=version)
         return Response(run_detail(run), status=status.HTTP_202_ACCEPTED)
+
+
+    @extend_schema(methods=["get"], responses=WorkflowScenarioSerializer(many=True))
+    @extend_schema(methods=["post"], request=WorkflowScenarioSerializer, responses={201: WorkflowScenarioSerializer})
+    @action(detail=True, methods=["get", "post"])
+    def scenarios(self, request, pk=None):
+        """The cases the workflow's evaluation runs: inputs, checks on the answer (contains, not_contains, regex,
+        json_field, judge), the nodes that must run and those that must not."""
+        workflow = self.get_object()
+        if request.method == "GET":
+            return Response(WorkflowScenarioSerializer(workflow.scenarios.all(), many=True).data)
+        data = WorkflowScenarioSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        scenario = services.save_scenario(actor=self.actor, workflow=workflow, **data.validated_data)
+        return Response(WorkflowScenarioSerializer(scenario).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={204: None})
+    @action(detail=True, methods=["delete"], url_path=r"scenarios/(?P<scenario_id>\d+)")
+    def delete_scenario(self, request, pk=None, scenario_id=None):
+        scenario = self.get_object().scenarios.filter(pk=scenario_id).first()
+        if scenario is None:
+            raise NotFound(_("Scenario %(id)s not found for this workflow.") % {"id": scenario_id})
+        services.delete_scenario(actor=self.actor, scenario=scenario)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(methods=["get"], responses=WorkflowEvalRunSerializer(many=True))
+    @extend_schema(methods=["post"], request=EvaluateSerializer, responses={202: WorkflowEvalRunSerializer})
+    @action(detail=True, methods=["get", "post"])
+    def evaluations(self, request, pk=None):
+        """POST scores a version (the latest unless `version`) on the scenarios and, for a chat-shaped workflow,
+        the shipped safety probes; read the report at /api/workflows/evaluations/<id>/. GET lists them."""
+        workflow = self.get_object()
+        if request.method == "GET":
+            return Response(WorkflowEvalRunSerializer(workflow.eval_runs.select_related("version"), many=True).data)
+        data = EvaluateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        evaluation = services.start_evaluation(actor=self.actor, workflow=workflow,
+                                               version_number=data.validated_data["version"],
+                                               include_safety=data.validated_data["include_safety"])
+        return Response(WorkflowEvalRunSerializer(evaluation).data, status=status.HTTP_202_ACCEPTED)
+
+
+class WorkflowTemplateViewSet(WorkspaceScopedMixin, viewsets.GenericViewSet):
+    """The workflow templates shipped with the platform; POST makes a workflow (with its scenario set) from one."""
+
+    serializer_class = FromTemplateSerializer
+
+    @extend_schema(operation_id="workflows_templates_list", responses=dict)
+    def list(self, request):
+        return Response(catalog.listing())
+
+    @extend_schema(request=FromTemplateSerializer, responses={201: WorkflowSerializer})
+    def create(self, request):
+        data = FromTemplateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = data.validated_data
+        workflow = catalog.create_from_template(actor=self.actor, workspace=self.workspace, key=fields["template"],
+                                                name=fields["name"], bindings=fields["bindings"])
+        return Response(WorkflowSerializer(workflow).data | {"scenarios": workflow.scenarios.count()},
+                        status=status.HTTP_201_CREATED)
+
+
+class WorkflowEvaluationViewSet(WorkspaceScopedMixin, viewsets.GenericViewSet):
+    """One workflow evaluation: its report (scores on the three axes, each scenario's and probe's result), cancel."""
+
+    serializer_class = WorkflowEvalRunSerializer
+
+    def get_queryset(self):
+        return WorkflowEvalRun.objects.filter(workflow__workspace=self.workspace).select_related("workflow",
+                                                                                                  "version")
+
+    def retrieve(self, request, pk=None):
+        return Response(WorkflowEvalRunSerializer(self.get_object()).data)
+
+    @extend_schema(request=None, responses=WorkflowEvalRunSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        evaluation = services.cancel_evaluation(actor=self.actor, evaluation=self.get_object())
+        return Response(WorkflowEvalRunSerializer(evaluation).data)
 
 
 class WorkflowRunViewSet(WorkspaceScopedMixin, viewsets.GenericViewSet):

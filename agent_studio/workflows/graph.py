@@ -24,6 +24,7 @@ more tries, `backoff_s` doubling between them, then fail).
 import re
 from graphlib import CycleError, TopologicalSorter
 
+from django.utils.translation import gettext as _
 from jinja2 import TemplateSyntaxError, meta
 from jinja2.sandbox import SandboxedEnvironment
 
@@ -69,7 +70,7 @@ jinja = SandboxedEnvironment(autoescape=False)
 
 
 def refused(node_id: str | None, message: str) -> ValidationFailed:
-    text = f"Node '{node_id}': {message}" if node_id else message
+    text = _("Node '%(node)s': %(problem)s") % {"node": node_id, "problem": message} if node_id else message
     return ValidationFailed(text, fields={"graph": [text], **({"node": [node_id]} if node_id else {})})
 
 
@@ -82,31 +83,34 @@ def references(text: str) -> list[tuple[str, str, list[str]]]:
 def _text(node_id, settings: dict, key: str, *, required: bool = True) -> str:
     value = settings.get(key, "")
     if not isinstance(value, str) or (required and not value.strip()) or len(value) > MAX_TEXT:
-        raise refused(node_id, f"'{key}' must be a{' non-empty' if required else ''} text of at most {MAX_TEXT} "
-                               f"characters.")
+        message = (_("'%(key)s' must be a non-empty text of at most %(limit)d characters.") if required
+                   else _("'%(key)s' must be a text of at most %(limit)d characters."))
+        raise refused(node_id, message % {"key": key, "limit": MAX_TEXT})
     for inside in BRACES.findall(value):
         if not VARIABLE.fullmatch(inside.strip()):
-            raise refused(node_id, f"'{{{{{inside}}}}}' in '{key}' is not a reference; write {{{{node.field}}}}.")
+            raise refused(node_id, _("'{{%(inside)s}}' in '%(key)s' is not a reference; write {{node.field}}.")
+                          % {"inside": inside, "key": key})
     return value
 
 
 def _number(node_id, settings: dict, key: str, default, low, high, kind=float):
     value = settings.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise refused(node_id, f"'{key}' must be a number from {low} to {high}.")
+        raise refused(node_id, _("'%(key)s' must be a number from %(low)s to %(high)s.")
+                      % {"key": key, "low": low, "high": high})
     return kind(value)
 
 
 def _variable(node_id, value, key: str) -> str:
     if not isinstance(value, str) or not VARIABLE.fullmatch(value.strip()):
-        raise refused(node_id, f"'{key}' must name a variable as node.field (e.g. start.question).")
+        raise refused(node_id, _("'%(key)s' must name a variable as node.field (e.g. start.question).") % {"key": key})
     return value.strip()
 
 
 def _arguments(node_id, settings: dict) -> dict:
     arguments = settings.get("arguments", {})
     if not isinstance(arguments, dict):
-        raise refused(node_id, "'arguments' must be an object of name: value (text values may hold references).")
+        raise refused(node_id, _("'arguments' must be an object of name: value (text values may hold references)."))
     for name, value in arguments.items():
         if isinstance(value, str):
             _text(node_id, arguments, name, required=False)
@@ -126,7 +130,7 @@ def _settings(node_id: str, kind: str, settings: dict, workspace: Workspace) -> 
     if kind == "llm":
         schema = settings.get("json_schema")
         if schema is not None and (not isinstance(schema, dict) or schema.get("type") != "object"):
-            raise refused(node_id, "'json_schema' must be a JSON Schema of type object, or absent.")
+            raise refused(node_id, _("'json_schema' must be a JSON Schema of type object, or absent."))
         return {"model": _model(node_id, workspace, settings), "prompt": _text(node_id, settings, "prompt"),
                 "system": _text(node_id, settings, "system", required=False), "json_schema": schema,
                 "temperature": _number(node_id, settings, "temperature", 0.2, 0, 2),
@@ -135,20 +139,20 @@ def _settings(node_id: str, kind: str, settings: dict, workspace: Workspace) -> 
         classes = settings.get("classes")
         if (not isinstance(classes, list) or len(classes) < 2 or len(set(classes)) != len(classes)
                 or not all(isinstance(c, str) and NODE_ID.fullmatch(c) for c in classes)):
-            raise refused(node_id, "'classes' must be at least two distinct names (letters, digits and '_').")
+            raise refused(node_id, _("'classes' must be at least two distinct names (letters, digits and '_')."))
         return {"model": _model(node_id, workspace, settings), "query": _text(node_id, settings, "query"),
                 "classes": classes, "instructions": _text(node_id, settings, "instructions", required=False)}
     if kind == "knowledge":
         kb = settings.get("knowledge_base")
         if isinstance(kb, bool) or not isinstance(kb, int) or not KnowledgeBase.objects.filter(
                 workspace=workspace, pk=kb).exists():
-            raise refused(node_id, f"knowledge base {kb!r} does not exist in this workspace.")
+            raise refused(node_id, _("knowledge base %(id)r does not exist in this workspace.") % {"id": kb})
         return {"knowledge_base": kb, "query": _text(node_id, settings, "query")}
     if kind == "tool":
         tool = settings.get("tool")
         if isinstance(tool, bool) or not isinstance(tool, int) or not Tool.objects.filter(
                 workspace=workspace, pk=tool).exists():
-            raise refused(node_id, f"tool {tool!r} does not exist in this workspace (deleted?).")
+            raise refused(node_id, _("tool %(id)r does not exist in this workspace (deleted?).") % {"id": tool})
         return {"tool": tool, "arguments": _arguments(node_id, settings)}
     if kind == "code":
         try:
@@ -161,40 +165,45 @@ def _settings(node_id: str, kind: str, settings: dict, workspace: Workspace) -> 
     if kind == "condition":
         cases = settings.get("cases")
         if not isinstance(cases, list) or not cases:
-            raise refused(node_id, "'cases' must be a list of {branch, match: all|any, rules: [...]}.")
+            raise refused(node_id, _("'cases' must be a list of {branch, match: all|any, rules: [...]}."))
         checked = []
         for case in cases:
             branch = case.get("branch") if isinstance(case, dict) else None
             rules = case.get("rules") if isinstance(case, dict) else None
             if not isinstance(branch, str) or not NODE_ID.fullmatch(branch) or branch == ELSE:
-                raise refused(node_id, f"each case needs a branch name (letters, digits, '_'; not '{ELSE}').")
+                raise refused(node_id, _("each case needs a branch name (letters, digits, '_'; not '%(else)s').")
+                              % {"else": ELSE})
             if case.get("match", "all") not in ("all", "any") or not isinstance(rules, list) or not rules:
-                raise refused(node_id, f"case '{branch}' needs match all|any and a list of rules.")
+                raise refused(node_id, _("case '%(branch)s' needs match all|any and a list of rules.")
+                              % {"branch": branch})
             for rule in rules:
                 if not isinstance(rule, dict) or rule.get("op") not in RULE_OPS:
-                    raise refused(node_id, f"a rule of case '{branch}' needs an op, one of "
-                                           f"{', '.join(sorted(RULE_OPS))}.")
+                    raise refused(node_id, _("a rule of case '%(branch)s' needs an op, one of %(ops)s.")
+                                  % {"branch": branch, "ops": ", ".join(sorted(RULE_OPS))})
                 _variable(node_id, rule.get("variable"), "variable")
             checked.append({"branch": branch, "match": case.get("match", "all"), "rules": rules})
         if len({case["branch"] for case in checked}) != len(checked):
-            raise refused(node_id, "two cases have the same branch name.")
+            raise refused(node_id, _("two cases have the same branch name."))
         return {"cases": checked}
     if kind == "template":
         text = settings.get("template")
         if not isinstance(text, str) or len(text) > MAX_TEXT:
-            raise refused(node_id, f"'template' must be a Jinja text of at most {MAX_TEXT} characters.")
+            raise refused(node_id, _("'template' must be a Jinja text of at most %(limit)d characters.")
+                          % {"limit": MAX_TEXT})
         try:
             jinja.parse(text)
         except TemplateSyntaxError as exc:
-            raise refused(node_id, f"the template does not parse: {exc.message} (line {exc.lineno}).")
+            raise refused(node_id, _("the template does not parse: %(error)s (line %(line)s).")
+                          % {"error": exc.message, "line": exc.lineno})
         return {"template": text}
     if kind == "http":
         method = str(settings.get("method", "GET")).upper()
         if method not in HTTP_METHODS:
-            raise refused(node_id, f"'method' must be one of {', '.join(sorted(HTTP_METHODS))}.")
+            raise refused(node_id, _("'method' must be one of %(methods)s.")
+                          % {"methods": ", ".join(sorted(HTTP_METHODS))})
         headers = settings.get("headers", {})
         if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
-            raise refused(node_id, "'headers' must be an object of name: text.")
+            raise refused(node_id, _("'headers' must be an object of name: text."))
         for name in headers:
             _text(node_id, headers, name, required=False)
         return {"method": method, "url": _text(node_id, settings, "url"), "headers": headers,
@@ -203,23 +212,24 @@ def _settings(node_id: str, kind: str, settings: dict, workspace: Workspace) -> 
     if kind == "iteration":
         body = settings.get("do")
         if not isinstance(body, dict) or body.get("kind") not in ITERABLE:
-            raise refused(node_id, f"'do' must be a node {{kind, settings}} run for each item, kind one of "
-                                   f"{', '.join(sorted(ITERABLE))}.")
+            raise refused(node_id, _("'do' must be a node {kind, settings} run for each item, kind one of "
+                                     "%(kinds)s.") % {"kinds": ", ".join(sorted(ITERABLE))})
         inner = body.get("settings", {})
         if not isinstance(inner, dict):
-            raise refused(node_id, "'do.settings' must be an object.")
+            raise refused(node_id, _("'do.settings' must be an object."))
         return {"items": _variable(node_id, settings.get("items"), "items"),
                 "do": {"kind": body["kind"], "settings": _settings(node_id, body["kind"], inner, workspace)}}
     if kind == "aggregator":
         variables = settings.get("variables")
         if not isinstance(variables, list) or not variables:
-            raise refused(node_id, "'variables' must list the variables to take the first value of (node.field).")
+            raise refused(node_id, _("'variables' must list the variables to take the first value of "
+                                     "(node.field)."))
         return {"variables": [_variable(node_id, value, "variables") for value in variables]}
     if kind == "agent":
         agent = settings.get("agent")
         if isinstance(agent, bool) or not isinstance(agent, int) or not Agent.objects.filter(
                 workspace=workspace, pk=agent).exists():
-            raise refused(node_id, f"agent {agent!r} does not exist in this workspace.")
+            raise refused(node_id, _("agent %(id)r does not exist in this workspace.") % {"id": agent})
         return {"agent": agent, "input": _text(node_id, settings, "input")}
     if kind == "answer":
         return {"answer": _text(node_id, settings, "answer")}
@@ -279,53 +289,55 @@ def branches(node: dict) -> set[str]:
 
 def _inputs(raw) -> list[dict]:
     if not isinstance(raw, list):
-        raise refused(None, "'inputs' must be a list of {name, type, required}.")
+        raise refused(None, _("'inputs' must be a list of {name, type, required}."))
     checked = []
     for item in raw:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not NODE_ID.fullmatch(item["name"]):
-            raise refused("start", "each input needs a name (letters, digits and '_').")
+            raise refused("start", _("each input needs a name (letters, digits and '_')."))
         if item.get("type", "string") not in INPUT_TYPES:
-            raise refused("start", f"input '{item['name']}' has type {item.get('type')!r}; one of "
-                                   f"{', '.join(sorted(INPUT_TYPES))}.")
+            raise refused("start", _("input '%(name)s' has type %(type)r; one of %(types)s.")
+                          % {"name": item["name"], "type": item.get("type"), "types": ", ".join(sorted(INPUT_TYPES))})
         checked.append({"name": item["name"], "type": item.get("type", "string"),
                         "required": bool(item.get("required", True))})
     if len({item["name"] for item in checked}) != len(checked):
-        raise refused("start", "two inputs have the same name.")
+        raise refused("start", _("two inputs have the same name."))
     return checked
 
 
 def _nodes(raw, workspace: Workspace) -> list[dict]:
     if not isinstance(raw, list) or not raw or len(raw) > MAX_NODES:
-        raise refused(None, f"'nodes' must be a list of 1 to {MAX_NODES} nodes.")
+        raise refused(None, _("'nodes' must be a list of 1 to %(limit)d nodes.") % {"limit": MAX_NODES})
     nodes, seen = [], set()
     for node in raw:
         node_id = node.get("id") if isinstance(node, dict) else None
         if not isinstance(node_id, str) or not NODE_ID.fullmatch(node_id) or node_id in RESERVED_IDS:
-            raise refused(None, f"a node's id must be a name (letters, digits and '_'; not "
-                                f"{', '.join(sorted(RESERVED_IDS))}); {node_id!r} is not.")
+            raise refused(None, _("a node's id must be a name (letters, digits and '_'; not %(reserved)s); %(id)r "
+                                  "is not.") % {"reserved": ", ".join(sorted(RESERVED_IDS)), "id": node_id})
         if node_id in seen:
-            raise refused(node_id, "two nodes have this id.")
+            raise refused(node_id, _("two nodes have this id."))
         seen.add(node_id)
         kind = node.get("kind")
         if kind not in OUTPUTS:
-            raise refused(node_id, f"unknown kind {kind!r}; one of {', '.join(sorted(OUTPUTS))}.")
+            raise refused(node_id, _("unknown kind %(kind)r; one of %(kinds)s.")
+                          % {"kind": kind, "kinds": ", ".join(sorted(OUTPUTS))})
         settings = node.get("settings", {})
         if not isinstance(settings, dict):
-            raise refused(node_id, "'settings' must be an object.")
+            raise refused(node_id, _("'settings' must be an object."))
         nodes.append({"id": node_id, "kind": kind, "settings": _settings(node_id, kind, settings, workspace),
                       "on_error": _policy(node_id, node.get("on_error"))})
     starts = [node for node in nodes if node["kind"] == "start"]
     if len(starts) != 1 or starts[0]["id"] != "start":
-        raise refused(None, "a workflow needs exactly one start node, with the id 'start'.")
+        raise refused(None, _("a workflow needs exactly one start node, with the id 'start'."))
     if not any(node["kind"] == "answer" for node in nodes):
-        raise refused(None, "a workflow needs an answer node (its end).")
+        raise refused(None, _("a workflow needs an answer node (its end)."))
     return nodes
 
 
 def _policy(node_id: str, raw) -> dict:
     raw = raw or {"policy": "fail"}
     if not isinstance(raw, dict) or raw.get("policy", "fail") not in POLICIES:
-        raise refused(node_id, f"'on_error.policy' must be one of {', '.join(sorted(POLICIES))}.")
+        raise refused(node_id, _("'on_error.policy' must be one of %(policies)s.")
+                      % {"policies": ", ".join(sorted(POLICIES))})
     policy = {"policy": raw.get("policy", "fail")}
     if policy["policy"] == "default":
         policy["default"] = raw.get("default")
@@ -337,25 +349,27 @@ def _policy(node_id: str, raw) -> dict:
 
 def _edges(raw, nodes: dict[str, dict]) -> list[dict]:
     if not isinstance(raw, list):
-        raise refused(None, "'edges' must be a list of {from, to, branch?}.")
+        raise refused(None, _("'edges' must be a list of {from, to, branch?}."))
     edges, seen = [], set()
     for edge in raw:
         source, target = (edge.get("from"), edge.get("to")) if isinstance(edge, dict) else (None, None)
         for end in (source, target):
             if end not in nodes:
-                raise refused(None, f"an edge names node {end!r}, which the workflow does not have.")
+                raise refused(None, _("an edge names node %(id)r, which the workflow does not have.") % {"id": end})
         if target == "start":
-            raise refused(source, "no edge may lead into the start node.")
+            raise refused(source, _("no edge may lead into the start node."))
         branch = edge.get("branch")
         labels = branches(nodes[source])
         if labels and branch not in labels:
-            raise refused(source, f"each edge from a {nodes[source]['kind']} names its branch, one of "
-                                  f"{', '.join(sorted(labels))}; the edge to '{target}' has {branch!r}.")
+            raise refused(source, _("each edge from a %(kind)s names its branch, one of %(branches)s; the edge to "
+                                    "'%(target)s' has %(branch)r.") % {
+                "kind": nodes[source]["kind"], "branches": ", ".join(sorted(labels)), "target": target,
+                "branch": branch})
         if not labels and branch is not None:
-            raise refused(source, f"a {nodes[source]['kind']} node does not branch; the edge to '{target}' has "
-                                  f"a branch label.")
+            raise refused(source, _("a %(kind)s node does not branch; the edge to '%(target)s' has a branch label.")
+                          % {"kind": nodes[source]["kind"], "target": target})
         if (source, target, branch) in seen:
-            raise refused(source, f"the edge to '{target}' is given twice.")
+            raise refused(source, _("the edge to '%(target)s' is given twice.") % {"target": target})
         seen.add((source, target, branch))
         edges.append({"from": source, "to": target, **({"branch": branch} if branch is not None else {})})
     return edges
@@ -386,8 +400,8 @@ def _check_shape(nodes: dict[str, dict], edges: list[dict]) -> None:
         sorter.prepare()
     except CycleError as exc:
         cycle = exc.args[1]
-        raise refused(cycle[0], f"the edges form a cycle ({' → '.join(cycle)}); loop over a list with an "
-                                f"iteration node instead.")
+        raise refused(cycle[0], _("the edges form a cycle (%(cycle)s); loop over a list with an iteration node "
+                                  "instead.") % {"cycle": " → ".join(cycle)})
     reached, frontier = {"start"}, ["start"]
     while frontier:
         current = frontier.pop()
@@ -397,7 +411,7 @@ def _check_shape(nodes: dict[str, dict], edges: list[dict]) -> None:
                 frontier.append(edge["to"])
     for node_id in nodes:
         if node_id not in reached:
-            raise refused(node_id, "no path from the start node reaches it.")
+            raise refused(node_id, _("no path from the start node reaches it."))
 
 
 def _check_references(nodes: dict[str, dict], edges: list[dict], inputs: list[dict]) -> None:
@@ -408,31 +422,38 @@ def _check_references(nodes: dict[str, dict], edges: list[dict], inputs: list[di
             name = f"{source}.{field}" if field else source
             if source == ITEM and node["kind"] == "iteration":
                 if field and field not in ("value", "index"):
-                    raise refused(node["id"], f"'{name}' is not an item's field (item.value, item.index).")
+                    raise refused(node["id"], _("'%(name)s' is not an item's field (item.value, item.index).")
+                                  % {"name": name})
                 continue
             if source not in nodes:
-                raise refused(node["id"], f"'{name}' refers to node '{source}', which the workflow does not have.")
+                raise refused(node["id"], _("'%(name)s' refers to node '%(source)s', which the workflow does not "
+                                            "have.") % {"name": name, "source": source})
             if source not in allowed:
-                raise refused(node["id"], f"'{name}' refers to node '{source}', which is not upstream of it.")
+                raise refused(node["id"], _("'%(name)s' refers to node '%(source)s', which is not upstream of it.")
+                              % {"name": name, "source": source})
             if not field:
                 continue
             types = output_types(nodes[source], inputs)
             if field not in types:
-                what = "input" if source == "start" else f"output of a {nodes[source]['kind']} node"
-                raise refused(node["id"], f"'{name}' is not an {what} (it has {', '.join(sorted(types)) or 'none'}).")
+                has = {"name": name, "kind": nodes[source]["kind"], "fields": ", ".join(sorted(types)) or "none"}
+                raise refused(node["id"], (_("'%(name)s' is not an input (it has %(fields)s).") if source == "start"
+                                           else _("'%(name)s' is not an output of a %(kind)s node (it has "
+                                                  "%(fields)s).")) % has)
             if path and types[field] not in ("object", "any"):
-                raise refused(node["id"], f"'{name}' is a {types[field]}; it has no field '{path[0]}'.")
+                raise refused(node["id"], _("'%(name)s' is a %(type)s; it has no field '%(field)s'.")
+                              % {"name": name, "type": types[field], "field": path[0]})
         if node["kind"] == "iteration":
             source, field, _path = VARIABLE.fullmatch(node["settings"]["items"]).groups()
             kind = output_types(nodes[source], inputs).get(field)
             if kind not in ("array", "any") and not _path:
-                raise refused(node["id"], f"iterates over '{source}.{field}', a {kind}, not a list.")
+                raise refused(node["id"], _("iterates over '%(variable)s', a %(type)s, not a list.")
+                              % {"variable": f"{source}.{field}", "type": kind})
 
 
 def check_graph(*, workspace: Workspace, raw) -> dict:
     """The graph as it will run, or a ValidationFailed naming the node at fault."""
     if not isinstance(raw, dict):
-        raise refused(None, "'graph' must be an object with inputs, nodes and edges.")
+        raise refused(None, _("'graph' must be an object with inputs, nodes and edges."))
     inputs = _inputs(raw.get("inputs", []))
     nodes = _nodes(raw.get("nodes"), workspace)
     by_id = {node["id"]: node for node in nodes}

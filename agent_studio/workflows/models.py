@@ -8,7 +8,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from accounts.models import Workspace
-from agent_studio.models import FINAL_RUN_STATES, RunStatus
+from agent_studio.models import FINAL_RUN_STATES, EvalStatus, RunStatus
 
 
 class Workflow(models.Model):
@@ -21,6 +21,9 @@ class Workflow(models.Model):
     # The latest version's graph, as checked on save.
     graph = models.JSONField(default=dict)
     version = models.PositiveIntegerField(default=0)
+    # Where the canvas draws each node, {node id: {"x", "y"}}: shared by every user, but no part of the graph, so
+    # moving a node makes no version.
+    layout = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(conf.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -110,3 +113,42 @@ class NodeRun(models.Model):
         ordering = ["run", "index"]
         constraints = [models.UniqueConstraint(fields=["run", "index"], name="unique_node_run"),
                        models.UniqueConstraint(fields=["run", "node_id"], name="unique_node_run_node")]
+
+
+class WorkflowScenario(models.Model):
+    """A case a workflow is scored on: its inputs, checks on the answer (the kinds agents' scenarios have), and
+    the nodes the run must go through and must not (the path a triage should take)."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="scenarios")
+    name = models.CharField(max_length=120)
+    inputs = models.JSONField(default=dict)
+    # [{"kind": one of agent_studio.services.SCENARIO_CHECK_KINDS, ...}], checked as an agent's are.
+    checks = models.JSONField(default=list, blank=True)
+    expected_nodes = models.JSONField(default=list, blank=True)
+    forbidden_nodes = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["workflow", "name"], name="unique_workflow_scenario_name")]
+
+
+class WorkflowEvalRun(models.Model):
+    """A workflow version scored on its scenarios (business, performance) and, when it is chat-shaped, on the
+    shipped probes that attack through the message (safety); agent_studio/workflows/evaluation.py."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="eval_runs")
+    version = models.ForeignKey(WorkflowVersion, on_delete=models.CASCADE, related_name="eval_runs")
+    status = models.CharField(max_length=16, choices=EvalStatus.choices, default=EvalStatus.QUEUED)
+    include_safety = models.BooleanField(default=True)
+    progress = models.PositiveIntegerField(default=0)
+    total = models.PositiveIntegerField(default=0)
+    scores = models.JSONField(default=dict, blank=True)
+    results = models.JSONField(default=list, blank=True)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(conf.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]

@@ -12,7 +12,7 @@ from django.conf import settings as conf
 from jinja2 import StrictUndefined, Template, TemplateError
 from jinja2.sandbox import SandboxedEnvironment
 from jsonschema import Draft202012Validator
-from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.messages import AIMessageChunk, HumanMessage, SystemMessage
 
 from accounts.errors import ApplicationError
 from accounts.services import Actor
@@ -49,6 +49,8 @@ class Context:
     input_tokens: int = 0
     output_tokens: int = 0
     shown: dict = field(default_factory=dict)
+    # Given each piece of a model's text as it streams, for the nodes whose text is the run's answer.
+    on_token: object = None
 
 
 def lookup(values: dict, node: str, name: str, path: list[str]):
@@ -99,7 +101,8 @@ def _chat(context: Context, settings: dict, messages: list, schema: dict | None)
         model = model.bind(response_format={"type": "json_schema", "json_schema": {"name": "output",
                                                                                    "schema": schema}})
     try:
-        reply = model.invoke(messages)
+        reply = _streamed(model, messages, context.on_token) if schema is None and context.on_token else \
+            model.invoke(messages)
     except GatewayError as exc:
         raise NodeError(f"The model call failed: {exc}") from exc
     usage = reply.usage_metadata or {}
@@ -116,6 +119,17 @@ def _chat(context: Context, settings: dict, messages: list, schema: dict | None)
     if problem is not None:
         raise NodeError(f"The model's JSON does not fit the schema: {problem.message}")
     return value
+
+
+def _streamed(model, messages: list, on_token) -> AIMessageChunk:
+    """The reply as it streams, each piece of text handed on as it comes; the chunks add up to the whole reply,
+    usage included."""
+    reply = None
+    for chunk in model.stream(messages):
+        if isinstance(chunk.content, str) and chunk.content:
+            on_token(chunk.content)
+        reply = chunk if reply is None else reply + chunk
+    return reply if reply is not None else AIMessageChunk(content="")
 
 
 def llm(context: Context, settings: dict) -> dict:

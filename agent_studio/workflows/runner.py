@@ -11,14 +11,16 @@ finished are not run again: their recorded outputs are taken from their rows.
 """
 
 import logging
+import queue
 import threading
 import time
 from datetime import timedelta
 from typing import Annotated, TypedDict
 
 from django.conf import settings
-from django.db.models import F, Max, Q
+from django.db.models import F, Q, Sum
 from django.utils import timezone
+from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
 from accounts.services import Actor
@@ -27,6 +29,7 @@ from agent_studio.models import RunStatus
 from agent_studio.runner import LeaseKeeper
 from agent_studio.tracing import RunCancelled
 from agent_studio.workflows import nodes
+from agent_studio.workflows.graph import REFERENCE
 from agent_studio.workflows.models import NodeRun, NodeStatus, WorkflowRun
 
 logger = logging.getLogger(__name__)
@@ -68,17 +71,52 @@ def _clip(value):
     return value if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS] + "…"
 
 
+class RunEvents:
+    """A run's live events, published in order from a thread of their own, all those waiting in one round trip to
+    Redis: a node does not wait on Redis (two round trips a node were most of the platform's cost per node). Leaving
+    the `with` block publishes what is left, so the run's ending event comes after every node's."""
+
+    def __init__(self, run_public_id):
+        self.run_public_id = run_public_id
+        self.waiting: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._drain, name=f"workflow-events-{run_public_id}", daemon=True)
+
+    def __enter__(self) -> "RunEvents":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.waiting.put(None)
+        self.thread.join()
+
+    def publish(self, event: str, data: dict) -> None:
+        self.waiting.put((event, data))
+
+    def _drain(self) -> None:
+        ended = False
+        while not ended:
+            batch = [self.waiting.get()]
+            while not self.waiting.empty():
+                batch.append(self.waiting.get())
+            ended = None in batch
+            try:
+                events.publish_many(self.run_public_id, [item for item in batch if item is not None])
+            except Exception:  # a viewer misses these events; the rows still hold every node's record
+                logger.exception("Could not publish workflow run %s's events", self.run_public_id)
+
+
 class Execution:
     """One attempt at a run: the graph's LangGraph nodes, and what they record."""
 
-    def __init__(self, run: WorkflowRun, owner: str):
-        self.run, self.owner = run, owner
+    def __init__(self, run: WorkflowRun, owner: str, live: RunEvents):
+        self.run, self.owner, self.live = run, owner, live
         self.graph = run.version.graph
         self.incoming: dict[str, list[dict]] = {node["id"]: [] for node in self.graph["nodes"]}
         for edge in self.graph["edges"]:
             self.incoming[edge["to"]].append(edge)
+        self.streamed = answer_models(self.graph)
         self.recorded = {row.node_id: row for row in run.nodes.all()}
-        self.index = run.nodes.aggregate(last=Max("index"))["last"] or 0
+        self.index = max((row.index for row in self.recorded.values()), default=0)
         self.actor = Actor(user=run.created_by)
         self.cancel_checked = float("-inf")
         self.lock = threading.Lock()
@@ -90,44 +128,35 @@ class Execution:
             if WorkflowRun.objects.filter(pk=self.run.pk, cancel_requested=True).exists():
                 raise RunCancelled("The run was cancelled.")
 
-    def compile(self):
-        builder = StateGraph(State)
-        for node in self.graph["nodes"]:
-            builder.add_node(node["id"], self._step(node))
-        builder.add_edge(START, "start")
-        for edge in self.graph["edges"]:
-            builder.add_edge(edge["from"], edge["to"])
-        for node in self.graph["nodes"]:
-            if not any(edge["from"] == node["id"] for edge in self.graph["edges"]):
-                builder.add_edge(node["id"], END)
-        return builder.compile()
-
     def _live(self, edge: dict, state: State) -> bool:
         source = edge["from"]
         if state["settled"].get(source) != NodeStatus.DONE:
             return False
         return "branch" not in edge or state["outputs"][source].get("output") == edge["branch"]
 
-    def _step(self, node: dict):
+    def step(self, node: dict, state: State) -> dict:
+        """What LangGraph's node for `node` does: run it once it can, skip it when no edge into it is live."""
         node_id = node["id"]
+        if node_id in state["settled"]:
+            return {}
+        edges = self.incoming[node_id]
+        if any(edge["from"] not in state["settled"] for edge in edges):
+            return {}  # an edge into it is still to settle: a later trigger runs it
+        if edges and not any(self._live(edge, state) for edge in edges):
+            self._record_skip(node)
+            return {"settled": {node_id: NodeStatus.SKIPPED}}
+        done = self.recorded.get(node_id)
+        if done is not None and done.status == NodeStatus.DONE:
+            return {"outputs": {node_id: done.outputs}, "settled": {node_id: NodeStatus.DONE}}
+        self.check()
+        return {"outputs": {node_id: self._execute(node, state["outputs"])},
+                "settled": {node_id: NodeStatus.DONE}}
 
-        def step(state: State) -> dict:
-            if node_id in state["settled"]:
-                return {}
-            edges = self.incoming[node_id]
-            if any(edge["from"] not in state["settled"] for edge in edges):
-                return {}  # an edge into it is still to settle: a later trigger runs it
-            if edges and not any(self._live(edge, state) for edge in edges):
-                self._record_skip(node)
-                return {"settled": {node_id: NodeStatus.SKIPPED}}
-            done = self.recorded.get(node_id)
-            if done is not None and done.status == NodeStatus.DONE:
-                return {"outputs": {node_id: done.outputs}, "settled": {node_id: NodeStatus.DONE}}
-            self.check()
-            return {"outputs": {node_id: self._execute(node, state["outputs"])},
-                    "settled": {node_id: NodeStatus.DONE}}
+    def _token_publisher(self, node_id: str):
+        def publish(text: str) -> None:
+            self.live.publish("token", {"node": node_id, "text": text})
 
-        return step
+        return publish
 
     def _record(self, node: dict, **fields) -> NodeRun:
         """The node's row, written once it has settled (one write per node); a row a failed attempt at the run
@@ -140,20 +169,20 @@ class Execution:
                 NodeRun.objects.filter(run_id=self.run.pk, node_id=node["id"]).delete()
             row.save(force_insert=True)
             self.recorded[node["id"]] = row
-        events.publish(self.run.public_id, "node", node_payload(row))
+        self.live.publish("node", node_payload(row))
         return row
 
     def _record_skip(self, node: dict) -> None:
         self._record(node, status=NodeStatus.SKIPPED)
 
     def _execute(self, node: dict, values: dict) -> dict:
-        events.publish(self.run.public_id, "node", {"node": node["id"], "kind": node["kind"],
-                                                    "status": NodeStatus.RUNNING})
+        self.live.publish("node", {"node": node["id"], "kind": node["kind"], "status": NodeStatus.RUNNING})
         policy = node["on_error"]
         tries = 1 + (policy.get("retries", 0) if policy["policy"] == "retry" else 0)
         started = time.perf_counter()
         context = nodes.Context(actor=self.actor, workspace_id=self.run.workspace_id,
-                                caller=f"workflow:{self.run.workflow_name}"[:64], values=values, check=self.check)
+                                caller=f"workflow:{self.run.workflow_name}"[:64], values=values, check=self.check,
+                                on_token=self._token_publisher(node["id"]) if node["id"] in self.streamed else None)
         outputs, error = None, ""
         for attempt in range(tries):
             if attempt:
@@ -176,13 +205,67 @@ class Execution:
                      error=error[:4000], inputs={key: _clip(value) for key, value in context.shown.items()},
                      attempts=attempt + 1, latency_ms=(time.perf_counter() - started) * 1000,
                      input_tokens=context.input_tokens or None, output_tokens=context.output_tokens or None)
-        if context.input_tokens or context.output_tokens:
-            WorkflowRun.objects.filter(pk=self.run.pk, lease_owner=self.owner).update(
-                input_tokens=F("input_tokens") + context.input_tokens,
-                output_tokens=F("output_tokens") + context.output_tokens)
         if status == NodeStatus.FAILED:
             raise NodeFailed(node["id"], error)
         return outputs
+
+
+# Compiled graphs by the checksum of their graph (a version's never changes): compiling is a good part of a run's
+# own cost, so a worker compiles each graph once. The nodes find the run's Execution in the config they get.
+COMPILED_KEPT = 64
+_compiled: dict[str, object] = {}
+
+
+def _node(node: dict):
+    def step(state: State, config: RunnableConfig) -> dict:
+        return config["configurable"]["execution"].step(node, state)
+
+    return step
+
+
+def compiled(version) -> object:
+    graph = _compiled.get(version.checksum)
+    if graph is None:
+        builder = StateGraph(State)
+        for node in version.graph["nodes"]:
+            builder.add_node(node["id"], _node(node))
+        builder.add_edge(START, "start")
+        for edge in version.graph["edges"]:
+            builder.add_edge(edge["from"], edge["to"])
+        sources = {edge["from"] for edge in version.graph["edges"]}
+        for node in version.graph["nodes"]:
+            if node["id"] not in sources:
+                builder.add_edge(node["id"], END)
+        if len(_compiled) >= COMPILED_KEPT:
+            _compiled.pop(next(iter(_compiled)), None)
+        graph = _compiled[version.checksum] = builder.compile()
+    return graph
+
+
+def answer_models(graph: dict) -> set[str]:
+    """The LLM nodes whose text is an answer as it stands (an answer node of just `{{llm.output}}`, or of an
+    aggregator of such outputs): their tokens are published as they stream, for a published app's callers."""
+    by_id = {node["id"]: node for node in graph["nodes"]}
+
+    def whole_output(text: str) -> str | None:
+        found = REFERENCE.fullmatch(text.strip())
+        return found[1] if found and found[2] == "output" and not found[3] else None
+
+    def plain_llm(node_id) -> bool:
+        node = by_id.get(node_id)
+        return node is not None and node["kind"] == "llm" and not node["settings"].get("json_schema")
+
+    streamed = set()
+    for node in graph["nodes"]:
+        source = whole_output(node["settings"]["answer"]) if node["kind"] == "answer" else None
+        if source is None:
+            continue
+        if plain_llm(source):
+            streamed.add(source)
+        elif by_id[source]["kind"] == "aggregator":
+            streamed |= {name.split(".")[0] for name in by_id[source]["settings"]["variables"]
+                         if name.endswith(".output") and name.count(".") == 1 and plain_llm(name.split(".")[0])}
+    return streamed
 
 
 def _clip_outputs(outputs: dict) -> dict:
@@ -205,11 +288,17 @@ def _claim(run_pk: int, owner: str) -> WorkflowRun | None:
 
 def _finish(run: WorkflowRun, owner: str, status: str, *, answer: str = "", outputs: dict | None = None,
             error: str = "", elapsed_ms: float = 0.0) -> None:
+    # The run's tokens are its nodes' (rows a failed attempt left were replaced): one sum here rather than an
+    # update of the run after every model call.
+    tokens = run.nodes.aggregate(input_tokens=Sum("input_tokens", default=0),
+                                 output_tokens=Sum("output_tokens", default=0))
     fields = {"status": status, "answer": answer, "outputs": outputs or {}, "error": error[:4000],
-              "finished_at": timezone.now(), "lease_until": None, "latency_ms": (run.latency_ms or 0.0) + elapsed_ms}
+              "finished_at": timezone.now(), "lease_until": None, "latency_ms": (run.latency_ms or 0.0) + elapsed_ms,
+              **tokens}
     if not WorkflowRun.objects.filter(pk=run.pk, lease_owner=owner).update(**fields):
         return  # another worker took the run over; its outcome stands
-    run.refresh_from_db()
+    for name, value in fields.items():
+        setattr(run, name, value)
     event = {RunStatus.DONE: "done", RunStatus.CANCELLED: "cancelled"}.get(status, "error")
     events.publish(run.public_id, event, run_payload(run))
 
@@ -232,11 +321,13 @@ def _run(run: WorkflowRun, owner: str, started: float) -> None:
         return (time.perf_counter() - started) * 1000
 
     try:
-        execution = Execution(run, owner)
-        execution.check()
-        graph = execution.compile()
-        state = graph.invoke({"outputs": {}, "settled": {}},
-                             {"recursion_limit": 2 * len(run.version.graph["nodes"]) + 10})
+        with RunEvents(run.public_id) as live:
+            execution = Execution(run, owner, live)
+            execution.check()
+            state = compiled(run.version).invoke(
+                {"outputs": {}, "settled": {}},
+                {"recursion_limit": 2 * len(run.version.graph["nodes"]) + 10,
+                 "configurable": {"execution": execution}})
         answers = {node["id"]: state["outputs"][node["id"]] for node in run.version.graph["nodes"]
                    if node["kind"] == "answer" and state["settled"].get(node["id"]) == NodeStatus.DONE}
         if not answers:

@@ -3,7 +3,7 @@ from django.utils import timezone
 
 from agent_studio.models import RunStatus
 from agent_studio.runner import owner_id
-from agent_studio.workflows import runner
+from agent_studio.workflows import evaluation, runner
 from agent_studio.workflows.models import WorkflowRun
 from cluster import queues
 
@@ -22,3 +22,8 @@ def resume_stalled_workflow_runs() -> int:
     for run_id, workspace_id in stalled:
         queues.send(execute_workflow_run.name, [run_id], queue=queues.INTERACTIVE, workspace_id=workspace_id)
     return len(stalled)
+
+
+@shared_task(bind=True, acks_late=True)
+def run_workflow_evaluation(self, evaluation_id: int) -> None:
+    evaluation.run(evaluation_id)

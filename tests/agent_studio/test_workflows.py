@@ -5,6 +5,7 @@ error policies, a run taken over after its worker died, and cancel."""
 
 import pytest
 from django.utils import timezone
+from langchain_core.messages import AIMessage
 
 from agent_studio.models import AgentRun, RunStatus
 from agent_studio.workflows import nodes, runner
@@ -103,8 +104,10 @@ def test_a_support_triage_flow_classifies_calls_the_tool_and_answers_with_a_trac
     assert lookup["inputs"]["arguments"] == {"text": "Where is my order 42?"}
     body = b"".join(dev.get(f"{WORKFLOWS}runs/{run.public_id}/events/")).decode()
     events = [line[len("event: "):] for line in body.splitlines() if line.startswith("event: ")]
-    # Each node that ran: its start and its record; each skipped node: its record.
-    assert events == ["status", "status", *["node"] * (6 * 2 + 2), "done"]
+    # Each node that ran: its start and its record; each skipped node: its record; and the tokens of the model
+    # whose text is the answer (through the aggregator), as it wrote them.
+    assert [event for event in events if event != "token"] == ["status", "status", *["node"] * (6 * 2 + 2), "done"]
+    assert events.count("token") == 5
     assert '"answer": "Your ticket has 5 words."' in body.split("event: done")[1]
 
 
@@ -116,6 +119,37 @@ def test_every_save_that_changes_the_graph_is_a_version(dev):
     changed = dev.put(f"{WORKFLOWS}{first['id']}/", {"name": "flow", "graph": graph}, format="json").json()
     assert (first["version"], again["version"], changed["version"]) == (1, 1, 2)
     assert [v["number"] for v in dev.get(f"{WORKFLOWS}{first['id']}/versions/").json()] == [2, 1]
+
+
+def test_where_the_nodes_are_drawn_is_kept_for_everyone_without_making_a_version(dev):
+    graph = _graph([_answer()], _chain("start", "reply"))
+    first = _save(dev, graph).json()
+    assert first["layout"] == {}
+    url = f"{WORKFLOWS}{first['id']}/"
+
+    moved = dev.put(url, {"layout": {"start": {"x": 40, "y": 60}, "reply": {"x": 320.25, "y": 60}}}, format="json")
+
+    assert moved.status_code == 200, moved.json()
+    assert (moved.json()["version"], moved.json()["layout"]["reply"]) == (1, {"x": 320.2, "y": 60})
+    assert dev.get(url).json()["layout"] == moved.json()["layout"]
+    assert [v["number"] for v in dev.get(f"{WORKFLOWS}{first['id']}/versions/").json()] == [1]
+    # Saving the graph without a layout keeps it; with one, the places of nodes the graph lost are dropped.
+    graph["nodes"][1]["settings"]["answer"] = "Hi {{start.question}}"
+    assert dev.put(url, {"name": "flow", "graph": graph}, format="json").json()["layout"] == moved.json()["layout"]
+    saved = dev.put(url, {"name": "flow", "graph": graph, "layout": {"start": {"x": 0, "y": 0},
+                                                                     "gone": {"x": 9, "y": 9}}}, format="json")
+    assert saved.json()["layout"] == {"start": {"x": 0, "y": 0}}
+
+
+@pytest.mark.parametrize(("layout", "problem"), [
+    ([1, 2], "'layout' must be an object of node id"),
+    ({"start": {"x": "left", "y": 0}}, "'layout': the place of start must be"),
+    ({"start": [10, 20]}, "'layout': the place of start must be"),
+])
+def test_a_bad_layout_is_a_400_naming_the_node(dev, layout, problem):
+    first = _save(dev, _graph([_answer()], _chain("start", "reply"))).json()
+    refused = dev.put(f"{WORKFLOWS}{first['id']}/", {"layout": layout}, format="json")
+    assert refused.status_code == 400 and problem in refused.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(("nodes_", "edges", "problem"), [
@@ -283,11 +317,12 @@ def test_a_run_whose_worker_died_goes_on_elsewhere_without_running_its_finished_
     response = dev.post(f"{WORKFLOWS}{workflow['id']}/run/", {"inputs": {"question": "one two"}}, format="json")
     run = WorkflowRun.objects.get(public_id=response.json()["run_id"])
     # The first worker ran start and count, then died before the answer: its rows stay, its lease runs out.
-    first = runner.Execution(runner._claim(run.pk, "dead-worker"), "dead-worker")
-    state = {"outputs": {}, "settled": {}}
-    for node in first.graph["nodes"][:2]:
-        update = first._step(node)(state)
-        state = {key: {**state[key], **update.get(key, {})} for key in state}
+    with runner.RunEvents(run.public_id) as live:
+        first = runner.Execution(runner._claim(run.pk, "dead-worker"), "dead-worker", live)
+        state = {"outputs": {}, "settled": {}}
+        for node in first.graph["nodes"][:2]:
+            update = first.step(node, state)
+            state = {key: {**state[key], **update.get(key, {})} for key in state}
     WorkflowRun.objects.filter(pk=run.pk).update(lease_until=timezone.now())
 
     from agent_studio.workflows import tasks
@@ -329,3 +364,33 @@ def test_bad_inputs_are_a_400_naming_the_input(dev):
                             ({"question": "a", "extra": 1}, "has no input extra")):
         response = dev.post(f"{WORKFLOWS}{workflow['id']}/run/", {"inputs": inputs}, format="json")
         assert response.status_code == 400 and problem in response.json()["error"]["message"]
+
+
+def test_a_refused_graph_and_layout_read_in_chinese(dev):
+    graph = _graph([_answer("{{ghost.output}}")], _chain("start", "reply"))
+    refused = dev.post(WORKFLOWS, {"name": "flow", "graph": graph}, format="json", HTTP_ACCEPT_LANGUAGE="zh-hans")
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == "节点“reply”：“ghost.output”引用了节点“ghost”，但工作流中没有该节点。"
+
+    first = _save(dev, _graph([_answer()], _chain("start", "reply"))).json()
+    layout = dev.put(f"{WORKFLOWS}{first['id']}/", {"layout": {"start": "left"}}, format="json",
+                     HTTP_ACCEPT_LANGUAGE="zh-hans")
+    assert layout.json()["error"]["message"] == "“layout”：start 的位置必须是 {\"x\": 数字, \"y\": 数字}。"
+
+
+def test_a_run_counts_the_tokens_of_every_model_call_in_it(dev, replies):
+    def used(text, tokens_in, tokens_out):
+        return AIMessage(content=text, usage_metadata={"input_tokens": tokens_in, "output_tokens": tokens_out,
+                                                       "total_tokens": tokens_in + tokens_out})
+
+    workflow = _save(dev, _graph([
+        {"id": "first", "kind": "llm", "settings": {"model": MODEL, "prompt": "{{start.question}}"}},
+        {"id": "second", "kind": "llm", "settings": {"model": MODEL, "prompt": "{{first.output}}"}},
+        _answer("Result: {{second.output}}")], _chain("start", "first", "second", "reply"))).json()
+    replies.extend([used("one", 10, 3), used("two", 20, 4)])
+
+    run = _run(dev, workflow, question="hi")
+
+    assert (run.status, run.answer) == (RunStatus.DONE, "Result: two"), run.error
+    assert (run.input_tokens, run.output_tokens) == (30, 7)
+    assert dev.get(f"{WORKFLOWS}runs/{run.public_id}/").json()["usage"] == {"input_tokens": 30, "output_tokens": 7}

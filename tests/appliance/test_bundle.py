@@ -105,6 +105,8 @@ def test_make_bundle_builds_an_archive_this_machine_accepts(built_bundle):
     assert any(name.startswith("wheels/torch-") for name in names)
     assert {"llama/bin/llama-server", "llama/bin/llama-quantize"} <= names
     assert any(name.startswith("debs/redis-server_") for name in names)
+    with tarfile.open(root / "release.tar") as release:  # the vendored browser libraries: the appliance has no npm
+        assert "static/vendor/drawflow/drawflow.min.js" in release.getnames()
     pinned = (root / "requirements.txt").read_text().splitlines()
     wheels = [name.split("/")[1].split("-")[0].lower().replace("_", "-") for name in names
               if name.startswith("wheels/")]
