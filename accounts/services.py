@@ -109,7 +109,8 @@ def require_role_or_platform(*, actor: Actor, workspace: Workspace | None, role:
 
 def _check_role(role: str, field: str = "role") -> None:
     if role not in Role.values:
-        raise ValidationFailed(f"'{role}' is not a role; roles are {', '.join(Role.values)}.",
+        raise ValidationFailed(_("'%(role)s' is not a role; roles are %(values)s.")
+                               % {"role": role, "values": ', '.join(Role.values)},
                                fields={field: [f"One of {', '.join(Role.values)}."]})
 
 
@@ -264,7 +265,8 @@ def create_api_key(*, actor: Actor, workspace: Workspace, name: str, role: str =
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
     _check_role(role)
     if scope not in KeyScope.values:
-        raise ValidationFailed(f"'{scope}' is not a key scope; scopes are {', '.join(KeyScope.values)}.",
+        raise ValidationFailed(_("'%(scope)s' is not a key scope; scopes are %(values)s.")
+                               % {"scope": scope, "values": ', '.join(KeyScope.values)},
                                fields={"scope": [f"One of {', '.join(KeyScope.values)}."]})
     if scope == KeyScope.PLATFORM and (actor.api_key is not None or not is_platform_admin(actor)):
         raise Forbidden(_("Only a platform administrator, signed in (not through a key), creates a platform key."))

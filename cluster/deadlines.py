@@ -28,11 +28,12 @@ from django.db import connections
 from django.dispatch import Signal
 from django.utils import timezone
 
-from cluster import queues
+from cluster import log_messages as log, queues
 from cluster.models import Job, JobEvent, JobState, NodeStatus
 
 logger = logging.getLogger(__name__)
 RUN_JOB_TASK = "cluster.tasks.run_job"
+# How log.DISPATCHED_AGAIN begins: the events a job's dispatches are counted by.
 REDISPATCHED = "Dispatched again"
 # Sent with `job` and `reason` when a job is failed here, to the app that dispatched it.
 job_given_up = Signal()
@@ -126,17 +127,15 @@ def sweep_overdue_jobs() -> dict[str, list[int]]:
         if _last_dispatch(job) >= queued_cutoff:
             continue
         if job.node.status != NodeStatus.HEALTHY:
-            reason = (f"Node '{job.node.name}' is unhealthy: its worker has not answered heartbeats, and the job "
-                      f"waited {settings.CLUSTER_JOB_QUEUED_DEADLINE_S:.0f} s without starting.")
+            reason = log.NODE_UNHEALTHY_WAITED(node=job.node.name,
+                                               seconds=f"{settings.CLUSTER_JOB_QUEUED_DEADLINE_S:.0f}")
         else:
-            reason = (f"Its message was not taken within {settings.CLUSTER_JOB_QUEUED_DEADLINE_S:.0f} s on a "
-                      f"healthy node (lost, e.g. with a Redis restart)")
+            reason = log.MESSAGE_LOST(seconds=f"{settings.CLUSTER_JOB_QUEUED_DEADLINE_S:.0f}")
         _redispatch_or_fail(job, JobState.QUEUED, reason, outcome, may_redispatch=job.node.status == NodeStatus.HEALTHY)
     for job in Job.objects.select_related("node").filter(state=JobState.RUNNING):
         if not _worker_dead(job):
             continue
-        reason = (f"Its worker ({job.worker or 'unknown'}) stopped its heartbeat for {_heartbeat_timeout_s()} s "
-                  f"(killed, or its machine lost)")
+        reason = log.WORKER_SILENT(worker=job.worker or "unknown", seconds=_heartbeat_timeout_s())
         _redispatch_or_fail(job, JobState.RUNNING, reason, outcome, may_redispatch=True)
     return outcome
 
@@ -144,15 +143,15 @@ def sweep_overdue_jobs() -> dict[str, list[int]]:
 def _redispatch_or_fail(job: Job, state: str, reason: str, outcome: dict, *, may_redispatch: bool) -> None:
     dispatches = _dispatches(job)
     if may_redispatch and dispatches < settings.CLUSTER_JOB_MAX_DISPATCHES:
-        JobEvent.objects.create(job=job, state=state, message=f"{REDISPATCHED} ({dispatches + 1} of "
-                                                              f"{settings.CLUSTER_JOB_MAX_DISPATCHES}): {reason}")
+        JobEvent.objects.create(job=job, state=state, message=log.DISPATCHED_AGAIN(
+            count=dispatches + 1, limit=settings.CLUSTER_JOB_MAX_DISPATCHES, reason=reason))
         cache.delete(_suspect_key(job.pk))
         result = queues.send(RUN_JOB_TASK, [job.pk], queue=job.node.queue, workspace_id=job.workspace_id)
         Job.objects.filter(pk=job.pk).update(celery_task_id=result.id)
         outcome["redispatched"].append(job.pk)
         return
     if may_redispatch:
-        reason = f"{reason}; gave up after {dispatches} dispatches."
+        reason = log.GAVE_UP(reason=reason, count=dispatches)
     if not Job.objects.filter(pk=job.pk, state=state).update(state=JobState.FAILED, error=reason,
                                                            finished_at=timezone.now()):
         return  # it moved on meanwhile

@@ -10,7 +10,7 @@ from django.utils.translation import gettext as _
 from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
-from cluster import inventory, queues
+from cluster import inventory, log_messages as log, queues
 from cluster.jobs import handler_for, job_handler, known_kinds, submittable_kinds
 from cluster.models import FINISHED_JOB_STATES, Device, Job, JobEvent, JobState, Node, NodeStatus
 
@@ -98,12 +98,14 @@ def dispatch_job(*, actor: Actor, workspace: Workspace | None, kind: str, node: 
                  payload: dict | None = None) -> Job:
     """Queue a job on the node's own Celery queue. The message is sent only once the job row is committed."""
     if handler_for(kind) is None:
-        raise ValidationFailed(f"Unknown job kind '{kind}'. Known kinds: {', '.join(known_kinds())}.")
+        raise ValidationFailed(_("Unknown job kind '%(kind)s'. Known kinds: %(kinds)s.")
+                               % {"kind": kind, "kinds": ', '.join(known_kinds())})
     if node.status != NodeStatus.HEALTHY:
-        raise Conflict(f"Node '{node.name}' is unhealthy: its worker has not answered heartbeats.")
+        raise Conflict(_("Node '%(node)s' is unhealthy: its worker has not answered heartbeats.")
+                       % {"node": node.name})
     with transaction.atomic():
         job = Job.objects.create(workspace=workspace, kind=kind, node=node, payload=payload or {})
-        JobEvent.objects.create(job=job, state=JobState.QUEUED, message=f"Queued on {node.queue}")
+        JobEvent.objects.create(job=job, state=JobState.QUEUED, message=log.QUEUED_ON(queue=node.queue))
         record_audit(actor=actor, workspace=workspace, action="job.dispatch", target=job,
                      detail={"kind": kind, "node": node.name})
         transaction.on_commit(lambda: _send(job))
@@ -116,10 +118,12 @@ def submit_job(*, actor: Actor, workspace: Workspace, kind: str, node: Node, pay
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
     if kind not in submittable_kinds():
         if handler_for(kind) is None:
-            raise ValidationFailed(f"Unknown job kind '{kind}'. Kinds you can submit: "
-                                   f"{', '.join(submittable_kinds())}.", fields={"kind": ["Unknown kind."]})
-        raise ValidationFailed(f"Jobs of kind '{kind}' are started by their own app (its page or API), not through "
-                               f"the jobs API. Kinds you can submit: {', '.join(submittable_kinds())}.",
+            raise ValidationFailed(_("Unknown job kind '%(kind)s'. Kinds you can submit: %(kinds)s.")
+                                   % {"kind": kind, "kinds": ', '.join(submittable_kinds())},
+                                   fields={"kind": ["Unknown kind."]})
+        raise ValidationFailed(_("Jobs of kind '%(kind)s' are started by their own app (its page or API), not "
+                                 "through the jobs API. Kinds you can submit: %(kinds)s.")
+                               % {"kind": kind, "kinds": ', '.join(submittable_kinds())},
                                fields={"kind": ["Not submittable."]})
     return dispatch_job(actor=actor, workspace=workspace, kind=kind, node=node, payload=payload)
 
@@ -129,11 +133,11 @@ def cancel_job(*, actor: Actor, job: Job) -> Job:
     if job.workspace is not None:
         require_role(actor=actor, workspace=job.workspace, role=Role.DEVELOPER)
     if job.state in FINISHED_JOB_STATES:
-        raise Conflict(f"Job {job.pk} has already {job.state}.")
+        raise Conflict(_("Job %(job)s has already %(state)s.") % {"job": job.pk, "state": _(job.state)})
     if job.celery_task_id:
         current_app.control.revoke(job.celery_task_id)
     record_audit(actor=actor, workspace=job.workspace, action="job.cancel", target=job)
-    return _transition(job, JobState.CANCELLED, "Cancelled by user")
+    return _transition(job, JobState.CANCELLED, log.CANCELLED_BY_USER())
 
 
 def _send(job: Job) -> None:
@@ -158,14 +162,14 @@ def run_job(*, job_id: int, worker: str) -> Job:
     job found `running` was interrupted by a dying worker and starts again."""
     job = Job.objects.select_related("node").filter(pk=job_id).first()
     if job is None:
-        raise NotFound(f"Job {job_id} does not exist.")
+        raise NotFound(_("Job %(job_id)s does not exist.") % {"job_id": job_id})
     if job.state in FINISHED_JOB_STATES:
         return job
     if job.node.name != settings.NODE_NAME:
         return _transition(job, JobState.FAILED, error=(
             f"Job for node '{job.node.name}' reached the worker of node '{settings.NODE_NAME}'."))
-    note = "Restarted after its worker stopped" if job.state == JobState.RUNNING else "Started"
-    _transition(job, JobState.RUNNING, f"{note} on {worker}", worker=worker)
+    note = log.RESTARTED_ON if job.state == JobState.RUNNING else log.STARTED_ON
+    _transition(job, JobState.RUNNING, note(worker=worker), worker=worker)
 
     def report(progress: float, message: str = "") -> None:
         Job.objects.filter(pk=job.pk).update(progress=max(0.0, min(1.0, progress)))
@@ -181,7 +185,7 @@ def run_job(*, job_id: int, worker: str) -> Job:
     job.refresh_from_db()
     if job.state == JobState.CANCELLED:
         return job
-    return _transition(job, JobState.SUCCEEDED, "Done", progress=1.0, result=result or {})
+    return _transition(job, JobState.SUCCEEDED, log.DONE(), progress=1.0, result=result or {})
 
 
 @job_handler("node.inventory", submittable=True)

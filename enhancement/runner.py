@@ -27,7 +27,7 @@ from django.db import transaction
 from accounts.errors import ApplicationError
 from accounts.services import service_token
 from cluster.models import Job, JobState
-from enhancement import files
+from enhancement import files, log_messages as log
 from enhancement.formats import parse_jsonl
 from enhancement.models import DistillMode, EnhancementJob, JobKind, MetricSample, Stage
 from enhancement.training import data
@@ -218,7 +218,7 @@ def supervise(job: EnhancementJob, report) -> dict:
         if not (directory / "spec.json").exists():
             write_json_atomic(directory / "spec.json", build_spec(job, directory))
         elif (directory / "lock").exists():
-            report(0.0, "The job's process had stopped; continuing from its last finished stage")
+            report(0.0, log.CONTINUING())
         _launch(job, directory)
         # Until the process writes its first status it is loading (or converting) the base, not queued.
         EnhancementJob.objects.filter(pk=job.pk, stage=Stage.QUEUED).update(stage=Stage.PREPARE)
@@ -245,7 +245,7 @@ def supervise(job: EnhancementJob, report) -> dict:
     try:
         reason = json.loads((directory / "error.json").read_text())["error"]
     except (OSError, ValueError, KeyError):
-        reason = f"The job's process stopped without finishing:\n{log_tail(job, 12)}"
+        reason = log.STOPPED_WITHOUT_FINISHING(log=log_tail(job, 12))
     EnhancementJob.objects.filter(pk=job.pk).update(error=reason)
     raise JobFailed(reason)
 

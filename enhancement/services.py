@@ -60,13 +60,15 @@ def upload_dataset(*, actor: Actor, workspace: Workspace, name: str, filename: s
     if not name:
         raise ValidationFailed("A dataset needs a name.", fields={"name": ["This field may not be blank."]})
     if source_format and source_format not in DatasetFormat.values:
-        raise ValidationFailed(f"Unknown format '{source_format}'; use {', '.join(DatasetFormat.values)}.",
+        raise ValidationFailed(_("Unknown format '%(source_format)s'; use %(values)s.")
+                               % {"source_format": source_format, "values": ', '.join(DatasetFormat.values)},
                                fields={"format": ["Unknown format."]})
     if not 0 <= validation_share <= 0.5:
         raise ValidationFailed("The validation share must be between 0 and 0.5.",
                                fields={"validation_share": ["Between 0 and 0.5."]})
     if len(content) > MAX_DATASET_BYTES:
-        raise ValidationFailed(f"The file is {len(content)} bytes, over the limit of {MAX_DATASET_BYTES}.",
+        raise ValidationFailed(_("The file is %(value)s bytes, over the limit of %(limit)s.")
+                               % {"value": len(content), "limit": MAX_DATASET_BYTES},
                                fields={"file": ["Too large."]})
     try:
         if source_format == DatasetFormat.CSV or (not source_format and filename.lower().endswith(".csv")):
@@ -74,14 +76,16 @@ def upload_dataset(*, actor: Actor, workspace: Workspace, name: str, filename: s
         else:
             source_format, conversations = parse_jsonl(content, declared_format=source_format)
     except DatasetInvalid as exc:
-        raise ValidationFailed(f"The dataset was not stored: {exc}", fields={"file": exc.errors[:20]})
+        raise ValidationFailed(_("The dataset was not stored: %(exc)s") % {"exc": exc},
+                               fields={"file": exc.errors[:20]})
     random.Random(seed).shuffle(conversations)
     validation_count = round(len(conversations) * validation_share)
     if validation_share and len(conversations) >= 2:
         validation_count = max(1, validation_count)
     if validation_count >= len(conversations):
-        raise ValidationFailed(f"{len(conversations)} sample(s) leave nothing to train on after the validation "
-                               f"split.", fields={"validation_share": ["Too large for this dataset."]})
+        raise ValidationFailed(_("%(value)s sample(s) leave nothing to train on after the validation split.")
+                               % {"value": len(conversations)},
+                               fields={"validation_share": ["Too large for this dataset."]})
     normalised = "".join(json.dumps({"messages": c}, ensure_ascii=False) + "\n" for c in conversations).encode()
     sha256 = hashlib.sha256(normalised).hexdigest()
     _write_once(dataset_path(sha256), normalised)
@@ -175,9 +179,9 @@ def _unique_name(workspace: Workspace, name: str) -> str:
     if not name:
         raise ValidationFailed("A job needs a name.", fields={"name": ["This field may not be blank."]})
     if EnhancementJob.objects.filter(workspace=workspace, name=name).exists():
-        raise Conflict(f"A job called '{name}' already exists in this workspace.")
+        raise Conflict(_("A job called '%(name)s' already exists in this workspace.") % {"name": name})
     if Model.objects.filter(workspace=workspace, name__startswith=f"{name}-").exists():
-        raise Conflict(f"Models named '{name}-…' already exist; choose another job name.")
+        raise Conflict(_("Models named '%(name)s-…' already exist; choose another job name.") % {"name": name})
     return name
 
 
@@ -187,8 +191,9 @@ def _check_quantizations(quantizations: list[str]) -> list[str]:
                                fields={"quantizations": [_("Choose at least one.")]})
     unknown = [q for q in quantizations if q not in QUANTIZATIONS]
     if unknown:
-        raise ValidationFailed(f"Quantizations must be among {', '.join(QUANTIZATIONS)} (got "
-                               f"{', '.join(unknown) or 'none'}).", fields={"quantizations": ["Unknown type."]})
+        raise ValidationFailed(_("Quantizations must be among %(values)s (got %(value)s).")
+                               % {"values": ', '.join(QUANTIZATIONS), "value": ', '.join(unknown) or 'none'},
+                               fields={"quantizations": ["Unknown type."]})
     return list(dict.fromkeys(quantizations))
 
 
@@ -202,15 +207,17 @@ def _dispatch(*, actor: Actor, job: EnhancementJob) -> EnhancementJob:
 
 def _check_training(*, workspace: Workspace, base_model: Model, dataset: Dataset, method: str) -> None:
     if method not in Method.values:
-        raise ValidationFailed(f"Unknown method '{method}'; use lora or full.", fields={"method": ["Unknown."]})
+        raise ValidationFailed(_("Unknown method '%(method)s'; use lora or full.") % {"method": method},
+                               fields={"method": ["Unknown."]})
     if dataset.workspace_id != workspace.pk:
         raise ValidationFailed("No such dataset in this workspace.", fields={"dataset": ["Unknown dataset."]})
     problem = trainable_problem(base_model)
     if problem:
         raise ValidationFailed(problem, fields={"base_model": [problem]})
     if not base_model.chat_template:
-        raise ValidationFailed(f"'{base_model.name}' has no chat template, so its training samples cannot be "
-                               f"rendered as it will be served; set one on Models & Serving first.",
+        raise ValidationFailed(_("'%(base_model)s' has no chat template, so its training samples cannot be rendered "
+                                 "as it will be served; set one on Models & Serving first.")
+                               % {"base_model": base_model.name},
                                fields={"base_model": ["No chat template."]})
 
 
@@ -230,9 +237,11 @@ def _planned_settings(*, base_model: Model, node: Node, method: str, hyperparame
     if not runnable:
         first = result.plans[0]
         raise ValidationFailed(
-            f"Every layout that fits needs tensor or pipeline parallelism or ZeRO (the best: TP {first.tensor_parallel}"
-            f", PP {first.pipeline_parallel}, ZeRO {first.zero_stage}), and this trainer runs data-parallel only. "
-            f"Use LoRA, a shorter cutoff, a smaller batch or devices with more memory.",
+            _("Every layout that fits needs tensor or pipeline parallelism or ZeRO (the best: TP "
+              "%(tensor_parallel)s, PP %(pipeline_parallel)s, ZeRO %(zero_stage)s), and this trainer runs "
+              "data-parallel only. Use LoRA, a shorter cutoff, a smaller batch or devices with more memory.")
+            % {"tensor_parallel": first.tensor_parallel, "pipeline_parallel": first.pipeline_parallel,
+               "zero_stage": first.zero_stage},
             fields={"plan": ["No data-parallel layout fits."]})
     chosen = runnable[0]
     if "workers" not in given:
@@ -240,13 +249,16 @@ def _planned_settings(*, base_model: Model, node: Node, method: str, hyperparame
     if "recompute" not in given:
         hyper["recompute"] = chosen.recompute
     if chosen.nodes > 1 and hyper["workers"] != chosen.data_parallel:
-        raise ValidationFailed(f"Across {chosen.nodes} nodes the plan trains on {chosen.data_parallel} data-parallel "
-                               f"workers (one per device); leave 'workers' out or set it to that.",
+        raise ValidationFailed(_("Across %(nodes)s nodes the plan trains on %(data_parallel)s data-parallel workers "
+                                 "(one per device); leave 'workers' out or set it to that.")
+                               % {"nodes": chosen.nodes, "data_parallel": chosen.data_parallel},
                                fields={"workers": [f"Must be {chosen.data_parallel} across these nodes."]})
     per_worker = hyper["batch_size"] // hyper["workers"]
     if hyper["micro_batch_size"] and per_worker % hyper["micro_batch_size"]:
-        raise ValidationFailed(f"Each of the {hyper['workers']} workers takes {per_worker} samples a step, which the "
-                               f"micro-batch size ({hyper['micro_batch_size']}) must divide.",
+        raise ValidationFailed(_("Each of the %(workers)s workers takes %(per_worker)s samples a step, which the "
+                                 "micro-batch size (%(micro_batch)s) must divide.")
+                               % {"workers": hyper['workers'], "per_worker": per_worker,
+                                  "micro_batch": hyper['micro_batch_size']},
                                fields={"micro_batch_size": ["Must divide each worker's share of the batch."]})
     hyper["micro_batch_size"] = hyper["micro_batch_size"] or math.gcd(per_worker, chosen.micro_batch)
     hyper["gradient_accumulation"] = per_worker // hyper["micro_batch_size"]
@@ -306,11 +318,14 @@ def create_prune_job(*, actor: Actor, workspace: Workspace, name: str, base_mode
     if problem:
         raise ValidationFailed(problem.replace("trained", "compressed"), fields={"base_model": [problem]})
     if method not in PRUNE_METHODS:
-        raise ValidationFailed(f"Unknown pruning method '{method}'; use {' or '.join(PRUNE_METHODS)}.",
+        raise ValidationFailed(_("Unknown pruning method '%(method)s'; use %(values)s.")
+                               % {"method": method, "values": ' or '.join(PRUNE_METHODS)},
                                fields={"method": ["Unknown."]})
     if not 0.05 <= sparsity <= MAX_SPARSITY[method]:
-        raise ValidationFailed(f"The sparsity for {method} pruning must be between 0.05 and {MAX_SPARSITY[method]} "
-                               f"(got {sparsity}).", fields={"sparsity": ["Out of range."]})
+        raise ValidationFailed(_("The sparsity for %(method)s pruning must be between 0.05 and %(value)s (got "
+                                 "%(sparsity)s).")
+                               % {"method": method, "value": MAX_SPARSITY[method], "sparsity": sparsity},
+                               fields={"sparsity": ["Out of range."]})
     if dataset is not None and dataset.workspace_id != workspace.pk:
         raise ValidationFailed("No such dataset in this workspace.", fields={"dataset": ["Unknown dataset."]})
     hyper, plan = {}, {}
@@ -363,8 +378,9 @@ def create_distill_job(*, actor: Actor, workspace: Workspace, name: str, student
         if problem:
             raise ValidationFailed(problem.replace("trained", "used as a teacher"), fields={"teacher": [problem]})
         if not _same_tokenizer(student, teacher_model):
-            raise ValidationFailed(f"'{teacher_model.name}' and '{student.name}' tokenize differently, so their "
-                                   f"next-token distributions cannot be compared; use sequence-level distillation.",
+            raise ValidationFailed(_("'%(teacher_model)s' and '%(student)s' tokenize differently, so their "
+                                     "next-token distributions cannot be compared; use sequence-level distillation.")
+                                   % {"teacher_model": teacher_model.name, "student": student.name},
                                    fields={"teacher": ["Different tokenizer."]})
         if not (temperature > 0 and 0 <= alpha <= 1):
             raise ValidationFailed("The temperature must be above 0 and alpha between 0 and 1.",
@@ -372,7 +388,7 @@ def create_distill_job(*, actor: Actor, workspace: Workspace, name: str, student
         teacher = {"model": teacher_model.name, "path": teacher_model.path, "temperature": temperature,
                    "alpha": alpha}
     else:
-        raise ValidationFailed(f"Unknown distillation mode '{mode}'; use sequence or logits.",
+        raise ValidationFailed(_("Unknown distillation mode '%(mode)s'; use sequence or logits.") % {"mode": mode},
                                fields={"mode": ["Unknown."]})
     hyper, plan = _planned_settings(base_model=student, node=node, method=method, hyperparameters=hyperparameters)
     quantizations = _check_quantizations(["q4_k_m"] if quantizations is None else quantizations)
@@ -412,7 +428,7 @@ def cancel_job(*, actor: Actor, job: EnhancementJob) -> EnhancementJob:
     group is killed at once, in case no worker is watching it (one that died)."""
     require_role(actor=actor, workspace=job.workspace, role=Role.DEVELOPER)
     if job.cluster_job is None or job.cluster_job.state in FINISHED_JOB_STATES:
-        raise Conflict(f"Job '{job.name}' has already {job.state}.")
+        raise Conflict(_("Job '%(job)s' has already %(state)s.") % {"job": job.name, "state": job.state})
     cancel_cluster_job(actor=actor, job=job.cluster_job)
     if job.node.name == settings.NODE_NAME and runner.is_running(job):
         process.terminate(job.pid)
@@ -459,7 +475,8 @@ def deploy_output(*, actor: Actor, job: EnhancementJob, model: Model, node: Node
     """One click: serve one of the job's outputs, on `node` (this server's node by default)."""
     require_role(actor=actor, workspace=job.workspace, role=Role.DEVELOPER)
     if not job.output_models.filter(pk=model.pk).exists():
-        raise ValidationFailed(f"'{model.name}' is not an output of job '{job.name}'.",
+        raise ValidationFailed(_("'%(model)s' is not an output of job '%(job)s'.")
+                               % {"model": model.name, "job": job.name},
                                fields={"model": ["Not this job's output."]})
     deployment, _created = deploy_model(actor=actor, workspace=job.workspace, model=model, node=node)
     return deployment

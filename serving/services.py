@@ -23,7 +23,7 @@ from cluster.deadlines import job_given_up
 from cluster.jobs import job_handler
 from cluster.models import Node
 from cluster.services import dispatch_job
-from serving import selectors
+from serving import log_messages as log, selectors
 from serving.engines import process
 from serving.engines.base import EngineRefused, Listen, auth_headers, engine
 from serving.gguf_info import InvalidModelFile, read_gguf
@@ -53,7 +53,8 @@ LIVE_STATES = (ServingState.STARTING, ServingState.READY)
 def _inspect_hf_directory(path: Path) -> dict:
     config_path = path / "config.json"
     if not config_path.exists() and not (path / "modules.json").exists():
-        raise ValidationFailed(f"{path} is a directory but not a Hugging Face model (no config.json).",
+        raise ValidationFailed(_("%(path)s is a directory but not a Hugging Face model (no config.json).")
+                               % {"path": path},
                                fields={"path": ["Not a model directory."]})
     config = json.loads(config_path.read_text()) if config_path.exists() else {}
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -98,11 +99,12 @@ def register_model(*, actor: Actor, workspace: Workspace | None, name: str, path
     if url:
         parsed = urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ValidationFailed(f"'{url}' is not an http(s) URL.", fields={"url": ["Not an http(s) URL."]})
+            raise ValidationFailed(_("'%(url)s' is not an http(s) URL.") % {"url": url},
+                                   fields={"url": ["Not an http(s) URL."]})
         if parsed.query or parsed.fragment or "?" in url or "#" in url:
             # The gateway appends /chat/completions and the like; a query or fragment would swallow that path.
-            raise ValidationFailed(f"'{url}' has a query or fragment; give the endpoint's base URL, such as "
-                                   f"https://host/v1.", fields={"url": ["Base URL only."]})
+            raise ValidationFailed(_("'%(url)s' has a query or fragment; give the endpoint's base URL, such as "
+                                     "https://host/v1.") % {"url": url}, fields={"url": ["Base URL only."]})
         try:
             egress.check(url, allowlist_for(workspace_id=workspace.pk if workspace else None))
         except egress.EgressRefused as exc:
@@ -111,7 +113,8 @@ def register_model(*, actor: Actor, workspace: Workspace | None, name: str, path
     else:
         location = _model_location(actor, path)
         if not location.exists():
-            raise ValidationFailed(f"No file or directory at {location}.", fields={"path": ["Does not exist."]})
+            raise ValidationFailed(_("No file or directory at %(location)s.") % {"location": location},
+                                   fields={"path": ["Does not exist."]})
         if location.is_dir():
             fields |= {"kind": ModelKind.HF, "path": str(location.resolve()), **_inspect_hf_directory(location)}
         else:
@@ -128,12 +131,12 @@ def register_model(*, actor: Actor, workspace: Workspace | None, name: str, path
     if chat_template is not None:
         fields["chat_template"] = chat_template
     if Model.objects.filter(workspace=workspace, name=name).exists():
-        raise Conflict(f"A model called '{name}' is already registered.")
+        raise Conflict(_("A model called '%(name)s' is already registered.") % {"name": name})
     try:
         with transaction.atomic():
             model = Model.objects.create(workspace=workspace, name=name, **fields)
     except IntegrityError:
-        raise Conflict(f"A model called '{name}' is already registered.")
+        raise Conflict(_("A model called '%(name)s' is already registered.") % {"name": name})
     record_audit(actor=actor, workspace=workspace, action="model.register", target=model,
                  detail={"kind": model.kind, "path": model.path, "url": model.url})
     return model
@@ -156,12 +159,12 @@ def register_produced_model(*, producer: str, workspace: Workspace, name: str, p
     who asked for the work. Not reachable from the API or the GUI."""
     root = _producer_dirs.get(producer)
     if root is None:
-        raise ValidationFailed(f"'{producer}' is not a model producer of this platform.")
+        raise ValidationFailed(_("'%(producer)s' is not a model producer of this platform.") % {"producer": producer})
     location = Path(path)
     resolved = location.resolve() if location.is_absolute() else None
     if resolved is None or resolved == root.resolve() or not resolved.is_relative_to(root.resolve()):
-        raise ValidationFailed(f"{path} is outside {producer}'s output directory ({root}); it is not a model the "
-                               f"platform produced.")
+        raise ValidationFailed(_("%(path)s is outside %(producer)s's output directory (%(root)s); it is not a model "
+                                 "the platform produced.") % {"path": path, "producer": producer, "root": root})
     with transaction.atomic():
         model = register_model(actor=SYSTEM, workspace=workspace, name=name, path=str(resolved), role_hint=role_hint)
         record_audit(actor=Actor(user=requested_by), workspace=workspace, action="model.produce", target=model,
@@ -254,11 +257,12 @@ def create_deployment(*, actor: Actor, workspace: Workspace | None, model: Model
     require_role_or_platform(actor=actor, workspace=workspace, role=Role.DEVELOPER,
                              action="Creating a shared deployment")
     if model.workspace_id is not None and model.workspace_id != getattr(workspace, "pk", None):
-        raise NotFound(f"No model called '{model.name}'.")
+        raise NotFound(_("No model called '%(model)s'.") % {"model": model.name})
     name = slugify(name or model.name)
     engine_name = engine_name or default_engine_for(model)
     if engine_name not in Engine.values:
-        raise ValidationFailed(f"Unknown engine '{engine_name}'.", fields={"engine": ["Unknown engine."]})
+        raise ValidationFailed(_("Unknown engine '%(engine)s'.") % {"engine": engine_name},
+                               fields={"engine": ["Unknown engine."]})
     replicas = replicas or [(Node.objects.get(name=settings.NODE_NAME), 1.0)]
     adapter = engine(engine_name)
     for node, weight in replicas:
@@ -279,14 +283,15 @@ def create_deployment(*, actor: Actor, workspace: Workspace | None, model: Model
     if cooldown_s < 0:
         raise ValidationFailed("The cooldown cannot be negative.", fields={"cooldown_s": ["Must be >= 0."]})
     if Deployment.objects.filter(name=name).exists():
-        raise Conflict(f"A deployment called '{name}' already exists.")
+        raise Conflict(_("A deployment called '%(name)s' already exists.") % {"name": name})
     if ModelGroup.objects.filter(name=name).exists():
-        raise Conflict(f"'{name}' is the name of a model group; clients tell deployments and groups apart by name.")
+        raise Conflict(_("'%(name)s' is the name of a model group; clients tell deployments and groups apart by "
+                         "name.") % {"name": name})
     deployment = Deployment.objects.create(workspace=workspace, name=name, model=model, engine=engine_name,
                                            settings=settings_ or {}, cooldown_s=cooldown_s)
     for node, weight in replicas:
         Replica.objects.create(deployment=deployment, node=node, weight=weight)
-    _record(deployment, None, "", ServingState.PENDING, f"Created with {len(replicas)} replica(s)")
+    _record(deployment, None, "", ServingState.PENDING, log.CREATED(count=len(replicas)))
     record_audit(actor=actor, workspace=workspace, action="deployment.create", target=deployment,
                  detail={"model": model.name, "engine": engine_name, "replicas": len(replicas)})
     return deployment
@@ -306,7 +311,7 @@ def start_deployment(*, actor: Actor, deployment: Deployment) -> Deployment:
         if replica.state in LIVE_STATES:
             continue
         with transaction.atomic():
-            _set_replica_state(replica, ServingState.STARTING, "Start requested", restarts=0, last_error="",
+            _set_replica_state(replica, ServingState.STARTING, log.START_REQUESTED(), restarts=0, last_error="",
                                next_restart_at=None)
             dispatch_job(actor=actor, workspace=deployment.workspace, kind=START_REPLICA, node=replica.node,
                          payload={"replica_id": replica.pk})
@@ -323,7 +328,7 @@ def stop_deployment(*, actor: Actor, deployment: Deployment) -> Deployment:
         if replica.state in (ServingState.STOPPED, ServingState.DRAINING):
             continue
         with transaction.atomic():
-            _set_replica_state(replica, ServingState.DRAINING, "Stop requested")
+            _set_replica_state(replica, ServingState.DRAINING, log.STOP_REQUESTED())
             dispatch_job(actor=actor, workspace=deployment.workspace, kind=STOP_REPLICA, node=replica.node,
                          payload={"replica_id": replica.pk})
     record_audit(actor=actor, workspace=deployment.workspace, action="deployment.stop", target=deployment)
@@ -409,8 +414,9 @@ def deploy_model(*, actor: Actor, workspace: Workspace | None, model: Model, rep
         raise ValidationFailed("A deployment needs at least one replica.", fields={"replicas": ["Must be >= 1."]})
     node = node or Node.objects.filter(name=settings.NODE_NAME).first()
     if node is None:
-        raise ValidationFailed(f"This server's node '{settings.NODE_NAME}' is not in the pool (its worker has not "
-                               f"started); choose a node to deploy on.", fields={"node": ["Choose a node."]})
+        raise ValidationFailed(_("This server's node '%(node)s' is not in the pool (its worker has not "
+                                 "started); choose a node to deploy on.") % {"node": settings.NODE_NAME},
+                               fields={"node": ["Choose a node."]})
     name = model.name
     suffix = 2
     while Deployment.objects.filter(name=name).exists() or ModelGroup.objects.filter(name=name).exists():
@@ -433,7 +439,8 @@ def update_routing(*, actor: Actor, deployment: Deployment, cooldown_s: float | 
             if weight <= 0:
                 raise ValidationFailed("Replica weights must be positive.", fields={"weights": ["Weight <= 0."]})
             if not deployment.replicas.filter(pk=replica_id).update(weight=weight):
-                raise ValidationFailed(f"Replica {replica_id} is not part of '{deployment.name}'.",
+                raise ValidationFailed(_("Replica %(replica_id)s is not part of '%(deployment)s'.")
+                                       % {"replica_id": replica_id, "deployment": deployment.name},
                                        fields={"weights": ["Unknown replica."]})
         record_audit(actor=actor, workspace=deployment.workspace, action="deployment.routing", target=deployment,
                      detail={"cooldown_s": cooldown_s, "weights": weights or {}})
@@ -450,7 +457,7 @@ def _launch(replica: Replica) -> Replica:
     adapter = engine(deployment.engine)
     if not adapter.runs_process:
         _wait_external(deployment)
-        return _set_replica_state(replica, ServingState.READY, "External endpoint answers",
+        return _set_replica_state(replica, ServingState.READY, log.EXTERNAL_ANSWERS(),
                                   base_url=deployment.model.url, last_health_at=timezone.now())
     # The engine listens on this node's advertised address, where the gateway in the web process (on this machine
     # or another) reaches it, and requires a key made for this start.
@@ -473,8 +480,9 @@ def _launch(replica: Replica) -> Replica:
     tool_strategy = adapter.tool_strategy(base_url, api_key)
     Deployment.objects.filter(pk=deployment.pk).exclude(tool_strategy=tool_strategy).update(
         tool_strategy=tool_strategy)
-    return _set_replica_state(replica, ServingState.READY, f"Engine pid {pid} answers at {root}; tool calls: "
-                              f"{tool_strategy}", last_health_at=timezone.now(), last_error="")
+    return _set_replica_state(replica, ServingState.READY,
+                              log.ENGINE_ANSWERS(pid=pid, address=root, strategy=tool_strategy),
+                              last_health_at=timezone.now(), last_error="")
 
 
 def _auth_headers(model: Model) -> dict:
@@ -497,7 +505,8 @@ def _wait_external(deployment: Deployment, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while problem := _external_problem(deployment):
         if time.monotonic() >= deadline:
-            raise process.EngineStartFailed(f"The external endpoint did not answer: {problem}")
+            raise process.EngineStartFailed(_("The external endpoint did not answer: %(problem)s")
+                                            % {"problem": problem})
         time.sleep(1.0)
 
 
@@ -526,7 +535,7 @@ def start_replica(job, report) -> dict:
 def stop_replica(job, report) -> dict:
     replica = _replica_for_job(job)
     process.terminate(replica.pid)
-    _set_replica_state(replica, ServingState.STOPPED, "Engine stopped", pid=None)
+    _set_replica_state(replica, ServingState.STOPPED, log.ENGINE_STOPPED(), pid=None)
     return {}
 
 
@@ -571,12 +580,12 @@ def check_local_replicas() -> list[str]:
             continue
         if replica.state == ServingState.READY:
             delay = min(2 ** (replica.restarts + 1), MAX_RESTART_BACKOFF_S)
-            _set_replica_state(replica, ServingState.FAILED, f"Engine pid {replica.pid} died; restart in {delay}s",
+            _set_replica_state(replica, ServingState.FAILED, log.ENGINE_DIED(pid=replica.pid, delay=delay),
                                last_error="The engine process exited", pid=None,
                                next_restart_at=now + timedelta(seconds=delay))
             notes.append(f"{replica.pk} died")
         elif replica.next_restart_at <= now:
-            _set_replica_state(replica, ServingState.STARTING, "Restarting after a crash",
+            _set_replica_state(replica, ServingState.STARTING, log.RESTARTING(),
                                restarts=replica.restarts + 1, next_restart_at=None)
             try:
                 _launch(replica)
@@ -594,7 +603,7 @@ def stop_local_replicas() -> int:
     for replica in Replica.objects.select_related("deployment").filter(node__name=settings.NODE_NAME,
                                                                       pid__isnull=False):
         process.terminate(replica.pid)
-        _set_replica_state(replica, ServingState.STOPPED, "Stopped with the platform", pid=None)
+        _set_replica_state(replica, ServingState.STOPPED, log.STOPPED_WITH_PLATFORM(), pid=None)
         stopped += 1
     return stopped
 

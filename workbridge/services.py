@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.utils.translation import gettext
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
@@ -53,7 +54,7 @@ def add_egress_rule(*, actor: Actor, workspace: Workspace, entry: str, note: str
             rule = EgressRule.objects.create(workspace=workspace, entry=entry, note=note[:200],
                                              created_by=actor.user)
     except IntegrityError:
-        raise Conflict(f"'{entry}' is already on this workspace's allowlist.")
+        raise Conflict(gettext("'%(entry)s' is already on this workspace's allowlist.") % {"entry": entry})
     record_audit(actor=actor, workspace=workspace, action="egress_rule.add", target=rule, detail={"entry": entry})
     return rule
 
@@ -90,7 +91,8 @@ def _check_output_schema(schema) -> None:
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
-        raise ValidationFailed(f"'output_schema' is not a valid JSON Schema: {exc.message}",
+        raise ValidationFailed(gettext("'output_schema' is not a valid JSON Schema: %(message)s")
+                               % {"message": exc.message},
                                fields={"output_schema": [exc.message]})
 
 
@@ -98,8 +100,9 @@ def _check_tool(*, workspace: Workspace, name: str, description: str, parameters
                 config: dict, timeout_s: float, max_output_bytes: int, spec: ApiSpec | None,
                 mcp_server: McpServer | None) -> dict:
     if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-        raise ValidationFailed(f"A tool's name must be a function name: letters, digits and '_', starting with a "
-                               f"letter, at most 64; '{name}' is not.", fields={"name": ["Not a function name."]})
+        raise ValidationFailed(gettext("A tool's name must be a function name: letters, digits and '_', starting "
+                                       "with a letter, at most 64; '%(name)s' is not.") % {"name": name},
+                               fields={"name": ["Not a function name."]})
     if not str(description).strip():
         raise ValidationFailed("Describe the tool for the model that will call it.",
                                fields={"description": ["This field may not be blank."]})
@@ -109,16 +112,19 @@ def _check_tool(*, workspace: Workspace, name: str, description: str, parameters
     try:
         Draft202012Validator.check_schema(parameters)
     except SchemaError as exc:
-        raise ValidationFailed(f"'parameters' is not a valid JSON Schema: {exc.message}",
+        raise ValidationFailed(gettext("'parameters' is not a valid JSON Schema: %(message)s")
+                               % {"message": exc.message},
                                fields={"parameters": [exc.message]})
     if binding not in Binding.values:
-        raise ValidationFailed(f"Unknown binding '{binding}'.", fields={"binding": ["Unknown binding."]})
+        raise ValidationFailed(gettext("Unknown binding '%(binding)s'.") % {"binding": binding},
+                               fields={"binding": ["Unknown binding."]})
     if not 0 < timeout_s <= MAX_TOOL_TIMEOUT_S or not 0 < max_output_bytes <= MAX_TOOL_OUTPUT_BYTES:
         raise ValidationFailed(f"The timeout must be within (0, {MAX_TOOL_TIMEOUT_S:g}] s and the output cap within "
                                f"(0, {MAX_TOOL_OUTPUT_BYTES}] bytes.")
     for needed, given, label in ((Binding.OPENAPI, spec, "spec"), (Binding.MCP, mcp_server, "mcp_server")):
         if (binding == needed) != (given is not None) or (given is not None and given.workspace_id != workspace.pk):
-            raise ValidationFailed(f"A tool has a {label} exactly when its binding is {needed}.",
+            raise ValidationFailed(gettext("A tool has a %(label)s exactly when its binding is %(needed)s.")
+                                   % {"label": label, "needed": needed},
                                    fields={label: [f"Only for the {needed} binding, from this workspace."]})
     if not isinstance(config, dict):
         raise ValidationFailed("'config' must be an object.", fields={"config": ["Not an object."]})
@@ -176,7 +182,8 @@ def save_tool(*, actor: Actor, workspace: Workspace, tool: Tool | None = None, n
                     setattr(tool, key, value)
                 tool.save()
     except IntegrityError:
-        raise Conflict(f"This workspace already has a tool called '{name}'.", fields={"name": ["Taken."]})
+        raise Conflict(gettext("This workspace already has a tool called '%(name)s'.") % {"name": name},
+                       fields={"name": ["Taken."]})
     _register(actor, tool)
     record_audit(actor=actor, workspace=workspace, action="tool.save", target=tool, detail={"name": name})
     return tool
@@ -218,7 +225,8 @@ def _secret_of(workspace: Workspace) -> Callable[[str], str]:
     def value(name: str) -> str:
         secret = Secret.objects.filter(workspace=workspace, name=name).first()
         if secret is None:
-            raise ValidationFailed(f"The tool needs the secret '{name}', which this workspace does not have.")
+            raise ValidationFailed(gettext("The tool needs the secret '%(name)s', which this workspace does not "
+                                           "have.") % {"name": name})
         return secret.value
 
     return value
@@ -267,7 +275,8 @@ def _spec_text(*, workspace: Workspace, text: str, url: str) -> str:
     except egress.EgressRefused as exc:
         raise ValidationFailed(str(exc), fields={"url": [str(exc)]})
     if answer.status_code >= 400:
-        raise ValidationFailed(f"{url} answered {answer.status_code}.", fields={"url": ["Not fetched."]})
+        raise ValidationFailed(gettext("%(url)s answered %(status_code)s.")
+                               % {"url": url, "status_code": answer.status_code}, fields={"url": ["Not fetched."]})
     return answer.text
 
 
@@ -283,7 +292,8 @@ def preview_spec(*, actor: Actor, workspace: Workspace, text: str = "", url: str
     except openapi.BaseUrlNeeded as exc:
         raise ValidationFailed(str(exc), fields={"base_url": [str(exc)]})
     except openapi.ImportInvalid as exc:
-        raise ValidationFailed(f"The spec cannot be imported: {exc}", fields={"spec": [str(exc)]})
+        raise ValidationFailed(gettext("The spec cannot be imported: %(exc)s") % {"exc": exc},
+                               fields={"spec": [str(exc)]})
     return SpecPreview(document=reading.document, source=url or source, base_url=base_url, drafts=reading.drafts,
                        skipped=reading.skipped, repaired=reading.repaired)
 
@@ -367,15 +377,17 @@ def _stdio_argv(server: McpServer) -> tuple[list[str], dict]:
         entry = mcp_catalogue.entry(server.catalog_entry)
         program = entry.executable()
         if program is None:
-            raise mcp_catalogue.CatalogueRefused(f"The catalogue entry '{entry.name}' runs {entry.command[0]}, "
-                                                 f"which is not on this machine.")
+            raise mcp_catalogue.CatalogueRefused(gettext("The catalogue entry '%(entry)s' runs %(value)s, which is "
+                                                         "not on this machine.")
+                                                 % {"entry": entry.name, "value": entry.command[0]})
         argv = [program, *entry.argv(list(server.arguments))[1:]]
         if not entry.sandbox:
             return argv, entry.env
         return sandbox.confine(argv, read_only_paths=entry.read_only_paths, env=entry.env), entry.env
     program = shutil.which(server.command[0]) if server.command else None
     if program is None:
-        raise mcp_catalogue.CatalogueRefused(f"The command {server.command[:1]} is not on this machine.")
+        raise mcp_catalogue.CatalogueRefused(gettext("The command %(value)s is not on this machine.")
+                                             % {"value": server.command[:1]})
     return sandbox.confine([program, *server.command[1:]]), {}
 
 
@@ -383,7 +395,8 @@ def _connection(server: McpServer) -> mcp_client.Connection:
     """How to reach the server; McpUnreachable when it may not be started or called."""
     if server.disabled_reason:
         mcp_client.close_session(_pool_key(server))
-        raise mcp_client.McpUnreachable(f"This MCP server is disabled: {server.disabled_reason}")
+        raise mcp_client.McpUnreachable(gettext("This MCP server is disabled: %(disabled_reason)s")
+                                        % {"disabled_reason": server.disabled_reason})
     command, env = (), {}
     if server.transport == McpTransport.STDIO:
         try:
@@ -425,9 +438,9 @@ def _check_local_command(*, actor: Actor, catalog_entry: str, arguments: list, c
         raise ValidationFailed("Choose a local command from the operator's catalogue.",
                                fields={"catalog_entry": ["Missing."]})
     if actor.api_key is not None or not is_platform_admin(actor):
-        raise Forbidden(f"A local MCP command runs on the platform's own machine: a workspace picks one from the "
-                        f"operator's catalogue ({settings.MCP_COMMANDS_FILE}); only a platform administrator, "
-                        f"signed in, registers any other.")
+        raise Forbidden(gettext("A local MCP command runs on the platform's own machine: a workspace picks one from "
+                                "the operator's catalogue (%(file)s); only a platform administrator, "
+                                "signed in, registers any other.") % {"file": settings.MCP_COMMANDS_FILE})
     if not all(isinstance(part, str) and part and "\x00" not in part for part in command):
         raise ValidationFailed("A local command is a list of words, e.g. [\"python\", \"-m\", \"my_server\"].",
                                fields={"command": ["Not a list of words."]})
@@ -461,10 +474,11 @@ def save_mcp_server(*, actor: Actor, workspace: Workspace, server: McpServer | N
         _check_local_command(actor=actor, catalog_entry=catalog_entry, arguments=arguments, command=command)
         url = ""
     else:
-        raise ValidationFailed(f"'transport' must be one of {McpTransport.values}.",
+        raise ValidationFailed(gettext("'transport' must be one of %(values)s.") % {"values": McpTransport.values},
                                fields={"transport": ["Unknown transport."]})
     if auth_secret and not Secret.objects.filter(workspace=workspace, name=auth_secret).exists():
-        raise ValidationFailed(f"This workspace has no secret '{auth_secret}'.", fields={"auth_secret": ["Unknown."]})
+        raise ValidationFailed(gettext("This workspace has no secret '%(auth_secret)s'.")
+                               % {"auth_secret": auth_secret}, fields={"auth_secret": ["Unknown."]})
     if not 0 < timeout_s <= MAX_TOOL_TIMEOUT_S:
         raise ValidationFailed(f"The timeout must be within (0, {MAX_TOOL_TIMEOUT_S:g}] s.",
                                fields={"timeout_s": ["Out of range."]})
@@ -480,7 +494,8 @@ def save_mcp_server(*, actor: Actor, workspace: Workspace, server: McpServer | N
                 server.refresh_from_db()
                 mcp_client.close_session(_pool_key(server))  # the next call starts it as it is now
     except IntegrityError:
-        raise Conflict(f"This workspace already has an MCP server called '{name}'.", fields={"name": ["Taken."]})
+        raise Conflict(gettext("This workspace already has an MCP server called '%(name)s'.") % {"name": name},
+                       fields={"name": ["Taken."]})
     record_audit(actor=actor, workspace=workspace, action="mcp_server.save", target=server,
                  detail={"name": name, "transport": transport, "url": url, "catalog_entry": catalog_entry,
                          "arguments": arguments, "command": command})
@@ -516,7 +531,8 @@ def import_mcp_tools(*, actor: Actor, server: McpServer, names: list[str] | None
     offered = {remote.name: remote for remote in mcp_server_tools(actor=actor, server=server)}
     missing = sorted(set(names or []) - set(offered))
     if missing:
-        raise ValidationFailed(f"The server offers no tool {', '.join(missing)}.", fields={"tools": missing})
+        raise ValidationFailed(gettext("The server offers no tool %(values)s.") % {"values": ', '.join(missing)},
+                               fields={"tools": missing})
     imported = []
     for remote in (offered[name] for name in (names if names is not None else offered)):
         existing = server.tools.filter(config__tool=remote.name).first()
@@ -553,7 +569,8 @@ def invoke_tool(*, actor: Actor, tool: Tool, arguments: dict, caller: str) -> To
     problems = sorted(Draft202012Validator(tool.parameters).iter_errors(arguments), key=lambda e: list(e.path))
     if problems:
         where = "/".join(str(part) for part in problems[0].absolute_path) or "arguments"
-        raise ToolArgumentsInvalid(f"The arguments do not fit the tool's schema at {where}: {problems[0].message}",
+        raise ToolArgumentsInvalid(gettext("The arguments do not fit the tool's schema at %(where)s: %(message)s")
+                                   % {"where": where, "message": problems[0].message},
                                    fields={"arguments": [problems[0].message]})
     started = time.perf_counter()
     outcome = _CALLS[tool.binding](tool, arguments)

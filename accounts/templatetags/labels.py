@@ -6,6 +6,8 @@ option's value, the badge's class, data attributes and the API: only what a pers
 from django import template
 from django.utils.translation import gettext_lazy as _
 
+from accounts.log_messages import rendered
+
 register = template.Library()
 
 LABELS = {
@@ -61,10 +63,20 @@ LABELS = {
     "basic": _("basic QA"), "citations": _("QA with citations"), "conversational": _("conversational"),
     "multi_query": _("multi-query"), "python": _("Python function"), "openapi": _("OpenAPI operation"),
     "mcp": _("MCP server tool"),
+    # model groups: policies, members and how calibration scores an answer (serving/groups/scoring.py)
+    "route": _("route"), "cascade": _("cascade"), "speculative": _("speculative"), "big": _("big"),
+    "small": _("small"), "token_f1": _("token F1 against the big model's answer"),
+    "exact_match": _("exact match with the big model's answer"), "judge": _("judge"),
     # JSON Schema types of tool arguments and agent variables
     "string": _("text"), "number": _("number"), "integer": _("whole number"), "boolean": _("yes/no"),
     "json": _("JSON"), "array": _("list"), "object": _("object"),
 }
+
+
+@register.filter
+def log_message(value) -> str:
+    """A stored event-log message in the reader's language, as HTML (accounts/log_messages.py)."""
+    return rendered(value)
 
 
 @register.filter

@@ -81,7 +81,7 @@ def _member(workspace: Workspace | None, deployment: Deployment | None, field: s
     if deployment is None:
         raise _refuse(field, f"The group needs a '{field}' deployment.")
     if deployment.workspace_id is not None and deployment.workspace_id != getattr(workspace, "pk", None):
-        raise NotFound(f"No deployment called '{deployment.name}'.")
+        raise NotFound(_("No deployment called '%(deployment)s'.") % {"deployment": deployment.name})
     if CHAT not in engine(deployment.engine).capabilities(deployment.model):
         raise _refuse(field, f"'{deployment.name}' cannot chat (an embedding or completion-only model); a group's "
                              f"members answer chats.")
@@ -136,10 +136,10 @@ def create_group(*, actor: Actor, workspace: Workspace | None, name: str, policy
         if draft is None:
             raise _refuse("draft", "A speculative group needs a draft model (or a small member whose model drafts).")
         if draft.workspace_id is not None and draft.workspace_id != getattr(workspace, "pk", None):
-            raise NotFound(f"No model called '{draft.name}'.")
+            raise NotFound(_("No model called '%(draft)s'.") % {"draft": draft.name})
     if Deployment.objects.filter(name=name).exists() or ModelGroup.objects.filter(name=name).exists():
-        raise Conflict(f"'{name}' is already the name of a deployment or model group; clients tell them apart by "
-                       f"name alone.")
+        raise Conflict(_("'%(name)s' is already the name of a deployment or model group; clients tell them apart by "
+                         "name alone.") % {"name": name})
     try:
         with transaction.atomic():
             group = ModelGroup.objects.create(workspace=workspace, name=name, policy=policy, big=big, small=small,
@@ -147,7 +147,7 @@ def create_group(*, actor: Actor, workspace: Workspace | None, name: str, policy
                                               threshold=_threshold(threshold),
                                               settings=_checked_settings(settings or {}))
     except IntegrityError:
-        raise Conflict(f"A model group called '{name}' already exists.")
+        raise Conflict(_("A model group called '%(name)s' already exists.") % {"name": name})
     if policy == GroupPolicy.SPECULATIVE:
         group.speculative_deployment = _speculative_deployment(actor, group)
         group.save(update_fields=["speculative_deployment"])
@@ -204,7 +204,7 @@ def start_calibration(*, actor: Actor, workspace: Workspace, group: ModelGroup, 
     judge (a chat deployment or group), each answer is graded by it rather than by token overlap."""
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
     if group.workspace_id is not None and group.workspace_id != workspace.pk:
-        raise NotFound(f"No model group called '{group.name}'.")
+        raise NotFound(_("No model group called '%(group)s'.") % {"group": group.name})
     if group.policy == GroupPolicy.SPECULATIVE or group.small is None:
         raise _refuse("group", "A speculative group has no threshold to calibrate: every request is the big model's, "
                                "drafted.")
@@ -227,7 +227,7 @@ def start_calibration(*, actor: Actor, workspace: Workspace, group: ModelGroup, 
         raise _refuse("items", str(exc))
     not_ready = [d.name for d in (group.big, group.small) if d.state != ServingState.READY]
     if not_ready:
-        raise Conflict(f"Calibration runs both members; start {', '.join(not_ready)} first.")
+        raise Conflict(_("Calibration runs both members; start %(values)s first.") % {"values": ', '.join(not_ready)})
     queues.check_job_limit(getattr(workspace, "pk", None))
     run = CalibrationRun.objects.create(group=group, workspace=workspace, created_by=actor.user, items=items,
                                         source=source[:200], metric=metric, max_tokens=max_tokens,
@@ -253,7 +253,8 @@ def cancel_calibration(*, actor: Actor, run: CalibrationRun) -> CalibrationRun:
     require_role(actor=actor, workspace=run.workspace, role=Role.DEVELOPER)
     if not CalibrationRun.objects.filter(pk=run.pk, state__in=[CalibrationState.QUEUED, CalibrationState.RUNNING]) \
             .update(state=CalibrationState.CANCELLED, finished_at=timezone.now()):
-        raise Conflict(f"Calibration {run.pk} is {run.state}; only a queued or running one can be cancelled.")
+        raise Conflict(_("Calibration %(run)s is %(state)s; only a queued or running one can be cancelled.")
+                       % {"run": run.pk, "state": run.state})
     from serving.tasks import CALIBRATION_QUEUE, calibrate_group
 
     queues.withdraw(CALIBRATION_QUEUE, calibrate_group.name, [run.pk])
@@ -282,7 +283,7 @@ def calibration_items_from_source(*, workspace: Workspace, source: str, set_id: 
         raise _refuse("source", f"'{source}' is not a prompt source; the sources are: {known}.")
     items = found.items(workspace=workspace, set_id=set_id)
     if items is None:
-        raise NotFound(f"No {found.label} {set_id} in this workspace.")
+        raise NotFound(_("No %(label)s %(set_id)s in this workspace.") % {"label": found.label, "set_id": set_id})
     name = dict(found.sets(workspace=workspace)).get(set_id, set_id)
     return items, f"{found.label} '{name}'"
 
@@ -300,7 +301,8 @@ def pick_calibration_point(*, actor: Actor, run: CalibrationRun, policy: str, th
     group = ModelGroup.objects.select_for_update().get(pk=run.group_id)
     _require_change(actor, group.workspace)
     if run.state != CalibrationState.DONE:
-        raise Conflict(f"The calibration is {run.state}; a point is picked from a finished one.")
+        raise Conflict(_("The calibration is %(state)s; a point is picked from a finished one.")
+                       % {"state": run.state})
     points = run.curves.get(policy) if isinstance(policy, str) else None
     if not points:
         raise _refuse("policy", f"The calibration drew curves for {', '.join(sorted(run.curves))}.")

@@ -31,7 +31,7 @@ function turn(role, text) {
   return node;
 }
 
-async function streamInto(pane, model, system, message, sampling, csrfToken) {
+async function streamInto(pane, model, system, message, sampling, csrfToken, signal) {
   const answer = document.getElementById(`pg-answer${pane}`);
   const error = document.getElementById(`pg-error${pane}`);
   const figures = document.getElementById(`pg-figures${pane}`);
@@ -43,20 +43,30 @@ async function streamInto(pane, model, system, message, sampling, csrfToken) {
   answer.textContent = ""; error.textContent = ""; figures.hidden = true;
   const messages = [...(system ? [{ role: "system", content: system }] : []), ...history,
                     { role: "user", content: message }];
-  const response = await fetch(form.dataset.url, {
-    method: "POST",
-    credentials: "same-origin",
-    headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken },
-    body: JSON.stringify({ model, messages, stream: true, ...sampling }),
-  });
-  if (!response.ok) {
-    const body = await response.json().catch(() => ({}));
-    error.textContent = body.error?.message || interpolate(gettext("The gateway answered %s."), [response.status]);
+  let response;
+  try {
+    response = await fetch(form.dataset.url, {
+      method: "POST",
+      credentials: "same-origin",
+      signal,
+      headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken },
+      body: JSON.stringify({ model, messages, stream: true, ...sampling }),
+    });
+    if (!response.ok) {
+      const body = await response.json().catch(() => ({}));
+      error.textContent = body.error?.message || interpolate(gettext("The gateway answered %s."), [response.status]);
+      return;
+    }
+    for await (const { data: chunk } of readEvents(response)) {
+      if (chunk.error) error.textContent = chunk.error.message;
+      answer.textContent += chunk.choices?.[0]?.delta?.content ?? "";
+    }
+  } catch (exc) {
+    // Stop closes the connection, and the gateway stops the engine; what was written so far stays in the chat.
+    if (exc.name !== "AbortError") throw exc;
+    history.push({ role: "user", content: message }, { role: "assistant", content: answer.textContent });
+    error.textContent = gettext("(stopped)");
     return;
-  }
-  for await (const { data: chunk } of readEvents(response)) {
-    if (chunk.error) error.textContent = chunk.error.message;
-    answer.textContent += chunk.choices?.[0]?.delta?.content ?? "";
   }
   history.push({ role: "user", content: message }, { role: "assistant", content: answer.textContent });
   const record = await readFigures(response.headers.get("X-Request-Id"));
@@ -101,16 +111,24 @@ form?.addEventListener("submit", async (event) => {
                      top_p: Number(data.get("top_p")) };
   const token = data.get("csrfmiddlewaretoken");
   const send = form.querySelector("button[type=submit]");
+  const stop = document.getElementById("pg-stop");
+  const controller = new AbortController();
+  const stopped = () => controller.abort();
   form.elements.message.value = "";
   send.disabled = true;
+  stop.addEventListener("click", stopped);
+  stop.hidden = false;
   try {
-    const chats = [streamInto("", data.get("deployment"), data.get("system"), message, sampling, token)];
+    const chats = [streamInto("", data.get("deployment"), data.get("system"), message, sampling, token,
+                              controller.signal)];
     if (data.get("compare")) {
-      chats.push(streamInto("-compare", data.get("compare"), data.get("system"), message, sampling, token));
+      chats.push(streamInto("-compare", data.get("compare"), data.get("system"), message, sampling, token,
+                            controller.signal));
     }
     await Promise.all(chats);
   } finally {
-    send.disabled = false;
+    stop.removeEventListener("click", stopped);
+    send.disabled = false; stop.hidden = true;
     showTurns();
   }
 });

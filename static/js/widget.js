@@ -80,31 +80,49 @@ function commentBox(messageId) {
   return box;
 }
 
+// Stop aborts the fetch: the connection closes, and the server stops the engine writing the answer.
 async function ask(query) {
   errorLine.textContent = "";
   turn("user", query);
   const answer = turn("assistant", "");
-  const response = await fetch(form.dataset.chatUrl, {
-    method: "POST", headers, body: JSON.stringify({ query, stream: true, conversation_id: conversationId }),
-  });
-  if (!response.ok) {
-    const body = await response.json().catch(() => ({}));
-    errorLine.textContent = body.error?.message || interpolate(gettext("The chat failed (%s)."), [response.status]);
-    answer.remove();
-    return;
-  }
-  for await (const { event, data } of readEvents(response)) {
-    if (event === "start") conversationId = data.conversation_id;
-    else if (event === "token") { answer.textContent += data.text; log.scrollTop = log.scrollHeight; }
-    else if (event === "done") {
-      answer.textContent = data.answer;
-      votes(showSources(answer, data.citations), data.message_id);
-    } else if (event === "error") {
-      // The page's language, not the API's English: the widget knows this failure by its code.
-      errorLine.textContent = data.code === "answer_failed"
-        ? interpolate(gettext("The app could not answer this question; its owners can see why in the app's logs (message %s)."), [data.message_id])
-        : data.message;
+  const send = form.querySelector("button[type=submit]");
+  const stop = document.getElementById("widget-stop");
+  const controller = new AbortController();
+  const stopped = () => controller.abort();
+  stop.addEventListener("click", stopped);
+  send.disabled = true; stop.hidden = false;
+  try {
+    const response = await fetch(form.dataset.chatUrl, {
+      method: "POST", headers, signal: controller.signal,
+      body: JSON.stringify({ query, stream: true, conversation_id: conversationId }),
+    });
+    if (!response.ok) {
+      const body = await response.json().catch(() => ({}));
+      errorLine.textContent = body.error?.message || interpolate(gettext("The chat failed (%s)."), [response.status]);
+      answer.remove();
+      return;
     }
+    for await (const { event, data } of readEvents(response)) {
+      if (event === "start") conversationId = data.conversation_id;
+      else if (event === "token") { answer.textContent += data.text; log.scrollTop = log.scrollHeight; }
+      else if (event === "done") {
+        answer.textContent = data.answer;
+        votes(showSources(answer, data.citations), data.message_id);
+      } else if (event === "error") {
+        // The page's language, not the API's English: the widget knows this failure by its code.
+        errorLine.textContent = data.code === "answer_failed"
+          ? interpolate(gettext("The app could not answer this question; its owners can see why in the app's logs (message %s)."), [data.message_id])
+          : data.message;
+      }
+    }
+  } catch (exc) {
+    if (exc.name !== "AbortError") throw exc;
+    answer.dataset.stopped = "1";
+    answer.append(Object.assign(document.createElement("span"), { className: "muted small stopped-note",
+                                                                   textContent: ` ${gettext("(stopped)")}` }));
+  } finally {
+    stop.removeEventListener("click", stopped);
+    send.disabled = false; stop.hidden = true;
   }
 }
 

@@ -15,6 +15,7 @@ from django.utils import translation
 from playwright.sync_api import expect, sync_playwright
 
 from accounts.services import SYSTEM, Actor, create_workspace
+from agent_studio.workflows.services import save_workflow
 from cluster import inventory
 from cluster.services import register_node
 from rag_studio import services as rag
@@ -34,13 +35,15 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 CHINESE_DOCUMENTS = ["huadong-plant-handbook.md", "huadong-maintenance-rules.docx", "huadong-shift-handover.txt"]
 # Every page without an object in its address; detail pages are reached by following the first link of their kind
 # on a list page.
-PAGES = ["/dashboard/", "/rag/", "/rag/evals/", "/rag/configs/new/", "/agents/", "/tools/", "/tools/new/http/",
-         "/tools/import/openapi/", "/tools/import/curl/", "/serving/", "/serving/playground/", "/enhancement/",
-         "/enhancement/jobs/new/", "/apps/", "/assets/", "/cluster/", "/keys/", "/settings/", "/no-such-page/"]
+PAGES = ["/dashboard/", "/rag/", "/rag/evals/", "/rag/configs/new/", "/agents/", "/workflows/", "/tools/",
+         "/tools/new/http/", "/tools/import/openapi/", "/tools/import/curl/", "/serving/", "/serving/playground/",
+         "/enhancement/", "/enhancement/jobs/new/", "/apps/", "/assets/", "/cluster/", "/keys/", "/settings/",
+         "/no-such-page/"]
 DETAIL_LINKS = {"/rag/": ["main a[href^='/rag/kb/']", "main a[href^='/rag/configs/']:not([href$='/new/'])"],
                 "/serving/": ["main a[href^='/serving/deployments/']:not([href$='/new/'])"],
                 "/apps/": ["main a[href^='/apps/'][href$='/']:not([href='/apps/'])"],
-                "/tools/": ["main a[href^='/tools/'][href$='/']:not([href*='new']):not([href*='import'])"]}
+                "/tools/": ["main a[href^='/tools/'][href$='/']:not([href*='new']):not([href*='import'])"],
+                "/workflows/": ["main a[href^='/workflows/'][href$='/']"]}
 # What the browser shows a person, attributes people read included; event log messages and code aside.
 VISIBLE_TEXT = """() => {
   for (const el of document.querySelectorAll(".log-message, pre, code")) el.remove();
@@ -77,6 +80,12 @@ def huadong(db):
                                  template="citations", model=presets.SMOLLM2)
     with translation.override("zh-hans"):  # published from the Chinese GUI: its first release note is Chinese
         publish_app(actor=owner, config=config, name="安全助手", slug="safety")
+    save_workflow(actor=owner, workspace=workspace, name="液位问答", graph={
+        "inputs": [{"name": "tank", "type": "string"}],
+        "nodes": [{"id": "start", "kind": "start"},
+                  {"id": "lookup", "kind": "template", "settings": {"template": "储罐 {{ start.tank }} 的液位"}},
+                  {"id": "reply", "kind": "answer", "settings": {"answer": "{{lookup.output}}"}}],
+        "edges": [{"from": "start", "to": "lookup"}, {"from": "lookup", "to": "reply"}]})
     workbridge.save_tool(actor=owner, workspace=workspace, name="query_tank_level", binding="http",
                          description="查询储罐液位",
                          parameters={"type": "object", "properties": {"tank": {"type": "string"}},

