@@ -19,6 +19,9 @@ FACTORY_MCP_POOL_SIZE, FACTORY_MCP_POOL_IDLE_S  open MCP sessions each process k
                        (16, 300 s)
 FACTORY_WORKSPACE_CREATION  staff (default) or anyone: who may create workspaces
 FACTORY_RAG_ADAPTIVE_DEFAULTS  on (default) or off: whether knowledge bases fit their default retrieval to their text
+FACTORY_RAG_INDEX_BACKEND  embedded (default) or pgvector: where new knowledge bases keep their indexes
+FACTORY_RAG_PGVECTOR_URL   the Postgres database of the pgvector backend (default: DATABASE_URL)
+FACTORY_RAG_UPLOADS_DIR    uploaded documents on storage shared by the ingesting nodes (default: in the data dir)
 FACTORY_MCP_ALLOWED_HOSTS    the names /mcp answers to (default: loopback, FACTORY_HOST, ALLOWED_HOSTS)
 FACTORY_SANDBOX        bwrap (default) or unsafe-dev: how python tools are isolated
 FACTORY_SANDBOX_MEMORY_MB, FACTORY_SANDBOX_PROCESSES  each python tool run's memory and process limits (512, 32)
@@ -307,6 +310,17 @@ RAG_INGEST_SHARED_GROUP_DOCS = int(os.environ.get("FACTORY_RAG_INGEST_SHARED_GRO
 # text, and the winner adopted where it beats the fixed default (rag_studio/evals/adaptive.py); "off" leaves every
 # knowledge base on the fixed default until someone tunes it.
 RAG_ADAPTIVE_DEFAULTS = os.environ.get("FACTORY_RAG_ADAPTIVE_DEFAULTS", "on") != "off"
+# Where new knowledge bases keep their indexes: embedded (files in this node's data dir) or pgvector (Postgres with the
+# vector extension, shared by every node: rag_studio/search/pgvector_store.py); `manage.py move_index` moves one.
+RAG_INDEX_BACKEND = os.environ.get("FACTORY_RAG_INDEX_BACKEND", "embedded")
+if RAG_INDEX_BACKEND not in ("embedded", "pgvector"):
+    raise ImproperlyConfigured(f"FACTORY_RAG_INDEX_BACKEND must be embedded or pgvector, not {RAG_INDEX_BACKEND!r}")
+# The Postgres database of the pgvector backend; by default the default database (DATABASE_URL).
+RAG_PGVECTOR_URL = os.environ.get("FACTORY_RAG_PGVECTOR_URL", "")
+# Uploaded documents, on storage every ingesting node mounts at this path when workers on several nodes ingest
+# (default: rag/kb-<id>/uploads in the data dir; a directory outside it is not in `manage.py backup`).
+RAG_UPLOADS_DIR = Path(os.environ["FACTORY_RAG_UPLOADS_DIR"]).resolve() if os.environ.get(
+    "FACTORY_RAG_UPLOADS_DIR") else None
 # The ingestion workers' processes in all (every `scripts/proc.sh worker`'s FACTORY_WORKER_CONCURRENCY): the line
 # keeps that many messages waiting in the broker, no more.
 RAG_INGEST_SLOTS = int(os.environ.get("FACTORY_RAG_INGEST_SLOTS") or os.environ.get("FACTORY_WORKER_CONCURRENCY")
@@ -323,6 +337,15 @@ WORKSPACE_MAX_JOBS = int(os.environ.get("FACTORY_WORKSPACE_MAX_JOBS", "0"))
 # A worker holds a document for this long after each step; a document whose lease ran out is resumed elsewhere.
 RAG_INGEST_LEASE_S = float(os.environ.get("FACTORY_RAG_INGEST_LEASE_S", "60"))
 RAG_STALLED_CHECK_INTERVAL_S = float(os.environ.get("FACTORY_RAG_STALLED_CHECK_INTERVAL_S", "15"))
+# The embedded index store (rag_studio/search/index_store.py): each write adds a small segment; once this many
+# segments of a similar size pile up, a background merge rewrites them as one. A segment of at least
+# RAG_INDEX_ANN_THRESHOLD chunks also gets an approximate (IVF) dense index, searched in RAG_INDEX_ANN_NPROBE of its
+# clusters; smaller ones are searched exactly.
+RAG_INDEX_MERGE_FACTOR = int(os.environ.get("FACTORY_RAG_INDEX_MERGE_FACTOR", "10"))
+RAG_INDEX_ANN_THRESHOLD = int(os.environ.get("FACTORY_RAG_INDEX_ANN_THRESHOLD", "50000"))
+RAG_INDEX_ANN_NPROBE = int(os.environ.get("FACTORY_RAG_INDEX_ANN_NPROBE", "32"))
+# "off" searches every segment exactly even where it has an IVF index (slower past a few hundred thousand chunks).
+RAG_INDEX_ANN_SEARCH = os.environ.get("FACTORY_RAG_INDEX_ANN_SEARCH", "on") != "off"
 
 # Asset bundles: this instance always trusts its own key (DATA_DIR/instance_key.pem, made on first use).
 TRUSTED_BUNDLE_KEYS = [key.strip() for key in os.environ.get("FACTORY_TRUSTED_BUNDLE_KEYS", "").split(",")
@@ -367,6 +390,8 @@ AGENT_STALLED_CHECK_INTERVAL_S = float(os.environ.get("FACTORY_AGENT_STALLED_CHE
 AGENT_QUEUE = os.environ.get("FACTORY_AGENT_QUEUE", "default")
 # The most items a workflow's iteration node goes through in one run (a longer list fails the node).
 WORKFLOW_MAX_ITERATIONS = int(os.environ.get("FACTORY_WORKFLOW_MAX_ITERATIONS", "100"))
+# How long a published workflow app's caller waits for its run before the call fails (the run goes on).
+WORKFLOW_APP_WAIT_S = float(os.environ.get("FACTORY_WORKFLOW_APP_WAIT_S", "600"))
 CELERY_BEAT_SCHEDULE = {
     "cluster-heartbeats": {
         "task": "cluster.tasks.request_heartbeats",

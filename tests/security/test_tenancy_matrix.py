@@ -117,7 +117,7 @@ MATRIX: dict[str, object] = {
     "rag-tuning-cancel": _pk("tuning"), "rag-tuning-resume": _pk("tuning"),
     "rag-tuning-rollback": _pk("tuning"), "rag-tuning": _pk("tuning", "tuning_id"),
     # runtime
-    "apps": LIST, "app-list": LIST, "new-app": LIST,
+    "apps": LIST, "app-list": LIST, "new-app": LIST, "new-app-indexing": _pk("config", "config_id"),
     **{name: Scoped("app", lambda o: {"slug": o["app"].slug}) for name in (
         "app-detail", "app-export", "app-feedback-dataset", "app-keys", "app-monitoring", "app-publish", "app-releases",
         "app-rotate-widget-token", "app-traces", "app", "app-export-gui", "app-logs", "app-monitoring-gui",
@@ -147,8 +147,15 @@ MATRIX: dict[str, object] = {
     "agent-evaluation-report": _pk("agent_eval", "evaluation_id"),
     "agent-evaluation-export-gui": _pk("agent_eval", "evaluation_id"),
     # agent_studio.workflows
-    "workflow-list": LIST, "workflow-run-list": LIST, "workflow-validate": OWN,
-    **{name: _pk("workflow") for name in ("workflow-detail", "workflow-run", "workflow-versions")},
+    "workflow-list": LIST, "workflow-run-list": LIST, "workflow-validate": OWN, "workflows": LIST,
+    **{name: _pk("workflow", "workflow_id") for name in ("workflow", "workflow-delete")},
+    # The shipped templates (the same for every workspace); POST makes a workflow in the caller's own.
+    "workflow-template-list": OWN,
+    **{name: _pk("workflow") for name in ("workflow-detail", "workflow-run", "workflow-versions",
+                                          "workflow-scenarios", "workflow-evaluations")},
+    "workflow-delete-scenario": Scoped("workflow_scenario", lambda o: {"pk": o["workflow"].pk,
+                                                                       "scenario_id": o["workflow_scenario"].pk}),
+    **{name: _pk("workflow_eval") for name in ("workflow-evaluation-detail", "workflow-evaluation-cancel")},
     **{name: Scoped("workflow_run", lambda o: {"public_id": o["workflow_run"].public_id}) for name in (
         "workflow-run-detail", "workflow-run-cancel", "workflow-run-events")},
     # enhancement
@@ -283,6 +290,10 @@ def tenancy(make_workspace, presets, settings):  # noqa: F811
         "edges": [{"from": "start", "to": "end"}]})
     o["workflow_run"] = WorkflowRun.objects.create(workspace=acme, workflow=o["workflow"], workflow_name="acme-flow",
                                                    version=o["workflow"].versions.first(), caller="debug")
+    from agent_studio.workflows.models import WorkflowEvalRun, WorkflowScenario
+    o["workflow_scenario"] = WorkflowScenario.objects.create(workflow=o["workflow"], name="acme-case")
+    o["workflow_eval"] = WorkflowEvalRun.objects.create(workflow=o["workflow"],
+                                                        version=o["workflow"].versions.first())
     o["dataset"] = enhancement_services.upload_dataset(
         actor=ann, workspace=acme, name="acme-data", filename="data.jsonl",
         content=b'{"instruction": "Say hi", "output": "Hi"}\n' * 12)
