@@ -8,9 +8,10 @@ the catalogue has it: a stage name, a state, another known message). A message o
 through the catalogue (a fixed sentence) or as stored (an exception's text). Rows written before a template
 existed read in the reader's language as soon as the template does."""
 
+import html
 import re
 
-from django.utils.html import escape, format_html
+from django.utils.html import escape, format_html, strip_tags
 from django.utils.module_loading import autodiscover_modules
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext
@@ -23,8 +24,10 @@ _discovered = False
 class LogMessage:
     """One message of an event log, as its English template (also the catalogue's msgid)."""
 
-    def __init__(self, template: str):
-        self.template = template
+    def __init__(self, template: str, *, verbatim: tuple[str, ...] = ()):
+        """`verbatim`: the placeholders whose values are never translated (a node's id, a JSON key), even when
+        they happen to be a word the catalogue has."""
+        self.template, self.verbatim = template, verbatim
         parts = _PLACEHOLDER.split(template)
         self.pattern = re.compile("".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>.*?)"
                                           for i, part in enumerate(parts)), re.DOTALL)
@@ -48,9 +51,19 @@ def rendered(stored: str) -> SafeString:
 def _rendered(stored: str, *, as_value: bool) -> SafeString:
     for message in _TEMPLATES:
         if match := message.pattern.fullmatch(stored):
-            values = {name: _rendered(value, as_value=True) for name, value in match.groupdict().items()}
+            values = {name: _value(value) if name in message.verbatim else _rendered(value, as_value=True)
+                      for name, value in match.groupdict().items()}
             return mark_safe(escape(gettext(message.template)) % values)
     translated = gettext(stored) if stored else stored
     if as_value and translated == stored:
-        return format_html('<span class="log-value">{}</span>', stored)
+        return _value(stored)
     return escape(translated)
+
+
+def _value(value: str) -> SafeString:
+    return format_html('<span class="log-value">{}</span>', value)
+
+
+def as_text(stored: str) -> str:
+    """A stored message as plain text in the active language, for an API's readers (a page's script)."""
+    return html.unescape(strip_tags(rendered(stored)))

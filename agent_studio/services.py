@@ -67,7 +67,8 @@ def save_agent(*, actor: Actor, workspace: Workspace, agent: Agent | None = None
                 agent.version += 1
             agent.save()
     except IntegrityError:
-        raise Conflict(f"This workspace already has an agent called '{name}'.", fields={"name": ["Taken."]})
+        raise Conflict(_("This workspace already has an agent called '%(name)s'.") % {"name": name},
+                       fields={"name": ["Taken."]})
     if changed:
         AgentVersion.objects.create(agent=agent, number=agent.version, settings=checked,
                                     checksum=payload_checksum(checked))
@@ -91,10 +92,12 @@ def delete_agent(*, actor: Actor, agent: Agent, runs: str) -> None:
     teams = [team.name for team in Agent.objects.filter(workspace=agent.workspace).exclude(pk=agent.pk)
              if agent.pk in team.settings.get("sub_agents", [])]
     if teams:
-        raise Conflict(f"'{agent.name}' is a member of the team(s) {', '.join(teams)}; remove it from them first.")
+        raise Conflict(_("'%(agent)s' is a member of the team(s) %(teams)s; remove it from them first.")
+                       % {"agent": agent.name, "teams": ", ".join(teams)})
     unfinished = agent.runs.exclude(status__in=FINAL_RUN_STATES).count()
     if unfinished:
-        raise Conflict(f"'{agent.name}' has {unfinished} unfinished run(s); wait for them or cancel them first.")
+        raise Conflict(_("'%(name)s' has %(count)d unfinished run(s); wait for them or cancel them first.")
+                       % {"name": agent.name, "count": unfinished})
     record_audit(actor=actor, workspace=agent.workspace, action="agent.delete", target=agent,
                  detail={"name": agent.name, "runs": runs})
     forget_asset(workspace=agent.workspace, kind=AssetKind.AGENT, ref_id=agent.pk)
@@ -108,7 +111,7 @@ def delete_agent(*, actor: Actor, agent: Agent, runs: str) -> None:
             agent.delete()
     except ProtectedError:
         # Runs and evaluations no longer hold an agent's versions; what still does is a published app's release.
-        raise Conflict(f"'{agent.name}' is published as an app; delete the app first.")
+        raise Conflict(_("'%(name)s' is published as an app; delete the app first.") % {"name": agent.name})
 
 
 def require_developer(*, actor: Actor, agent: Agent) -> None:
@@ -118,7 +121,8 @@ def require_developer(*, actor: Actor, agent: Agent) -> None:
 def agent_version(agent: Agent, number: int | None = None) -> AgentVersion:
     version = agent.versions.filter(number=number).first() if number else agent.versions.first()
     if version is None:
-        raise ValidationFailed(f"'{agent.name}' has no version {number}.", fields={"version": ["Unknown."]})
+        raise ValidationFailed(_("'%(name)s' has no version %(number)s.") % {"name": agent.name, "number": number},
+                               fields={"version": ["Unknown."]})
     return version
 
 
@@ -126,7 +130,8 @@ def clean_input(value) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValidationFailed("'input' must be a non-empty string.", fields={"input": ["Required."]})
     if len(value) > MAX_INPUT_CHARS:
-        raise ValidationFailed(f"'input' is {len(value)} characters; the limit is {MAX_INPUT_CHARS}.",
+        raise ValidationFailed(_("'input' is %(length)s characters; the limit is %(limit)s.")
+                               % {"length": len(value), "limit": MAX_INPUT_CHARS},
                                fields={"input": ["Too long."]})
     return value.strip()
 
@@ -141,16 +146,18 @@ def _thread(agent: Agent, thread_id, end_user: str, source: str) -> AgentThread:
     thread = AgentThread.objects.filter(agent=agent, end_user=end_user, public_id=public_id).first() \
         if public_id else None
     if thread is None:
-        raise NotFound(f"Conversation '{thread_id}' not found for this user of '{agent.name}'.")
+        raise NotFound(_("Conversation '%(thread)s' not found for this user of '%(agent)s'.")
+                       % {"thread": thread_id, "agent": agent.name})
     return thread
 
 
 def conversation_thread(*, agent: Agent, public_id, end_user: str) -> AgentThread:
     """The thread of a published app's conversation, which shares its id; made on the conversation's first turn."""
-    thread, _ = AgentThread.objects.get_or_create(public_id=public_id, defaults={
+    thread, _created = AgentThread.objects.get_or_create(public_id=public_id, defaults={
         "agent": agent, "end_user": end_user, "source": ThreadSource.APP})
     if thread.agent_id != agent.pk or thread.end_user != end_user:
-        raise NotFound(f"Conversation '{public_id}' not found for this user of '{agent.name}'.")
+        raise NotFound(_("Conversation '%(thread)s' not found for this user of '%(agent)s'.")
+                       % {"thread": public_id, "agent": agent.name})
     return thread
 
 
@@ -166,13 +173,14 @@ def start_run(*, actor: Actor | None, agent: Agent, input, thread_id=None, end_u
         run_as = actor.user
     text = clean_input(input)
     if not isinstance(end_user, str) or len(end_user) > MAX_END_USER_CHARS:
-        raise ValidationFailed(f"'user' must be a string of at most {MAX_END_USER_CHARS} characters.",
+        raise ValidationFailed(_("'user' must be a string of at most %(limit)s characters.")
+                               % {"limit": MAX_END_USER_CHARS},
                                fields={"user": ["Invalid."]})
     thread = _thread(agent, thread_id, end_user or (run_as.username if run_as else "anonymous"), source)
     busy = thread.runs.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL]).first()
     if busy is not None:
-        raise Conflict(f"The conversation is still busy with run {busy.public_id} ({busy.status}); wait for it, "
-                       f"approve its plan or cancel it first.")
+        raise Conflict(_("The conversation is still busy with run %(run)s (%(status)s); wait for it, approve its "
+                         "plan or cancel it first.") % {"run": busy.public_id, "status": busy.status})
     run = AgentRun.objects.create(workspace=agent.workspace, agent=agent, version=version or agent_version(agent),
                                   thread=thread, caller=caller[:64], input=text, prior_messages=prior_messages or [],
                                   created_by=run_as)
@@ -189,7 +197,8 @@ def approve_plan(*, actor: Actor | None, run: AgentRun, plan) -> AgentRun:
         require_role(actor=actor, workspace=run.workspace, role=Role.DEVELOPER)
     run = AgentRun.objects.select_for_update().get(pk=run.pk)
     if run.status != RunStatus.AWAITING_APPROVAL:
-        raise Conflict(f"The run is {run.status}; only a run awaiting approval of its plan can be resumed.")
+        raise Conflict(_("The run is %(status)s; only a run awaiting approval of its plan can be resumed.")
+                       % {"status": run.status})
     steps = config.check_plan(plan)
     run.status, run.plan = RunStatus.QUEUED, steps
     run.save(update_fields=["status", "plan"])
@@ -205,7 +214,7 @@ def cancel_run(*, actor: Actor | None, run: AgentRun) -> AgentRun:
         require_role(actor=actor, workspace=run.workspace, role=Role.DEVELOPER)
     run = AgentRun.objects.select_for_update().get(pk=run.pk)
     if run.finished:
-        raise Conflict(f"The run is already {run.status}.")
+        raise Conflict(_("The run is already %(status)s.") % {"status": run.status})
     run.cancel_requested = True
     fields = ["cancel_requested"]
     if run.status in (RunStatus.QUEUED, RunStatus.AWAITING_APPROVAL):
@@ -259,11 +268,12 @@ def check_answer_checks(checks) -> None:
     """A scenario's checks on the answer (an agent's or a workflow's), or the 400 naming the one at fault."""
     if not isinstance(checks, list) or not all(isinstance(c, dict) and c.get("kind") in SCENARIO_CHECK_KINDS
                                                for c in checks):
-        raise ValidationFailed(f"'checks' must be a list of {{kind, ...}} with kind one of "
-                               f"{', '.join(sorted(SCENARIO_CHECK_KINDS))}.", fields={"checks": ["Invalid."]})
+        raise ValidationFailed(_("'checks' must be a list of {kind, ...} with kind one of %(kinds)s.")
+                               % {"kinds": ", ".join(sorted(SCENARIO_CHECK_KINDS))}, fields={"checks": ["Invalid."]})
     for check in checks:
         if check["kind"] in ("contains", "not_contains", "regex", "judge") and not isinstance(check.get("value"), str):
-            raise ValidationFailed(f"A '{check['kind']}' check needs a text 'value'.", fields={"checks": ["Invalid."]})
+            raise ValidationFailed(_("A '%(kind)s' check needs a text 'value'.") % {"kind": check["kind"]},
+                                   fields={"checks": ["Invalid."]})
         if check["kind"] == "json_field" and not isinstance(check.get("path"), str):
             raise ValidationFailed("A 'json_field' check needs a 'path' and a 'value'.",
                                    fields={"checks": ["Invalid."]})
@@ -271,7 +281,8 @@ def check_answer_checks(checks) -> None:
             try:
                 re.compile(check["value"])
             except re.error as exc:
-                raise ValidationFailed(f"The regex '{check['value']}' does not compile: {exc}.",
+                raise ValidationFailed(_("The regex '%(regex)s' does not compile: %(error)s.")
+                                       % {"regex": check["value"], "error": exc},
                                        fields={"checks": ["Invalid regex."]})
 
 
@@ -293,7 +304,8 @@ def save_scenario(*, actor: Actor, agent: Agent, scenario: Scenario | None = Non
                 Scenario.objects.filter(pk=scenario.pk).update(**fields)
                 scenario.refresh_from_db()
     except IntegrityError:
-        raise Conflict(f"'{agent.name}' already has a scenario called '{fields['name']}'.")
+        raise Conflict(_("'%(agent)s' already has a scenario called '%(name)s'.")
+                       % {"agent": agent.name, "name": fields["name"]})
     return scenario
 
 
@@ -326,8 +338,8 @@ def cancel_evaluation(*, actor: Actor, evaluation: AgentEvalRun) -> AgentEvalRun
     require_role(actor=actor, workspace=evaluation.agent.workspace, role=Role.DEVELOPER)
     if not AgentEvalRun.objects.filter(pk=evaluation.pk, status__in=[EvalStatus.QUEUED, EvalStatus.RUNNING]) \
             .update(status=EvalStatus.CANCELLED, finished_at=timezone.now()):
-        raise Conflict(f"Evaluation {evaluation.pk} is {evaluation.status}; only a queued or running one can be "
-                       f"cancelled.")
+        raise Conflict(_("Evaluation %(id)s is %(status)s; only a queued or running one can be cancelled.")
+                       % {"id": evaluation.pk, "status": evaluation.status})
     from agent_studio.tasks import run_evaluation
 
     queues.withdraw(queues.INTERACTIVE, run_evaluation.name, [evaluation.pk])

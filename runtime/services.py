@@ -50,7 +50,8 @@ def _rate_limit(value, field: str = "rate_limit") -> int:
     except (TypeError, ValueError):
         limit = 0
     if not 1 <= limit <= MAX_RATE_LIMIT:
-        raise ValidationFailed(f"The rate limit is in requests per minute, 1 to {MAX_RATE_LIMIT}.",
+        raise ValidationFailed(gettext("The rate limit is in requests per minute, 1 to %(limit)s.")
+                               % {"limit": MAX_RATE_LIMIT},
                                fields={field: ["Out of range."]})
     return limit
 
@@ -64,8 +65,9 @@ def _origins(values) -> list[str]:
             continue
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query:
-            raise ValidationFailed(f"'{value}' is not an origin; write it as https://intranet.example.com "
-                                   f"(scheme, host and port, no path).", fields={"allowed_origins": ["Invalid."]})
+            raise ValidationFailed(gettext("'%(origin)s' is not an origin; write it as https://intranet.example.com "
+                                           "(scheme, host and port, no path).") % {"origin": value},
+                                   fields={"allowed_origins": ["Invalid."]})
         origin = f"{parts.scheme}://{parts.netloc.lower()}"
         if origin not in origins:
             origins.append(origin)
@@ -127,7 +129,8 @@ def publish_app(*, actor: Actor, config: RagConfig | None = None, agent: Agent |
                                  else "rag_config",
                                  "version": release.version.number})
     except IntegrityError:
-        raise Conflict(f"The slug '{slug}' is taken; choose another.", fields={"slug": ["Already in use."]})
+        raise Conflict(gettext("The slug '%(slug)s' is taken; choose another.") % {"slug": slug},
+                       fields={"slug": ["Already in use."]})
     return app
 
 
@@ -151,8 +154,8 @@ def roll_back(*, actor: Actor, app: App, number: int) -> Release:
         earlier = app.releases.filter(number=number).select_related("config_version", "agent_version",
                                                                      "workflow_version").first()
         if earlier is None:
-            raise NotFound(f"Release {number} of '{app.slug}' not found.")
-        release = _release(actor=actor, app=app, note=f"Rollback to release {number}",
+            raise NotFound(gettext("Release %(number)s of '%(app)s' not found.") % {"number": number, "app": app.slug})
+        release = _release(actor=actor, app=app, note=gettext("Rollback to release %(number)s") % {"number": number},
                            config_version_=earlier.config_version, agent_version_=earlier.agent_version,
                            workflow_version_=earlier.workflow_version)
         record_audit(actor=actor, workspace=app.workspace, action="app.rollback", target=app,
@@ -168,7 +171,8 @@ MAX_OPENER_CHARS = 2000
 def _opener(value) -> str:
     opener = str(value).strip()
     if len(opener) > MAX_OPENER_CHARS:
-        raise ValidationFailed(f"The opener is {len(opener)} characters; keep it to {MAX_OPENER_CHARS}.",
+        raise ValidationFailed(gettext("The opener is %(length)s characters; keep it to %(limit)s.")
+                               % {"length": len(opener), "limit": MAX_OPENER_CHARS},
                                fields={"opener": ["Too long."]})
     return opener
 
@@ -179,12 +183,14 @@ def _suggested_questions(values) -> list[str]:
                                fields={"suggested_questions": ["Invalid."]})
     questions = [value.strip() for value in values if value.strip()]
     if len(questions) > MAX_SUGGESTED_QUESTIONS:
-        raise ValidationFailed(f"{len(questions)} suggested questions; the web chat shows at most "
-                               f"{MAX_SUGGESTED_QUESTIONS}.", fields={"suggested_questions": ["Too many."]})
+        raise ValidationFailed(gettext("%(count)s suggested questions; the web chat shows at most %(limit)s.")
+                               % {"count": len(questions), "limit": MAX_SUGGESTED_QUESTIONS},
+                               fields={"suggested_questions": ["Too many."]})
     for question in questions:
         if len(question) > MAX_SUGGESTED_QUESTION_CHARS:
-            raise ValidationFailed(f"The suggested question '{question[:40]}…' is longer than "
-                                   f"{MAX_SUGGESTED_QUESTION_CHARS} characters.",
+            raise ValidationFailed(gettext("The suggested question '%(question)s…' is longer than %(limit)s "
+                                           "characters.")
+                                   % {"question": question[:40], "limit": MAX_SUGGESTED_QUESTION_CHARS},
                                    fields={"suggested_questions": ["Too long."]})
     return questions
 
@@ -321,7 +327,8 @@ def record_feedback(*, app: App, message_id: str, rating, comment: str = "") -> 
         raise ValidationFailed("'rating' must be \"up\" or \"down\".", fields={"rating": ["Invalid."]})
     trace = Trace.objects.filter(app=app, public_id=message_id).first() if _is_uuid(message_id) else None
     if trace is None:
-        raise NotFound(f"No message '{message_id}' in the app '{app.slug}'.")
+        raise NotFound(gettext("No message '%(message)s' in the app '%(app)s'.")
+                       % {"message": message_id, "app": app.slug})
     feedback, _ = Feedback.objects.update_or_create(
         trace=trace, defaults={"rating": RATINGS[rating], "comment": str(comment or "")[:4000]})
     return feedback
@@ -384,7 +391,7 @@ def feedback_to_dataset(*, actor: Actor, app: App, name: str = "") -> Dataset:
     pairs = [(trace.query, trace.answer) for trace in Trace.objects.filter(
         app=app, feedback__rating__gt=0, status=TraceStatus.OK).exclude(answer="").order_by("created_at")]
     if not pairs:
-        raise ValidationFailed(f"No up-voted answer of '{app.slug}' to export yet.")
+        raise ValidationFailed(gettext("No up-voted answer of '%(app)s' to export yet.") % {"app": app.slug})
     return dataset_from_pairs(actor=actor, workspace=app.workspace, name=name.strip() or f"{app.slug}-feedback",
                               pairs=pairs)
 

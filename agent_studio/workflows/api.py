@@ -9,6 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from accounts.errors import NotFound
+from accounts.log_messages import as_text
 from accounts.permissions import WorkspaceScopedMixin
 from agent_studio import streaming as agent_streaming
 from agent_studio.workflows import catalog, selectors, services, streaming
@@ -77,9 +78,12 @@ class FromTemplateSerializer(serializers.Serializer):
 
 
 def run_detail(run: WorkflowRun) -> dict:
+    """The run with its nodes; each error as stored (English, as the worker wrote it) and as `error_text`, in the
+    request's language."""
+    nodes = [node | {"error_text": as_text(node["error"])} for node in selectors.node_trace(run)]
     return run_payload(run) | {"workflow": run.workflow_name, "version": run.version.number if run.version else None,
-                               "caller": run.caller, "created_at": run.created_at,
-                               "nodes": selectors.node_trace(run)}
+                               "caller": run.caller, "created_at": run.created_at, "error_text": as_text(run.error),
+                               "nodes": nodes}
 
 
 class WorkflowViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):

@@ -16,7 +16,7 @@ from langchain_core.messages import AIMessageChunk, HumanMessage, SystemMessage
 
 from accounts.errors import ApplicationError
 from accounts.services import Actor
-from agent_studio import runner as agent_runner
+from agent_studio import log_messages, runner as agent_runner
 from agent_studio.models import Agent, AgentRun, AgentThread, RunStatus, ThreadSource
 from agent_studio.strategies import GatewayError, gateway_model
 from agent_studio.workflows.graph import ITEM, REFERENCE, VARIABLE
@@ -56,10 +56,10 @@ class Context:
 def lookup(values: dict, node: str, name: str, path: list[str]):
     where = ".".join([node, name, *path])
     if node not in values:
-        raise NodeError(f"'{where}' has no value: node '{node}' did not run (it is on a branch not taken).")
+        raise NodeError(log_messages.NOT_RUN(where=where, node=node))
     value = values[node]
     if name not in value:
-        raise NodeError(f"'{where}' has no value: node '{node}' has no output '{name}'.")
+        raise NodeError(log_messages.NO_OUTPUT(where=where, node=node, name=name))
     value = value[name]
     for part in path:
         if isinstance(value, dict) and part in value:
@@ -67,7 +67,7 @@ def lookup(values: dict, node: str, name: str, path: list[str]):
         elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
             value = value[int(part)]
         else:
-            raise NodeError(f"'{where}' has no value: there is no '{part}' in {json.dumps(value)[:200]}.")
+            raise NodeError(log_messages.NO_PART(where=where, part=part, value=json.dumps(value)[:200]))
     return value
 
 
@@ -104,7 +104,7 @@ def _chat(context: Context, settings: dict, messages: list, schema: dict | None)
         reply = _streamed(model, messages, context.on_token) if schema is None and context.on_token else \
             model.invoke(messages)
     except GatewayError as exc:
-        raise NodeError(f"The model call failed: {exc}") from exc
+        raise NodeError(log_messages.MODEL_CALL_FAILED(error=exc)) from exc
     usage = reply.usage_metadata or {}
     context.input_tokens += usage.get("input_tokens") or 0
     context.output_tokens += usage.get("output_tokens") or 0
@@ -114,10 +114,10 @@ def _chat(context: Context, settings: dict, messages: list, schema: dict | None)
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise NodeError(f"The model's reply is not JSON ({exc}): {text[:200]}") from exc
+        raise NodeError(log_messages.REPLY_NOT_JSON(error=exc, reply=text[:200])) from exc
     problem = next(Draft202012Validator(schema).iter_errors(value), None)
     if problem is not None:
-        raise NodeError(f"The model's JSON does not fit the schema: {problem.message}")
+        raise NodeError(log_messages.JSON_OFF_SCHEMA(problem=problem.message))
     return value
 
 
@@ -156,7 +156,7 @@ def classifier(context: Context, settings: dict) -> dict:
 def knowledge(context: Context, settings: dict) -> dict:
     kb = KnowledgeBase.objects.filter(workspace_id=context.workspace_id, pk=settings["knowledge_base"]).first()
     if kb is None:
-        raise NodeError(f"Knowledge base {settings['knowledge_base']} no longer exists.")
+        raise NodeError(log_messages.KNOWLEDGE_BASE_GONE(id=settings["knowledge_base"]))
     query = render(settings["query"], context.values)
     context.shown = {"query": query}
     try:
@@ -173,7 +173,7 @@ def tool(context: Context, settings: dict) -> dict:
     found = Tool.objects.filter(workspace_id=context.workspace_id, pk=settings["tool"]).select_related(
         "workspace", "spec", "mcp_server").first()
     if found is None:
-        raise NodeError(f"Tool {settings['tool']} no longer exists.")
+        raise NodeError(log_messages.TOOL_GONE(id=settings["tool"]))
     arguments = {name: resolve(value, context.values) for name, value in settings["arguments"].items()}
     context.shown = {"tool": found.name, "arguments": arguments}
     try:
@@ -181,7 +181,7 @@ def tool(context: Context, settings: dict) -> dict:
     except ApplicationError as exc:
         raise NodeError(exc.message) from exc
     if not result.ok:
-        raise NodeError(f"{found.name} failed: {result.invocation.error}")
+        raise NodeError(log_messages.TOOL_FAILED(tool=found.name, error=result.invocation.error))
     return {"output": result.output}
 
 
@@ -203,7 +203,7 @@ def _number(value, where: str) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise NodeError(f"'{where}' is {json.dumps(value)[:100]}, not a number.") from None
+        raise NodeError(log_messages.NOT_A_NUMBER(where=where, value=json.dumps(value)[:100])) from None
 
 
 def _holds(rule: dict, values: dict) -> bool:
@@ -241,7 +241,7 @@ def template(context: Context, settings: dict) -> dict:
     try:
         return {"output": _compiled(settings["template"]).render(context.values)}
     except TemplateError as exc:
-        raise NodeError(f"The template could not be rendered: {exc}") from exc
+        raise NodeError(log_messages.TEMPLATE_FAILED(error=exc)) from exc
 
 
 def http(context: Context, settings: dict) -> dict:
@@ -256,7 +256,7 @@ def http(context: Context, settings: dict) -> dict:
     except egress.EgressRefused as exc:
         raise NodeError(str(exc)) from exc
     if answer.status_code >= 400:
-        raise NodeError(f"{settings['method']} {url} answered {answer.status_code}.")
+        raise NodeError(log_messages.HTTP_REFUSED(method=settings["method"], url=url, status=answer.status_code))
     output = answer.text
     if "json" in answer.headers.get("content-type", ""):
         try:
@@ -269,11 +269,10 @@ def http(context: Context, settings: dict) -> dict:
 def iteration(context: Context, settings: dict) -> dict:
     items = variable(context.values, settings["items"])
     if not isinstance(items, list):
-        raise NodeError(f"'{settings['items']}' is {type(items).__name__}, not a list.")
+        raise NodeError(log_messages.NOT_A_LIST(items=settings["items"], type=type(items).__name__))
     limit = conf.WORKFLOW_MAX_ITERATIONS
     if len(items) > limit:
-        raise NodeError(f"'{settings['items']}' has {len(items)} items; an iteration goes through at most {limit} "
-                        f"(WORKFLOW_MAX_ITERATIONS).")
+        raise NodeError(log_messages.TOO_MANY_ITEMS(items=settings["items"], count=len(items), limit=limit))
     body = settings["do"]
     results = []
     for index, item in enumerate(items):
@@ -295,7 +294,7 @@ def aggregator(context: Context, settings: dict) -> dict:
             continue
         if value is not None:
             return {"output": value}
-    raise NodeError(f"None of {', '.join(settings['variables'])} has a value.")
+    raise NodeError(log_messages.NO_VARIABLE_VALUE(variables=", ".join(settings["variables"])))
 
 
 def agent(context: Context, settings: dict) -> dict:
@@ -303,11 +302,11 @@ def agent(context: Context, settings: dict) -> dict:
     agent run keeps its own steps."""
     found = Agent.objects.filter(workspace_id=context.workspace_id, pk=settings["agent"]).first()
     if found is None:
-        raise NodeError(f"Agent {settings['agent']} no longer exists.")
+        raise NodeError(log_messages.AGENT_GONE(id=settings["agent"]))
     text = render(settings["input"], context.values).strip()
     context.shown = {"agent": found.name, "input": text}
     if not text:
-        raise NodeError("The agent's input is empty.")
+        raise NodeError(log_messages.AGENT_INPUT_EMPTY())
     thread = AgentThread.objects.create(agent=found, end_user=context.caller, source=ThreadSource.DEBUG)
     run = AgentRun.objects.create(workspace_id=context.workspace_id, agent=found, version=found.versions.first(),
                                   thread=thread, caller=context.caller, input=text, created_by=context.actor.user)
@@ -316,7 +315,8 @@ def agent(context: Context, settings: dict) -> dict:
     context.input_tokens += run.input_tokens
     context.output_tokens += run.output_tokens
     if run.status != RunStatus.DONE:
-        raise NodeError(f"The agent's run {run.public_id} ended {run.status}: {run.error or 'no answer'}")
+        raise NodeError(log_messages.AGENT_RUN_ENDED(run=run.public_id, status=run.status,
+                                                     error=run.error or "no answer"))
     return {"output": run.answer, "run_id": str(run.public_id)}
 
 

@@ -24,7 +24,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
 from accounts.services import Actor
-from agent_studio import events
+from agent_studio import events, log_messages
 from agent_studio.models import RunStatus
 from agent_studio.runner import LeaseKeeper
 from agent_studio.tracing import RunCancelled
@@ -41,7 +41,7 @@ _leases = LeaseKeeper(WorkflowRun)
 
 class NodeFailed(Exception):
     def __init__(self, node_id: str, reason: str):
-        super().__init__(f"Node '{node_id}' failed: {reason}")
+        super().__init__(log_messages.NODE_FAILED(node=node_id, reason=reason))
 
 
 def _merge(old: dict, new: dict) -> dict:
@@ -126,7 +126,7 @@ class Execution:
         if now - self.cancel_checked >= CANCEL_CHECK_S:
             self.cancel_checked = now
             if WorkflowRun.objects.filter(pk=self.run.pk, cancel_requested=True).exists():
-                raise RunCancelled("The run was cancelled.")
+                raise RunCancelled(log_messages.RUN_CANCELLED())
 
     def _live(self, edge: dict, state: State) -> bool:
         source = edge["from"]
@@ -310,7 +310,7 @@ def execute(run_pk: int, *, owner: str) -> None:
     started = time.perf_counter()
     if run.attempts > MAX_ATTEMPTS:
         _finish(run, owner, RunStatus.FAILED,
-                error=f"The run was interrupted {MAX_ATTEMPTS} times (its worker stopped); giving up.")
+                error=log_messages.RUN_INTERRUPTED(attempts=MAX_ATTEMPTS))
         return
     with _leases.kept(run.pk, owner):
         _run(run, owner, started)
@@ -331,7 +331,7 @@ def _run(run: WorkflowRun, owner: str, started: float) -> None:
         answers = {node["id"]: state["outputs"][node["id"]] for node in run.version.graph["nodes"]
                    if node["kind"] == "answer" and state["settled"].get(node["id"]) == NodeStatus.DONE}
         if not answers:
-            _finish(run, owner, RunStatus.FAILED, error="The run reached no answer node.", elapsed_ms=elapsed())
+            _finish(run, owner, RunStatus.FAILED, error=log_messages.NO_ANSWER_NODE(), elapsed_ms=elapsed())
             return
         _finish(run, owner, RunStatus.DONE, answer="\n\n".join(nodes.as_text(a["output"]) for a in answers.values()),
                 outputs=answers, elapsed_ms=elapsed())

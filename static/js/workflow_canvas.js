@@ -730,7 +730,7 @@
       if (record.inputs && Object.keys(record.inputs).length) {
         form.append(make("h3", {textContent: gettext("Inputs")}), make("pre", {textContent: JSON.stringify(record.inputs, null, 2)}));
       }
-      if (record.error) form.append(make("p", {className: "msg error", textContent: record.error}));
+      if (record.error) form.append(make("p", {className: "msg error", textContent: record.error_text || record.error}));
       else if (record.outputs) form.append(make("h3", {textContent: gettext("Outputs")}), make("pre", {className: "wf-node-outputs", textContent: JSON.stringify(record.outputs, null, 2)}));
     }
   };
@@ -858,7 +858,7 @@
     }
     lastRun[record.node] = record;
     const timing = record.latency_ms !== null && record.latency_ms !== undefined ? `${Math.round(record.latency_ms)} ms · ` : "";
-    if (record.status === "failed") result.textContent = timing + (record.error || "");
+    if (record.status === "failed") result.textContent = timing + (record.error_text || record.error || "");
     else if (record.status === "skipped") result.textContent = STATUS_LABELS.skipped;
     else result.textContent = timing + clip(asText(record.outputs?.output ?? record.outputs ?? ""), 140);
     if (selected === dfId) showNode(dfId);
@@ -871,7 +871,7 @@
     $(".wf-run-timing").textContent = detail.latency_ms ? `${Math.round(detail.latency_ms)} ms` : "";
     if (detail.answer !== undefined) $(".wf-run-answer").textContent = detail.answer;
     const error = $(".wf-run-error");
-    error.textContent = detail.error || "";
+    error.textContent = detail.error_text || detail.error || "";
     error.hidden = !detail.error;
   };
   const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -890,6 +890,12 @@
           else if (["done", "error", "cancelled"].includes(event)) {
             runStatus(payload.status || event, payload);
             done = true;
+            // The events carry errors as the worker wrote them (English); the run's record has them in the page's language.
+            const detail = event === "done" ? null : await api("GET", `${API}runs/${id}/`).catch(() => null);
+            if (detail && id === runId) {
+              detail.nodes.forEach(paint);
+              runStatus(detail.status, detail);
+            }
             break;
           }
         }

@@ -71,3 +71,31 @@ def test_drf_field_errors_read_in_chinese(api):
     assert english.status_code == chinese.status_code == 400
     assert english.json()["error"]["message"] == "model: This field is required."
     assert chinese.json()["error"]["message"] == "model: 该字段是必填项。"
+
+
+ANSWERING_WORKFLOW = {"inputs": [{"name": "question", "type": "string"}],
+                      "nodes": [{"id": "start", "kind": "start"},
+                                {"id": "reply", "kind": "answer", "settings": {"answer": "{{start.question}}"}}],
+                      "edges": [{"from": "start", "to": "reply"}]}
+
+
+def test_an_agent_studio_message_built_with_values_reads_in_chinese(api):
+    workflow = api.post("/api/workflows/", {"name": "faq", "graph": ANSWERING_WORKFLOW}, format="json").json()
+
+    english, chinese = both(api, "post", f"/api/workflows/{workflow['id']}/scenarios/",
+                            {"name": "greeting", "inputs": {"question": "Hi"}, "checks": [{"kind": "contains"}]})
+
+    assert english.status_code == chinese.status_code == 400
+    assert english.json()["error"]["message"] == "A 'contains' check needs a text 'value'."
+    assert chinese.json()["error"]["message"] == "“contains”检查需要文本类型的“value”。"
+
+
+def test_a_runtime_message_built_with_values_reads_in_chinese(api):
+    workflow = api.post("/api/workflows/", {"name": "faq", "graph": ANSWERING_WORKFLOW}, format="json").json()
+    assert api.post("/api/runtime/apps/", {"workflow": workflow["id"], "slug": "faq"}, format="json").status_code == 201
+
+    english, chinese = both(api, "post", "/api/runtime/apps/", {"workflow": workflow["id"], "slug": "faq"})
+
+    assert english.status_code == chinese.status_code == 409
+    assert english.json()["error"]["message"] == "The slug 'faq' is taken; choose another."
+    assert chinese.json()["error"]["message"] == "标识“faq”已被占用；请换一个。"
