@@ -2,11 +2,14 @@
 English, by a worker that has no reader's language, and shown in the language of whoever reads them later.
 
 Each app declares its messages as LogMessage templates in its own `log_messages.py`, with %(name)s placeholders,
-and writes them with the template's values filled in. A page translates a stored message by finding the template
-it was made from and filling the template's translation with the same values (each value translated too, where
-the catalogue has it: a stage name, a state, another known message). A message of no known template is shown
-through the catalogue (a fixed sentence) or as stored (an exception's text). Rows written before a template
-existed read in the reader's language as soon as the template does."""
+and writes them with the template's values filled in. `LogMessage("...")` is itself the catalogue's marker:
+makemessages (accounts/management/commands/makemessages.py) takes its text as a msgid.
+
+A page translates a stored message by finding the template it was made from and filling the template's
+translation with the same values (each value translated too, where the catalogue has it: a stage name, a state,
+another known message). A message of no known template is shown through the catalogue (a fixed sentence) or as
+stored (an exception's text). Rows written before a template existed read in the reader's language as soon as the
+template does."""
 
 import html
 import re

@@ -96,6 +96,18 @@ class EvalRunSerializer(serializers.ModelSerializer):
         return place.as_dict() if place else None
 
 
+def list_or_create(request, *, listed, body: type[serializers.Serializer], reply: type[serializers.Serializer],
+                   create, created_status: int) -> Response:
+    """An action that lists on GET and creates on POST (an agent's or a workflow's scenarios and evaluations): GET
+    answers `listed` through `reply`; POST checks the request with `body`, hands its fields to `create`, and
+    answers what that made through `reply`, with `created_status`."""
+    if request.method == "GET":
+        return Response(reply(listed, many=True).data)
+    data = body(data=request.data)
+    data.is_valid(raise_exception=True)
+    return Response(reply(create(data.validated_data)).data, status=created_status)
+
+
 def _run_summary(run: AgentRun) -> dict:
     # A run kept after its agent was deleted has the agent's name and no version.
     return run_payload(run) | {"input": run.input, "agent": run.agent.name if run.agent else run.agent_name,
@@ -178,26 +190,21 @@ class AgentViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
     @action(detail=True, methods=["get", "post"])
     def scenarios(self, request, pk=None):
         agent = self.get_object()
-        if request.method == "GET":
-            return Response(ScenarioSerializer(agent.scenarios.all(), many=True).data)
-        data = ScenarioSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        scenario = services.save_scenario(actor=self.actor, agent=agent, **data.validated_data)
-        return Response(ScenarioSerializer(scenario).data, status=status.HTTP_201_CREATED)
+        return list_or_create(request, listed=agent.scenarios.all(), body=ScenarioSerializer,
+                              reply=ScenarioSerializer, created_status=status.HTTP_201_CREATED,
+                              create=lambda fields: services.save_scenario(actor=self.actor, agent=agent, **fields))
 
     @extend_schema(request=EvalRequestSerializer, responses=EvalRunSerializer(many=True))
     @action(detail=True, methods=["get", "post"])
     def evaluations(self, request, pk=None):
         """POST scores a version (the latest by default) on the scenarios and the safety probes, in a worker."""
         agent = self.get_object()
-        if request.method == "GET":
-            return Response(EvalRunSerializer(agent.eval_runs.select_related("version", "agent"), many=True).data)
-        data = EvalRequestSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        evaluation = services.start_evaluation(actor=self.actor, agent=agent,
-                                               version_number=data.validated_data["version"],
-                                               include_safety=data.validated_data["include_safety"])
-        return Response(EvalRunSerializer(evaluation).data, status=status.HTTP_202_ACCEPTED)
+        return list_or_create(request, listed=agent.eval_runs.select_related("version", "agent"),
+                              body=EvalRequestSerializer, reply=EvalRunSerializer,
+                              created_status=status.HTTP_202_ACCEPTED,
+                              create=lambda fields: services.start_evaluation(
+                                  actor=self.actor, agent=agent, version_number=fields["version"],
+                                  include_safety=fields["include_safety"]))
 
 
 class _InWorkspace(WorkspaceScopedMixin):

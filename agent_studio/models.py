@@ -90,31 +90,15 @@ class RunStatus(models.TextChoices):
 FINAL_RUN_STATES = (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
-class AgentRun(models.Model):
-    """One turn of a thread: the input, every step taken (RunStep), and the answer or the reason there is none.
+class LeasedRunFields(models.Model):
+    """What an agent run and a workflow run both carry: who asked, the state, the answer or the error, the tokens
+    and time spent, and the lease the worker running it holds."""
 
-    A run belongs to its workspace: when its agent is deleted with its runs kept, the run stays, without agent,
-    version and thread, under the agent's name (agent_studio.services.delete_agent)."""
-
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="agent_runs")
-    agent = models.ForeignKey(Agent, on_delete=models.SET_NULL, null=True, related_name="runs")
-    # The name of its agent once that agent is deleted.
-    agent_name = models.CharField(max_length=64, blank=True)
-    version = models.ForeignKey(AgentVersion, on_delete=models.SET_NULL, null=True, related_name="runs")
-    thread = models.ForeignKey(AgentThread, on_delete=models.SET_NULL, null=True, related_name="runs")
     public_id = models.UUIDField(default=uuid.uuid4, unique=True)
     caller = models.CharField(max_length=64)
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
-    input = models.TextField()
-    # Earlier turns to start a new thread with ([{"role", "content"}]), as an evaluation scenario gives them.
-    prior_messages = models.JSONField(default=list, blank=True)
     answer = models.TextField(blank=True)
     error = models.TextField(blank=True)
-    # The plan shown for approval (plan-and-execute), as edited when approved.
-    plan = models.JSONField(default=list, blank=True)
-    citations = models.JSONField(default=list, blank=True)
-    model_calls = models.PositiveIntegerField(default=0)
-    tool_calls = models.PositiveIntegerField(default=0)
     input_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
     latency_ms = models.FloatField(null=True)
@@ -128,11 +112,34 @@ class AgentRun(models.Model):
     finished_at = models.DateTimeField(null=True)
 
     class Meta:
+        abstract = True
         ordering = ["-created_at", "-id"]
 
     @property
     def finished(self) -> bool:
         return self.status in FINAL_RUN_STATES
+
+
+class AgentRun(LeasedRunFields):
+    """One turn of a thread: the input, every step taken (RunStep), and the answer or the reason there is none.
+
+    A run belongs to its workspace: when its agent is deleted with its runs kept, the run stays, without agent,
+    version and thread, under the agent's name (agent_studio.services.delete_agent)."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="agent_runs")
+    agent = models.ForeignKey(Agent, on_delete=models.SET_NULL, null=True, related_name="runs")
+    # The name of its agent once that agent is deleted.
+    agent_name = models.CharField(max_length=64, blank=True)
+    version = models.ForeignKey(AgentVersion, on_delete=models.SET_NULL, null=True, related_name="runs")
+    thread = models.ForeignKey(AgentThread, on_delete=models.SET_NULL, null=True, related_name="runs")
+    input = models.TextField()
+    # Earlier turns to start a new thread with ([{"role", "content"}]), as an evaluation scenario gives them.
+    prior_messages = models.JSONField(default=list, blank=True)
+    # The plan shown for approval (plan-and-execute), as edited when approved.
+    plan = models.JSONField(default=list, blank=True)
+    citations = models.JSONField(default=list, blank=True)
+    model_calls = models.PositiveIntegerField(default=0)
+    tool_calls = models.PositiveIntegerField(default=0)
 
 
 class StepKind(models.TextChoices):
@@ -214,11 +221,10 @@ class EvalStatus(models.TextChoices):
     CANCELLED = "cancelled", _("Cancelled")
 
 
-class AgentEvalRun(models.Model):
-    """An agent version scored on its scenarios (business, performance) and on the shipped probe suite (safety)."""
+class EvalRunFields(models.Model):
+    """What an agent's and a workflow's evaluations both carry: the state, how far it got, the scores on the three
+    axes and each scenario's and probe's result."""
 
-    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="eval_runs")
-    version = models.ForeignKey(AgentVersion, on_delete=models.CASCADE, related_name="eval_runs")
     status = models.CharField(max_length=16, choices=EvalStatus.choices, default=EvalStatus.QUEUED)
     include_safety = models.BooleanField(default=True)
     progress = models.PositiveIntegerField(default=0)
@@ -231,7 +237,15 @@ class AgentEvalRun(models.Model):
     finished_at = models.DateTimeField(null=True)
 
     class Meta:
+        abstract = True
         ordering = ["-created_at", "-id"]
+
+
+class AgentEvalRun(EvalRunFields):
+    """An agent version scored on its scenarios (business, performance) and on the shipped probe suite (safety)."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="eval_runs")
+    version = models.ForeignKey(AgentVersion, on_delete=models.CASCADE, related_name="eval_runs")
 
 
 class MemoryItem(models.Model):

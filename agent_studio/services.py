@@ -21,10 +21,12 @@ from agent_studio.models import (
     AgentRun,
     AgentThread,
     AgentVersion,
+    EvalRunFields,
     EvalStatus,
     RunStatus,
     Scenario,
     ThreadSource,
+    Workflow,
 )
 from assets.models import AssetKind
 from assets.services import forget_asset, payload_checksum, register_asset
@@ -323,28 +325,42 @@ def start_evaluation(*, actor: Actor, agent: Agent, version_number: int | None =
         raise ValidationFailed("Add a scenario first, or include the safety probes.",
                                fields={"scenarios": ["None yet."]})
     queues.check_job_limit(agent.workspace_id)
-    evaluation = AgentEvalRun.objects.create(agent=agent, version=agent_version(agent, version_number),
-                                             include_safety=bool(include_safety), created_by=actor.user)
     from agent_studio.tasks import run_evaluation
 
-    transaction.on_commit(lambda: queues.send(run_evaluation.name, [evaluation.pk], queue=queues.INTERACTIVE,
-                                              workspace_id=agent.workspace_id))
-    return evaluation
+    return queue_evaluation(AgentEvalRun, run_evaluation.name, workspace_id=agent.workspace_id, agent=agent,
+                            version=agent_version(agent, version_number), include_safety=bool(include_safety),
+                            created_by=actor.user)
 
 
 def cancel_evaluation(*, actor: Actor, evaluation: AgentEvalRun) -> AgentEvalRun:
-    """Stop an evaluation: a queued one leaves the line at once, a running one stops before its next scenario or
-    probe; the results so far are kept."""
-    require_role(actor=actor, workspace=evaluation.agent.workspace, role=Role.DEVELOPER)
-    if not AgentEvalRun.objects.filter(pk=evaluation.pk, status__in=[EvalStatus.QUEUED, EvalStatus.RUNNING]) \
+    from agent_studio.tasks import run_evaluation
+
+    return stop_evaluation(actor=actor, evaluation=evaluation, subject=evaluation.agent,
+                           task_name=run_evaluation.name, audit_action="agent.evaluation.cancel")
+
+
+def queue_evaluation(model: type[EvalRunFields], task_name: str, *, workspace_id: int,
+                     **fields) -> EvalRunFields:
+    """Create an evaluation (an agent's or a workflow's) and send it to the interactive line once it is committed,
+    to the task `task_name`."""
+    evaluation = model.objects.create(**fields)
+    transaction.on_commit(lambda: queues.send(task_name, [evaluation.pk], queue=queues.INTERACTIVE,
+                                              workspace_id=workspace_id))
+    return evaluation
+
+
+def stop_evaluation(*, actor: Actor, evaluation: EvalRunFields, subject: Agent | Workflow, task_name: str,
+                    audit_action: str) -> EvalRunFields:
+    """Stop an evaluation of `subject` (an agent or a workflow): a queued one leaves the line at once, a running
+    one stops before its next scenario or probe; the results so far are kept."""
+    require_role(actor=actor, workspace=subject.workspace, role=Role.DEVELOPER)
+    if not type(evaluation).objects.filter(pk=evaluation.pk, status__in=[EvalStatus.QUEUED, EvalStatus.RUNNING]) \
             .update(status=EvalStatus.CANCELLED, finished_at=timezone.now()):
         raise Conflict(_("Evaluation %(id)s is %(status)s; only a queued or running one can be cancelled.")
                        % {"id": evaluation.pk, "status": evaluation.status})
-    from agent_studio.tasks import run_evaluation
-
-    queues.withdraw(queues.INTERACTIVE, run_evaluation.name, [evaluation.pk])
-    record_audit(actor=actor, workspace=evaluation.agent.workspace, action="agent.evaluation.cancel",
-                 target=evaluation.agent, detail={"evaluation": evaluation.pk})
+    queues.withdraw(queues.INTERACTIVE, task_name, [evaluation.pk])
+    record_audit(actor=actor, workspace=subject.workspace, action=audit_action, target=subject,
+                 detail={"evaluation": evaluation.pk})
     evaluation.refresh_from_db()
     return evaluation
 

@@ -11,9 +11,11 @@ texts from the generated prose; embedding a million chunks would take days here)
 merges they call for, then the write rate of a batch of documents added at each size (bench.retrieve prints the
 same table along with search latency and recall).
 
-Self-contained: Django runs on a fresh temporary data dir (SQLite database, uploads, indexes), removed at the end
-unless --keep. No Redis, Celery worker or web server is needed. bench.retrieve shares this private environment and
-the prose generator.
+Django runs on a fresh temporary data dir (SQLite database, uploads, indexes), removed at the end unless --keep.
+Ingesting in this process needs no Celery worker or web server, but Redis must answer at REDIS_URL (`make run`
+starts it): ingestion records each document's duration there (cluster.queues.record_duration), and this script
+starts no Redis of its own (--workers does: bench/ingest_workers.py). bench.retrieve shares this private
+environment and the prose generator.
 """
 
 import argparse

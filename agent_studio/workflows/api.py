@@ -12,6 +12,7 @@ from accounts.errors import NotFound
 from accounts.log_messages import as_text
 from accounts.permissions import WorkspaceScopedMixin
 from agent_studio import streaming as agent_streaming
+from agent_studio.api import list_or_create
 from agent_studio.workflows import catalog, selectors, services, streaming
 from agent_studio.workflows.models import Workflow, WorkflowEvalRun, WorkflowRun, WorkflowScenario, WorkflowVersion
 from agent_studio.workflows.runner import run_payload
@@ -154,12 +155,10 @@ class WorkflowViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
         """The cases the workflow's evaluation runs: inputs, checks on the answer (contains, not_contains, regex,
         json_field, judge), the nodes that must run and those that must not."""
         workflow = self.get_object()
-        if request.method == "GET":
-            return Response(WorkflowScenarioSerializer(workflow.scenarios.all(), many=True).data)
-        data = WorkflowScenarioSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        scenario = services.save_scenario(actor=self.actor, workflow=workflow, **data.validated_data)
-        return Response(WorkflowScenarioSerializer(scenario).data, status=status.HTTP_201_CREATED)
+        return list_or_create(request, listed=workflow.scenarios.all(), body=WorkflowScenarioSerializer,
+                              reply=WorkflowScenarioSerializer, created_status=status.HTTP_201_CREATED,
+                              create=lambda fields: services.save_scenario(actor=self.actor, workflow=workflow,
+                                                                           **fields))
 
     @extend_schema(request=None, responses={204: None})
     @action(detail=True, methods=["delete"], url_path=r"scenarios/(?P<scenario_id>\d+)")
@@ -177,14 +176,11 @@ class WorkflowViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
         """POST scores a version (the latest unless `version`) on the scenarios and, for a chat-shaped workflow,
         the shipped safety probes; read the report at /api/workflows/evaluations/<id>/. GET lists them."""
         workflow = self.get_object()
-        if request.method == "GET":
-            return Response(WorkflowEvalRunSerializer(workflow.eval_runs.select_related("version"), many=True).data)
-        data = EvaluateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        evaluation = services.start_evaluation(actor=self.actor, workflow=workflow,
-                                               version_number=data.validated_data["version"],
-                                               include_safety=data.validated_data["include_safety"])
-        return Response(WorkflowEvalRunSerializer(evaluation).data, status=status.HTTP_202_ACCEPTED)
+        return list_or_create(request, listed=workflow.eval_runs.select_related("version"), body=EvaluateSerializer,
+                              reply=WorkflowEvalRunSerializer, created_status=status.HTTP_202_ACCEPTED,
+                              create=lambda fields: services.start_evaluation(
+                                  actor=self.actor, workflow=workflow, version_number=fields["version"],
+                                  include_safety=fields["include_safety"]))
 
 
 class WorkflowTemplateViewSet(WorkspaceScopedMixin, viewsets.GenericViewSet):

@@ -1,14 +1,12 @@
 """Workflows: a versioned graph of typed nodes (agent_studio/workflows/graph.py documents it), its runs, and each
 node's record in a run. Imported by agent_studio.models, so these are agent_studio's models."""
 
-import uuid
-
 from django.conf import settings as conf
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from accounts.models import Workspace
-from agent_studio.models import FINAL_RUN_STATES, EvalStatus, RunStatus
+from agent_studio.models import EvalRunFields, LeasedRunFields
 
 
 class Workflow(models.Model):
@@ -48,7 +46,7 @@ class WorkflowVersion(models.Model):
         constraints = [models.UniqueConstraint(fields=["workflow", "number"], name="unique_workflow_version")]
 
 
-class WorkflowRun(models.Model):
+class WorkflowRun(LeasedRunFields):
     """One run of a workflow version on its inputs: each node's record (NodeRun), and the answer or the reason
     there is none. Leased like an agent run: a run whose worker died is claimed again and goes on after the nodes
     it had finished."""
@@ -57,31 +55,9 @@ class WorkflowRun(models.Model):
     workflow = models.ForeignKey(Workflow, on_delete=models.SET_NULL, null=True, related_name="runs")
     workflow_name = models.CharField(max_length=64)
     version = models.ForeignKey(WorkflowVersion, on_delete=models.SET_NULL, null=True, related_name="runs")
-    public_id = models.UUIDField(default=uuid.uuid4, unique=True)
-    caller = models.CharField(max_length=64)
-    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
     inputs = models.JSONField(default=dict)
-    answer = models.TextField(blank=True)
     # Every answer node's outputs, by node id.
     outputs = models.JSONField(default=dict, blank=True)
-    error = models.TextField(blank=True)
-    input_tokens = models.PositiveIntegerField(default=0)
-    output_tokens = models.PositiveIntegerField(default=0)
-    latency_ms = models.FloatField(null=True)
-    lease_owner = models.CharField(max_length=200, blank=True)
-    lease_until = models.DateTimeField(null=True)
-    attempts = models.PositiveSmallIntegerField(default=0)
-    cancel_requested = models.BooleanField(default=False)
-    created_by = models.ForeignKey(conf.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-    finished_at = models.DateTimeField(null=True)
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-
-    @property
-    def finished(self) -> bool:
-        return self.status in FINAL_RUN_STATES
 
 
 class NodeStatus(models.TextChoices):
@@ -133,22 +109,9 @@ class WorkflowScenario(models.Model):
         constraints = [models.UniqueConstraint(fields=["workflow", "name"], name="unique_workflow_scenario_name")]
 
 
-class WorkflowEvalRun(models.Model):
+class WorkflowEvalRun(EvalRunFields):
     """A workflow version scored on its scenarios (business, performance) and, when it is chat-shaped, on the
     shipped probes that attack through the message (safety); agent_studio/workflows/evaluation.py."""
 
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="eval_runs")
     version = models.ForeignKey(WorkflowVersion, on_delete=models.CASCADE, related_name="eval_runs")
-    status = models.CharField(max_length=16, choices=EvalStatus.choices, default=EvalStatus.QUEUED)
-    include_safety = models.BooleanField(default=True)
-    progress = models.PositiveIntegerField(default=0)
-    total = models.PositiveIntegerField(default=0)
-    scores = models.JSONField(default=dict, blank=True)
-    results = models.JSONField(default=list, blank=True)
-    error = models.TextField(blank=True)
-    created_by = models.ForeignKey(conf.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
-    finished_at = models.DateTimeField(null=True)
-
-    class Meta:
-        ordering = ["-created_at", "-id"]

@@ -14,7 +14,7 @@ from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from agent_studio import events
 from agent_studio.models import FINAL_RUN_STATES, EvalStatus, RunStatus
-from agent_studio.services import check_answer_checks
+from agent_studio.services import check_answer_checks, queue_evaluation, stop_evaluation
 from agent_studio.workflows.graph import check_graph
 from agent_studio.workflows.models import Workflow, WorkflowEvalRun, WorkflowRun, WorkflowScenario, WorkflowVersion
 from assets.models import AssetKind
@@ -271,28 +271,17 @@ def start_evaluation(*, actor: Actor, workflow: Workflow, version_number: int | 
         raise ValidationFailed("Add a scenario first (a workflow that is not chat-shaped has no safety probes).",
                                fields={"scenarios": ["None yet."]})
     queues.check_job_limit(workflow.workspace_id)
-    evaluation = WorkflowEvalRun.objects.create(workflow=workflow, version=version,
-                                                include_safety=bool(include_safety), created_by=actor.user)
-    transaction.on_commit(lambda: queues.send(EVALUATE_TASK, [evaluation.pk], queue=queues.INTERACTIVE,
-                                              workspace_id=workflow.workspace_id))
+    evaluation = queue_evaluation(WorkflowEvalRun, EVALUATE_TASK, workspace_id=workflow.workspace_id,
+                                  workflow=workflow, version=version, include_safety=bool(include_safety),
+                                  created_by=actor.user)
     record_audit(actor=actor, workspace=workflow.workspace, action="workflow.evaluation.start", target=workflow,
                  detail={"evaluation": evaluation.pk, "version": version.number})
     return evaluation
 
 
 def cancel_evaluation(*, actor: Actor, evaluation: WorkflowEvalRun) -> WorkflowEvalRun:
-    """Stop an evaluation: a queued one leaves the line at once, a running one stops before its next scenario or
-    probe; the results so far are kept."""
-    require_role(actor=actor, workspace=evaluation.workflow.workspace, role=Role.DEVELOPER)
-    if not WorkflowEvalRun.objects.filter(pk=evaluation.pk, status__in=[EvalStatus.QUEUED, EvalStatus.RUNNING]) \
-            .update(status=EvalStatus.CANCELLED, finished_at=timezone.now()):
-        raise Conflict(_("Evaluation %(id)s is %(status)s; only a queued or running one can be cancelled.")
-                       % {"id": evaluation.pk, "status": evaluation.status})
-    queues.withdraw(queues.INTERACTIVE, EVALUATE_TASK, [evaluation.pk])
-    record_audit(actor=actor, workspace=evaluation.workflow.workspace, action="workflow.evaluation.cancel",
-                 target=evaluation.workflow, detail={"evaluation": evaluation.pk})
-    evaluation.refresh_from_db()
-    return evaluation
+    return stop_evaluation(actor=actor, evaluation=evaluation, subject=evaluation.workflow, task_name=EVALUATE_TASK,
+                           audit_action="workflow.evaluation.cancel")
 
 
 def active_evaluations(workspace_id: int) -> int:
