@@ -12,6 +12,9 @@ old one is dropped when retrieval switches to the new one):
     rag_index_<kb id>_<key hash>   chunk_id bigint primary key, owner text (document id), embedding vector(dim)
                                    (L2-normalised, HNSW index with inner-product ops: inner product = cosine),
                                    tokens tsvector (GIN index), length int (keyword tokens in the chunk)
+    rag_index_<kb id>_<hash>_df    lexeme text primary key, rows int: how many rows hold each token (document
+                                   frequencies), kept exact by every write; an index of an earlier release, which
+                                   has none, gets it built from its rows on first use
     rag_pgvector_index             one row per index: its dimension, a generation number new at every write,
                                    and the sums that make the z-score statistics exact without scanning the table:
                                    row count, total token length, the sum of the vectors and their Gram matrix.
@@ -19,16 +22,23 @@ old one is dropped when retrieval switches to the new one):
 Keyword search: Postgres has no Chinese parser, so the tokens are those of search/keywords.py (jieba words plus CJK
 bigrams, identifiers kept whole), computed in Python and stored as a tsvector written literally (the 'simple'
 configuration's behaviour: no stemming, no stopwords), each token with positions 1..count so that a row's term
-frequency is its number of positions (Postgres keeps at most 256 per token; BM25 saturates long before). The GIN
-index finds the rows holding any query token; BM25 (Lucene's formula, as the embedded store) is computed from those
-rows' term frequencies, the document frequencies among them and the stored length sums.
+frequency is its number of positions (Postgres keeps at most 256 per token; BM25 saturates long before).
+A search costs what it finds, not the size of the index (Lucene's "common terms" idea): the query's tokens are taken
+rarest first while their document frequencies add up to at most KEYWORD_CANDIDATES, and the GIN index finds the
+rows holding any of those; rows holding only commoner tokens ("what", a word in every other chunk) score little and
+are left out, but for a few while the candidates are fewer than asked for: rows holding every commoner token, then
+the rarest of them, up to KEYWORD_CANDIDATES in all (the whole answer when no token is that rare). Each
+candidate is scored over every query token with BM25 (Lucene's formula, idf from the exact document frequencies and
+the stored length sums), so its score is the embedded store's; an index or query small enough scores every
+matching row and answers exactly as the embedded store does. Fusion's z-score statistics over every chunk are
+exact then too; otherwise the rows left out are estimated from the document frequencies (_fill_keyword_stats).
 
 Dense search: the HNSW index's nearest neighbours by inner product. The mean and spread of the query's cosine over
 every chunk (fusion's z-scores) come from the stored sums: mean = q.s / n, mean square = q'Gq / n.
 
 Writes: one transaction per `apply`, which locks the index's row, deletes the owners' rows, COPYs the new ones and
-updates the sums. A worker killed mid-batch leaves the previous state whole; the document is taken over and the
-same `apply` run again, so nothing is lost and nothing doubled.
+updates the sums and the document frequencies. A worker killed mid-batch leaves the previous state whole; the
+document is taken over and the same `apply` run again, so nothing is lost and nothing doubled.
 """
 
 import hashlib
@@ -57,6 +67,10 @@ MAX_DIMENSIONS = 2000
 # Postgres refuses a tsvector lexeme longer than this (bytes); such a "word" (a base64 blob) is never queried.
 MAX_LEXEME_BYTES = 2046
 MAX_POSITIONS = 256
+# The most rows a keyword search scores (see the module docstring): every matching row on an index this small.
+KEYWORD_CANDIDATES = 4000
+# How many rows of an index hold each lexeme.
+FREQUENCY_TABLE = "CREATE TABLE {} (lexeme text COLLATE \"C\" PRIMARY KEY, rows integer NOT NULL)"
 INSTALL_HINT = ("install pgvector on the database server (Debian/Ubuntu: `apt install postgresql-{major}-pgvector`) "
                 "and run `CREATE EXTENSION vector;` in that database as a superuser, or keep knowledge bases on the "
                 "embedded store (FACTORY_RAG_INDEX_BACKEND=embedded)")
@@ -89,17 +103,24 @@ class PgvectorStore:
         self._create()
         with connection.transaction():
             sums = _Sums.locked(connection, self.table, self.dimension)
+            _build_document_frequencies(connection, self.table)
             gone = connection.execute(
-                sql.SQL("DELETE FROM {} WHERE owner = ANY(%s) OR chunk_id = ANY(%s) RETURNING embedding, length")
+                sql.SQL("DELETE FROM {} WHERE owner = ANY(%s) OR chunk_id = ANY(%s) "
+                        "RETURNING embedding, length, tsvector_to_array(tokens)")
                 .format(sql.Identifier(self.table)), (replaced, ids), binary=True).fetchall()
+            documents = Counter()  # lexeme -> change in the rows holding it
             if gone:
                 sums.remove(np.array([row[0].to_numpy() for row in gone], np.float32), sum(row[1] for row in gone))
+                for row in gone:
+                    documents.subtract(row[2])
             if rows:
                 with connection.cursor().copy(sql.SQL("COPY {} (chunk_id, owner, embedding, tokens, length) FROM STDIN")
                                               .format(sql.Identifier(self.table))) as copy:
                     for chunk_id, owner, vector, tokens in rows:
                         copy.write_row((chunk_id, owner, _vector_text(vector), _tsvector(tokens), len(tokens)))
+                        documents.update(_lexeme_counts(tokens).keys())
                 sums.add(np.array([row[2] for row in rows], np.float32), sum(len(row[3]) for row in rows))
+            _save_document_frequencies(connection, self.table, documents)
             sums.save(connection, self.table)
 
     def _validated(self, owner: str, chunk_ids: list[int], vectors, texts: list[str]):
@@ -142,24 +163,24 @@ class PgvectorStore:
     def search_keyword(self, query: str, k: int, stats: dict | None = None) -> list[tuple[int, float]]:
         """(chunk id, raw BM25 score > 0) of the k best keyword matches, best first (ties by chunk id); `stats` gets
         the mean and standard deviation of the BM25 score over every chunk (0 where no token occurs)."""
-        sums = _current_sums(self.table, self.dimension)
-        if sums is None or sums.total_length == 0 or k < 1:
+        if _current_sums(self.table, self.dimension) is None or k < 1:
             return []
-        wanted = Counter(token for token in self.tokenize(query) if len(token.encode()) <= MAX_LEXEME_BYTES)
-        matched = []
-        if wanted:
-            matched = connect().execute(
-                sql.SQL("SELECT c.chunk_id, c.length, t.lexeme, cardinality(t.positions) FROM {} c "
-                        "CROSS JOIN LATERAL unnest(c.tokens) AS t WHERE c.tokens @@ %s::tsquery AND t.lexeme = ANY(%s)")
-                .format(sql.Identifier(self.table)),
-                (" | ".join(_quoted(token) for token in wanted), list(wanted))).fetchall()
-        chunk_ids, scores = _bm25(matched, wanted, sums)
+        wanted = _lexeme_counts(self.tokenize(query))
+        _document_frequencies_ready(self.table)
+        connection = connect()
+        with connection.transaction():
+            # One snapshot: the sums, the document frequencies and the rows are those of the same write.
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            sums = _current_sums(self.table, self.dimension)
+            if sums is None or sums.total_length == 0:
+                return []
+            documents = dict(connection.execute(
+                sql.SQL("SELECT lexeme, rows FROM {} WHERE lexeme = ANY(%s)")
+                .format(sql.Identifier(_frequency_table(self.table))), (list(wanted),)).fetchall()) if wanted else {}
+            matched = _candidates(connection, self.table, documents, sums.rows, k) if documents else []
+        chunk_ids, scores, held = _bm25(matched, wanted, documents, sums)
         if stats is not None:
-            total = scores.sum(dtype=np.float64)
-            mean = total / sums.rows
-            square = float(np.square(scores, dtype=np.float64).sum()) / sums.rows
-            stats.update(mean=float(mean), std=float(np.sqrt(max(square - mean * mean, 0.0))), count=sums.rows,
-                         matches=int(len(chunk_ids)))
+            _fill_keyword_stats(stats, scores, held, wanted, documents, sums.rows)
         best_first = np.lexsort((chunk_ids, -scores))[:k]
         return list(zip(chunk_ids[best_first].tolist(), scores[best_first].tolist()))
 
@@ -214,6 +235,9 @@ class PgvectorStore:
         with connection.transaction():
             # Two workers creating the same table at once would collide in the catalogue.
             connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.table,))
+            if connection.execute("SELECT to_regclass(%s)", (self.table,)).fetchone()[0] is None:
+                # New and empty: its document frequencies are all 0 (an older index's are built from its rows).
+                connection.execute(sql.SQL(FREQUENCY_TABLE).format(sql.Identifier(_frequency_table(self.table))))
             connection.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (chunk_id bigint PRIMARY KEY, owner text NOT NULL, "
                 "embedding vector({}) NOT NULL, tokens tsvector NOT NULL, length integer NOT NULL)"
@@ -240,10 +264,12 @@ def drop_index(kb_id: int, key: str) -> None:
     name = table_name(kb_id, key)
     connection = connect()
     with connection.transaction():
-        connection.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+        connection.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(
+            sql.Identifier(name), sql.Identifier(_frequency_table(name))))
         connection.execute(f"DELETE FROM {REGISTRY} WHERE name = %s", (name,))
     _SUMS.pop(name, None)
     _CREATED.discard((conninfo(), name))
+    _FREQUENCIES_READY.discard((conninfo(), name))
 
 
 def drop_knowledge_base(kb_id: int) -> None:
@@ -326,24 +352,157 @@ def _current_sums(table: str, dimension: int) -> _Sums | None:
     return cached
 
 
+# ---- document frequencies ----
+
+_FREQUENCIES_READY: set[tuple[str, str]] = set()  # (database, index table) whose frequency table exists
+
+
+def _frequency_table(table: str) -> str:
+    return f"{table}_df"
+
+
+def _build_document_frequencies(connection: psycopg.Connection, table: str) -> None:
+    """In a transaction holding the index's registry row: give an index made by an earlier release, which has no
+    document frequency table, one counted from its rows."""
+    if (conninfo(), table) in _FREQUENCIES_READY:
+        return
+    frequencies = sql.Identifier(_frequency_table(table))
+    if connection.execute("SELECT to_regclass(%s)", (_frequency_table(table),)).fetchone()[0] is not None:
+        _FREQUENCIES_READY.add((conninfo(), table))  # not before: a table made in this transaction may roll back
+        return
+    connection.execute(sql.SQL(FREQUENCY_TABLE).format(frequencies))
+    connection.execute(sql.SQL("INSERT INTO {} SELECT lexeme, count(*) FROM {}, unnest(tsvector_to_array(tokens)) "
+                               "AS lexeme GROUP BY lexeme").format(frequencies, sql.Identifier(table)))
+
+
+def _document_frequencies_ready(table: str) -> None:
+    """Make sure the index has its document frequency table, building it (under the writers' lock) if not."""
+    if (conninfo(), table) in _FREQUENCIES_READY:
+        return
+    connection = connect()
+    if connection.execute("SELECT to_regclass(%s)", (_frequency_table(table),)).fetchone()[0] is None:
+        with connection.transaction():
+            connection.execute(f"SELECT 1 FROM {REGISTRY} WHERE name = %s FOR UPDATE", (table,))
+            _build_document_frequencies(connection, table)
+    _FREQUENCIES_READY.add((conninfo(), table))
+
+
+def _save_document_frequencies(connection: psycopg.Connection, table: str, changes: Counter) -> None:
+    """Add each lexeme's change in rows holding it; a lexeme no row holds any more is removed."""
+    changed = {lexeme: change for lexeme, change in changes.items() if change}
+    if not changed:
+        return
+    frequencies = sql.Identifier(_frequency_table(table))
+    connection.execute(
+        sql.SQL("INSERT INTO {} AS f (lexeme, rows) SELECT * FROM unnest(%s::text[], %s::integer[]) "
+                "ON CONFLICT (lexeme) DO UPDATE SET rows = f.rows + excluded.rows").format(frequencies),
+        (list(changed), list(changed.values())))
+    fewer = [lexeme for lexeme, change in changed.items() if change < 0]
+    if fewer:
+        connection.execute(sql.SQL("DELETE FROM {} WHERE lexeme = ANY(%s) AND rows <= 0").format(frequencies),
+                           (fewer,))
+
+
 # ---- keyword scoring ----
 
 
-def _bm25(matched: list[tuple], wanted: Counter, sums: _Sums) -> tuple[np.ndarray, np.ndarray]:
-    """(chunk ids, float32 BM25 scores) of the matching rows, as the embedded store scores them."""
+def _lexeme_counts(tokens: list[str]) -> Counter:
+    """Each token a tsvector can hold, with its count."""
+    return Counter(token for token in tokens if len(token.encode()) <= MAX_LEXEME_BYTES)
+
+
+def _selective(documents: dict[str, int], rows: int) -> list[str]:
+    """The query's rarest tokens whose rows add up to at most KEYWORD_CANDIDATES: all of them on an index that
+    small."""
+    if rows <= KEYWORD_CANDIDATES:
+        return sorted(documents)
+    chosen, total = [], 0
+    for lexeme in sorted(documents, key=lambda token: (documents[token], token)):
+        total += documents[lexeme]
+        if total > KEYWORD_CANDIDATES:
+            break
+        chosen.append(lexeme)
+    return chosen
+
+
+def _candidates(connection: psycopg.Connection, table: str, documents: dict[str, int], rows: int,
+                k: int) -> list[tuple]:
+    """(chunk id, length, lexeme, term frequency) of each query token each candidate row holds. The candidates: the
+    rows holding a selective token; while fewer than k (and KEYWORD_CANDIDATES), rows holding every other token,
+    then rows holding the rarest other one."""
+    lexemes = sorted(documents)
+    # setweight + ts_filter keep a row's query tokens only, in C: unnesting whole tsvectors costs far more.
+    scored = sql.SQL("SELECT c.chunk_id, c.length, t.lexeme, cardinality(t.positions) "
+                     "FROM (SELECT chunk_id, length, tokens FROM {} WHERE tokens @@ %s::tsquery LIMIT %s) AS c "
+                     "CROSS JOIN LATERAL unnest(ts_filter(setweight(c.tokens, 'A', %s::text[]), '{{a}}')) AS t"
+                     ).format(sql.Identifier(table))
+    selective = _selective(documents, rows)
+    common = sorted(set(lexemes) - set(selective), key=lambda token: (documents[token], token))
+    tiers = [" | ".join(map(_quoted, selective))] if selective else []
+    if common:
+        tiers.append(" & ".join(map(_quoted, common)))
+    if len(common) > 1:
+        tiers.append(_quoted(common[0]))
+    matched, found, taken = [], set(), []
+    for tier in tiers:
+        if taken and len(found) >= min(k, KEYWORD_CANDIDATES):
+            break
+        limit = None if selective and not taken else KEYWORD_CANDIDATES - len(found)  # every selective row
+        query = " & ".join([f"({tier})", *(f"!({earlier})" for earlier in taken)])
+        tier_rows = connection.execute(scored, (query, limit, lexemes)).fetchall()
+        matched += tier_rows
+        found.update(row[0] for row in tier_rows)
+        taken.append(tier)
+    return matched
+
+
+def _idf(documents, rows: int):
+    return np.log1p((rows - documents + 0.5) / (documents + 0.5))
+
+
+def _bm25(matched: list[tuple], wanted: Counter, documents: dict[str, int],
+          sums: _Sums) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[int, float]]]:
+    """(chunk ids, float32 BM25 scores) of the candidate rows, as the embedded store scores them, and for each query
+    token the candidates hold: (how many hold it, the sum of its terms in their scores)."""
     if not matched:
-        return np.empty(0, np.int64), np.empty(0, np.float32)
+        return np.empty(0, np.int64), np.empty(0, np.float32), {}
     chunk, length, lexeme, frequency = zip(*matched)
     chunk_ids, row = np.unique(np.array(chunk, np.int64), return_inverse=True)
     lexemes, column = np.unique(np.array(lexeme, dtype=object), return_inverse=True)
-    documents = np.bincount(column)  # each (row, lexeme) pair occurs once
-    idf = np.log1p((sums.rows - documents + 0.5) / (documents + 0.5)).astype(np.float32)
+    idf = _idf(np.array([documents[token] for token in lexemes], np.float64), sums.rows).astype(np.float32)
     mean_length = sums.total_length / sums.rows
     norm = (BM25_K1 * (1 - BM25_B + BM25_B * np.array(length, np.float64) / mean_length)).astype(np.float32)
     frequency = np.array(frequency, np.float32)
     repeats = np.array([wanted[token] for token in lexemes], np.float32)  # a repeated query token counts again
     terms = repeats[column] * idf[column] * frequency / (frequency + norm)
-    return chunk_ids, np.bincount(row, weights=terms, minlength=len(chunk_ids)).astype(np.float32)
+    held = dict(zip(lexemes.tolist(), zip(np.bincount(column, minlength=len(lexemes)).tolist(),
+                                          np.bincount(column, weights=terms, minlength=len(lexemes)).tolist())))
+    return chunk_ids, np.bincount(row, weights=terms, minlength=len(chunk_ids)).astype(np.float32), held
+
+
+def _fill_keyword_stats(stats: dict, scores: np.ndarray, held: dict[str, tuple[int, float]], wanted: Counter,
+                        documents: dict[str, int], rows: int) -> None:
+    """Mean and spread of the BM25 score over every row, and how many rows match: exact when every row holding a
+    query token was scored. Rows holding a token but left out (a common token) are estimated from the document
+    frequencies: each such row gets the token's mean term among the scored rows holding it (tf 1 at the mean
+    length if none does), and tokens fall on the unscored rows independently."""
+    scored = len(scores)
+    total, square = float(scores.sum(dtype=np.float64)), float(np.square(scores, dtype=np.float64).sum())
+    unscored = []  # (rows, estimated term) per token
+    for lexeme, holding in documents.items():
+        count, term_sum = held.get(lexeme, (0, 0.0))
+        if holding > count and rows > scored:
+            term = term_sum / count if count else wanted[lexeme] * float(_idf(holding, rows)) / (1 + BM25_K1)
+            unscored.append((holding - count, term))
+    rest, none_held = rows - scored, 1.0
+    for at, (count, term) in enumerate(unscored):
+        total += count * term
+        square += count * term * term + sum(2 * term * other_term * count * other_count / rest
+                                            for other_count, other_term in unscored[at + 1:])
+        none_held *= 1 - count / rest
+    mean = total / rows
+    stats.update(mean=mean, std=float(np.sqrt(max(square / rows - mean * mean, 0.0))), count=rows,
+                 matches=scored + round(rest * (1 - none_held)))
 
 
 def _vector_text(vector: np.ndarray) -> str:
@@ -358,7 +517,7 @@ def _quoted(token: str) -> str:
 
 def _tsvector(tokens: list[str]) -> str:
     """A tsvector literal of the tokens as they are, each with positions 1..count (its term frequency)."""
-    counts = Counter(token for token in tokens if len(token.encode()) <= MAX_LEXEME_BYTES)
+    counts = _lexeme_counts(tokens)
     return " ".join(f"{_quoted(token)}:{','.join(map(str, range(1, min(count, MAX_POSITIONS) + 1)))}"
                     for token, count in counts.items())
 

@@ -1,7 +1,9 @@
 """Knowledge bases on the pgvector backend, against a real Postgres with the vector extension (the pgvector_url
 fixture): the store answers as the embedded one, uploaded documents are ingested into it and found, the sample
-eval numbers match between the backends, a batch insert killed midway leaves nothing half done, a missing extension
-says what to install, and `manage.py move_index` moves a knowledge base both ways while it serves."""
+eval numbers match between the backends, a batch insert killed midway leaves nothing half done, the keyword
+document frequencies stay exact (and an older index gets them), a common query word costs only the rows it
+needs, a missing extension says what to install, and `manage.py move_index` moves a knowledge base both ways while
+it serves."""
 
 import io
 import json
@@ -16,6 +18,7 @@ import numpy as np
 import psycopg
 import pytest
 from django.core.management import call_command
+from psycopg import sql
 
 from accounts.errors import ServiceUnavailable
 from rag_studio import files, services
@@ -173,11 +176,107 @@ def test_a_worker_killed_mid_batch_insert_loses_and_doubles_nothing(on_pgvector)
 
     assert (store.count(), store.generation()) == before
     assert store.chunk_ids("2") == [] and store.chunk_ids("1") == [1, 2]
+    assert _kept_and_counted_frequencies(on_pgvector, store) == ({"first": 1, "second": 1},) * 2
     # The document is taken over and the same write run again: each chunk once.
     ids = list(range(1000, 1100))
     store.apply(upserts={"2": (ids, rng.normal(size=(len(ids), 384)), [f"chunk {i}" for i in ids])})
     store.apply(upserts={"2": (ids, rng.normal(size=(len(ids), 384)), [f"chunk {i}" for i in ids])})
     assert store.count() == 102 and store.chunk_ids("2") == ids
+    kept, counted = _kept_and_counted_frequencies(on_pgvector, store)
+    assert kept == counted and kept["chunk"] == 100
+
+
+def _kept_and_counted_frequencies(url: str, store: PgvectorStore) -> tuple[dict, dict]:
+    """The index's document frequency table, and the frequencies counted afresh from its rows."""
+    with psycopg.connect(url) as connection:
+        kept = dict(connection.execute(
+            sql.SQL("SELECT lexeme, rows FROM {}").format(sql.Identifier(f"{store.table}_df"))).fetchall())
+        counted = dict(connection.execute(
+            sql.SQL("SELECT lexeme, count(*) FROM {}, unnest(tsvector_to_array(tokens)) AS lexeme GROUP BY lexeme")
+            .format(sql.Identifier(store.table))).fetchall())
+    return kept, counted
+
+
+def test_the_document_frequencies_stay_exact_through_every_write(on_pgvector):
+    store = PgvectorStore(3, "model.frequencies.v1", DIMENSION)
+    upserts = _upserts()
+    store.apply(upserts=upserts)
+    kept, counted = _kept_and_counted_frequencies(on_pgvector, store)
+    assert kept == counted and kept["warranti"] == 3  # "warranty", stemmed, in one chunk of each of 3 owners
+
+    store.apply(upserts={"2": upserts["2"]})  # written again: nothing doubles
+    assert _kept_and_counted_frequencies(on_pgvector, store) == (kept, counted)
+    ids, vectors, _ = upserts["2"]
+    store.apply(upserts={"2": (ids[:2], vectors[:2], ["Warranty claims go to the plant office.", "夜班零点接班"])},
+                removals=["3"])
+    kept, counted = _kept_and_counted_frequencies(on_pgvector, store)
+    assert kept == counted and kept["warranti"] == 2 and kept["plant"] == 1 and "refund" in kept
+
+    store.apply(removals=["1", "2"])
+    assert _kept_and_counted_frequencies(on_pgvector, store) == ({}, {})
+    assert store.search_keyword("warranty", 10) == []
+
+
+def test_an_index_of_the_previous_release_gets_its_document_frequencies(on_pgvector, monkeypatch):
+    store = PgvectorStore(4, "model.previous.v1", DIMENSION)
+    store.apply(upserts=_upserts())
+    stats_before = {}
+    before = store.search_keyword("warranty NW-7 manual", 10, stats_before)
+    # What the previous release left: the same index with no frequency table, in a process that never saw one.
+    with psycopg.connect(on_pgvector, autocommit=True) as connection:
+        connection.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(f"{store.table}_df")))
+    monkeypatch.setattr(pgvector_store, "_FREQUENCIES_READY", set())
+
+    stats_after = {}
+    assert store.search_keyword("warranty NW-7 manual", 10, stats_after) == before and stats_after == stats_before
+    kept, counted = _kept_and_counted_frequencies(on_pgvector, store)
+    assert kept == counted and kept["nw-7"] == 3
+
+    # A write finding no frequency table builds one too, then keeps it exact.
+    with psycopg.connect(on_pgvector, autocommit=True) as connection:
+        connection.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(f"{store.table}_df")))
+    monkeypatch.setattr(pgvector_store, "_FREQUENCIES_READY", set())
+    store.apply(removals=["3"])
+    kept, counted = _kept_and_counted_frequencies(on_pgvector, store)
+    assert kept == counted and kept["nw-7"] == 2
+
+
+def _pump_room_texts() -> list[str]:
+    """60 chunks: "pump" in 50 of them, "valve" in 35, "boiler" in 20, "impeller" in one (chunk 7)."""
+    texts = []
+    for i in range(60):
+        words = ["pump"] * (i < 50) + ["valve"] * (i < 30 or 50 <= i < 55) + ["boiler"] * (i >= 40)
+        texts.append(f"Inspection note {i}: " + " ".join(words + ["impeller"] * (i == 7)) + ".")
+    return texts
+
+
+def test_a_common_word_in_the_query_costs_no_more_than_the_rows_it_finds(on_pgvector, tmp_path, monkeypatch):
+    monkeypatch.setattr(pgvector_store, "KEYWORD_CANDIDATES", 10)  # "pump", "valve" and "boiler" are common here
+    texts = _pump_room_texts()
+    vectors = np.random.default_rng(5).normal(size=(len(texts), DIMENSION))
+    pgvector, embedded = PgvectorStore(5, "model.pumps.v1", DIMENSION), IndexStore(tmp_path / "index", DIMENSION)
+    for store in (pgvector, embedded):
+        store.apply(upserts={"room": (list(range(len(texts))), vectors, texts)})
+
+    stats, exact_stats = {}, {}
+    hits = pgvector.search_keyword("pump impeller", 30, stats)
+    everything = embedded.search_keyword("pump impeller", 60, exact_stats)
+    # The rare word's chunk first, then a few of the 49 with only "pump" (not all: they cost without adding much),
+    # each with the score the embedded store gives it.
+    assert _rounded(hits[:1]) == _rounded(everything[:1]) and hits[0][0] == 7
+    assert len(hits) == 10 and all(chunk_id < 50 for chunk_id, _ in hits)
+    assert set(_rounded(hits)) <= set(_rounded(everything))
+    assert len(everything) == 50 and stats["matches"] == exact_stats["matches"] == 50
+    assert stats["mean"] == pytest.approx(exact_stats["mean"], rel=0.1)
+    assert stats["std"] == pytest.approx(exact_stats["std"], rel=0.25)
+
+    # No word rare enough: the rows holding every word, at most KEYWORD_CANDIDATES of them.
+    both = pgvector.search_keyword("pump valve", 30)
+    assert len(both) == 10 and all(chunk_id < 30 for chunk_id, _ in both)
+    # Fewer rows hold every word than asked for: rows holding the rarer one ("boiler") fill up, below them.
+    ranked = [chunk_id for chunk_id, _ in pgvector.search_keyword("valve boiler", 30)]
+    assert sorted(ranked[:5]) == [50, 51, 52, 53, 54] and len(ranked) == 10
+    assert all(40 <= chunk_id < 50 or 55 <= chunk_id < 60 for chunk_id in ranked[5:])
 
 
 def test_a_missing_vector_extension_names_what_to_install(pgvector_url, settings, acme, ann):
