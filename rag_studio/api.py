@@ -381,7 +381,7 @@ class RagConfigViewSet(WorkspaceScopedMixin, viewsets.ModelViewSet):
 class EvalItemSerializer(serializers.ModelSerializer):
     class Meta:
         model = EvalItem
-        fields = ["id", "question", "expected_answer", "expected_sources", "evidence", "source_chunk"]
+        fields = ["id", "question", "expected_answer", "expected_sources", "evidence", "source_chunk", "hidden_chunks"]
 
 
 class EvalSetSerializer(InteractivePlace, serializers.ModelSerializer):

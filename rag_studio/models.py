@@ -264,6 +264,10 @@ class EvalItem(models.Model):
     expected_sources = models.JSONField(default=list, help_text="Document filenames or chunk ids")
     evidence = models.TextField(blank=True, help_text="Words of the answering passage: a hit holding them is relevant")
     source_chunk = models.ForeignKey(Chunk, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    hidden_chunks = models.JSONField(
+        default=list, blank=True,
+        help_text="Chunk ids left out of this question's results: they hold the question's own sentence (a "
+                  "held-out question, rag_studio/evals/adaptive.py)")
 
     class Meta:
         ordering = ["id"]

@@ -237,6 +237,12 @@ def cancel_run(*, actor: Actor, run: EvalRun) -> EvalRun:
     return run
 
 
+def visible_hits(hits, item: EvalItem) -> list:
+    """The hits a question is scored on: a held-out question's own chunks (`hidden_chunks`) left out."""
+    hidden = set(item.hidden_chunks)
+    return [hit for hit in hits if hit.chunk_id not in hidden] if hidden else list(hits)
+
+
 def hit_keys(hits, relevant: set[str]) -> list[str]:
     """Each hit as the key it matches in the expected sources: its chunk, its parent chunk, or its document."""
     keys = []
@@ -283,7 +289,8 @@ def _judge(client, judge: str, prompt: str) -> tuple[float | None, str]:
 def _evaluate_item(run: EvalRun, pipeline, item: EvalItem, client) -> EvalResult:
     started = time.perf_counter()
     outcome = pipeline.run(item.question)
-    metrics = score_retrieval(outcome.hits, item.expected_sources + evidence_chunks(item, pipeline.kb), run.top_k)
+    metrics = score_retrieval(visible_hits(outcome.hits, item),
+                              item.expected_sources + evidence_chunks(item, pipeline.kb), run.top_k)
     if item.expected_answer:
         metrics["token_f1"] = eval_metrics.token_f1(outcome.answer, item.expected_answer)
         metrics["exact_match"] = eval_metrics.exact_match(outcome.answer, item.expected_answer)

@@ -33,7 +33,7 @@ from accounts.services import Actor, record_audit, require_role
 from cluster import queues
 from rag_studio import selectors, services
 from rag_studio.evals import eval_metrics, jobs
-from rag_studio.evals.evaluation import evidence_chunks, hit_keys
+from rag_studio.evals.evaluation import evidence_chunks, hit_keys, visible_hits
 from rag_studio.models import (
     Chunk,
     EvalItem,
@@ -273,12 +273,21 @@ def settings_for(params: dict, tuning: RetrievalTuning, baseline: dict, rerank_k
 
 
 def _searcher(kb: KnowledgeBase, settings: dict):
-    """question -> hits under `settings`: retrieval, or a multi-query pipeline (built once) when it rewrites."""
+    """(question, extra) -> hits under `settings`: retrieval (`extra` hits deeper, for a held-out question's
+    hidden chunks to leave k), or a multi-query pipeline (built once) when it rewrites."""
     if settings["rewrite_model"]:
         pipeline = RagPipeline(kb, {"template": RagTemplate.MULTI_QUERY, "model": settings["rewrite_model"],
                                     "prompt": "", "retrieval": settings["retrieval"], "generation": {}})
-        return lambda question: pipeline.retrieve(question).hits
-    return lambda question: retrieve(kb, question, settings["retrieval"]).hits
+        return lambda question, extra=0: pipeline.retrieve(question).hits
+
+    def search(question: str, extra: int = 0):
+        retrieval = settings["retrieval"]
+        if extra:  # within the settings' limit of 50 hits
+            retrieval = {**retrieval, "top_k": min(50, retrieval["top_k"] + extra),
+                         "rerank": {**retrieval["rerank"], "top_k": min(50, retrieval["rerank"]["top_k"] + extra)}}
+        return retrieve(kb, question, retrieval).hits
+
+    return search
 
 
 def measure(kb: KnowledgeBase, settings: dict, items: list[tuple[EvalItem, set[str]]], k: int) -> dict:
@@ -288,7 +297,7 @@ def measure(kb: KnowledgeBase, settings: dict, items: list[tuple[EvalItem, set[s
     search = _searcher(kb, settings)
     for item, relevant in items:
         started = time.perf_counter()
-        keys = hit_keys(search(item.question), relevant)[:k]
+        keys = hit_keys(visible_hits(search(item.question, len(item.hidden_chunks)), item), relevant)[:k]
         latencies.append((time.perf_counter() - started) * 1000)
         hits_found.append(eval_metrics.hit_at_k(keys, relevant, k))
         reciprocal_ranks.append(eval_metrics.reciprocal_rank(keys, relevant))

@@ -1,6 +1,6 @@
-"""A default that adapts without an eval set (issue 34): questions drawn from a knowledge base's own chunks without
-an LLM, a short tuning job in the background, and its winner adopted only where it beats the fixed default on the
-held-back half; the knowledge base page shows what was measured."""
+"""A default that adapts without an eval set (issue 34): held-out sentences of a knowledge base's own chunks, no
+LLM, a short tuning job in the background, and its winner adopted only where it beats the fixed default on the
+held-back half beyond noise; the knowledge base page shows what was measured."""
 
 import random
 import re
@@ -11,41 +11,54 @@ import pytest
 from cluster import queues
 from rag_studio import services
 from rag_studio.evals import adaptive, jobs, tuning
-from rag_studio.models import EvalSetSource, JobStatus
+from rag_studio.models import EvalItem, EvalSet, EvalSetSource, JobStatus
 from rag_studio.pipeline import ingestion
 from rag_studio.pipeline.ingestion import ingest
+from rag_studio.search.retrieval import retrieve
 from rag_studio.search.retrieval_config import is_default, validate_retrieval
 from tests.rag_studio.conftest import sample
 
 pytestmark = pytest.mark.usefixtures("shared_northwind")
 
 
-def test_questions_are_sentences_of_the_knowledge_bases_own_chunks_with_words_left_out(indexed_kb):
+def test_questions_are_held_out_sentences_answered_by_the_rest_of_their_document(indexed_kb):
     questions = adaptive.synthetic_questions(indexed_kb, count=20, seed=1)
 
-    chunks = indexed_kb.chunks.filter(searchable=True).count()
-    assert len(questions) == 20 and len({chunk_id for _, chunk_id in questions}) >= min(chunks, 20) * 2 // 3
-    for question, chunk_id in questions:
-        text = indexed_kb.chunks.get(pk=chunk_id).text.lower()
-        words = re.findall(r"[^\W_]+", question.lower(), flags=re.ASCII) + re.findall(r"[\u4e00-\u9fff]", question)
-        assert len(question) >= 8 and all(word in text for word in words), (question, text)
-        assert question.lower() not in text  # half the sentence's words were left out
+    documents = Counter(indexed_kb.chunks.filter(searchable=True).values_list("document_id", flat=True))
+    eligible = indexed_kb.chunks.filter(searchable=True, document_id__in=[d for d, n in documents.items() if n > 1])
+    # Spread over the base: a chunk each first, then more rounds.
+    assert len(questions) == 20 and len({item.chunk_id for item in questions}) >= min(20, eligible.count()) * 2 // 3
+    for item in questions:
+        source = indexed_kb.chunks.get(pk=item.chunk_id)
+        assert item.question in " ".join(source.text.split())
+        assert len(adaptive._words(item.question)) >= adaptive.MIN_WORDS
+        document = set(indexed_kb.chunks.filter(document=source.document, searchable=True).values_list("pk", flat=True))
+        holding = {chunk.pk for chunk in indexed_kb.chunks.filter(pk__in=document)
+                   if item.question in " ".join(chunk.text.split())}
+        # Answered by the rest of its document; every chunk holding the sentence itself is left out of the results.
+        assert set(item.hidden) == holding | {item.chunk_id}
+        assert set(item.relevant) == document - set(item.hidden) and item.relevant
 
-    chinese = "反应釜压力超过零点六兆帕时，操作人员必须立即停止进料并通知当班班长。"
-    question = adaptive.question_from(chinese, random.Random(0))
-    assert question and " " not in question and len(question) < len(chinese)
-    assert all(character in chinese for character in question)
+    chinese = "反应釜压力超过零点六兆帕时，操作人员必须立即停止进料并通知当班班长。其余内容"
+    assert adaptive.sentence_from(chinese, random.Random(0)) == chinese.split("。")[0] + "。"
 
 
-def test_a_question_leaves_out_the_words_fewest_chunks_hold():
-    # The rare words are what lets keyword search alone find the chunk from its own sentence; a user's question
-    # rarely has them. Every draw leaves out the two rarest of these ten words (a quarter, rounded down).
-    sentence = "the controller restarts every failed pod within thirty seconds by default"
-    chunks_with = Counter({"the": 90, "every": 40, "failed": 30, "within": 50, "seconds": 35, "by": 80,
-                           "default": 45, "restarts": 20, "controller": 2, "pod": 1, "thirty": 25})
-    for seed in range(20):
-        words = adaptive.question_from(sentence, random.Random(seed), chunks_with).split()
-        assert "pod" not in words and "controller" not in words and len(words) == 6
+def test_a_held_out_question_is_scored_on_the_hits_past_its_own_chunks(indexed_kb):
+    question = adaptive.synthetic_questions(indexed_kb, count=1, seed=3)[0].question
+    ranked = [hit.chunk_id for hit in retrieve(indexed_kb, question, {"mode": "keyword", "top_k": 10}).hits]
+    settings = {"retrieval": validate_retrieval({"mode": "keyword", "top_k": 5}), "rewrite_model": ""}
+    eval_set = EvalSet.objects.create(workspace=indexed_kb.workspace, knowledge_base=indexed_kb, name="held out")
+    sixth = EvalItem.objects.create(eval_set=eval_set, question=question, expected_sources=[f"chunk:{ranked[5]}"])
+    own = EvalItem.objects.create(eval_set=eval_set, question=question, expected_sources=[f"chunk:{ranked[0]}"])
+
+    def hit(item: EvalItem) -> float:
+        return tuning.measure(indexed_kb, settings, [(item, set(item.expected_sources))], 5)["hit@k"]
+
+    assert (hit(sixth), hit(own)) == (0, 1)
+    for item in (sixth, own):
+        item.hidden_chunks = [ranked[0]]
+    # Its own chunk never counts, and the search reaches one deeper, so the sixth hit is now in the top 5.
+    assert (hit(sixth), hit(own)) == (1, 0)
 
 
 def test_an_indexed_knowledge_base_is_measured_and_adopts_a_winner_only_where_it_beats_the_fixed_default(
@@ -68,11 +81,7 @@ def test_an_indexed_knowledge_base_is_measured_and_adopts_a_winner_only_where_it
     best, fixed = trials[report["best"]], trials[0]
     beats = (tuning.ranking(best.tuning_metrics, "hit@k") > tuning.ranking(fixed.tuning_metrics, "hit@k")
              and tuning.ranking(best.holdout_metrics, "hit@k") > tuning.ranking(fixed.holdout_metrics, "hit@k"))
-    # Beyond noise, and hybrid search leaning no further to keyword than the fixed default: the synthetic
-    # questions favour keyword search more than real ones do.
-    retrieval = best.settings["retrieval"]
-    trusted = (not report["noise"].get("within_noise") and retrieval["mode"] == "hybrid"
-               and (retrieval["fusion"] == "rrf" or retrieval["dense_weight"] >= 0.5))
+    trusted = not report["noise"].get("within_noise")  # the held-back gain must be beyond noise
     assert outcome == ("adopted" if beats and trusted else "kept")
     assert ("Not adopted" in report["why"]) == (beats and not trusted)
     beats = beats and trusted
