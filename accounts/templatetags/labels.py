@@ -29,7 +29,8 @@ LABELS = {
     "recursive": _("recursive"), "heading": _("by heading"), "parent_child": _("parent-child"),
     "delimiter": _("delimiter"), "dense": _("dense"), "keyword": _("keyword"), "hybrid": _("hybrid"),
     "weighted": _("weighted"), "rrf": _("reciprocal rank (RRF)"), "none": _("none"), "llm": _("LLM"),
-    "zscore": _("z-score"), "max": _("relative to the best hit"),
+    "zscore_candidates": _("z-score among the candidates"), "zscore": _("z-score"),
+    "max": _("relative to the best hit"),
     "cross_encoder": _("cross-encoder"),
     # screening categories and actions
     "pii": _("personal data"), "secret": _("secrets"), "injection": _("injected instructions"),

@@ -5,8 +5,15 @@ Per-retriever scores shown on each hit, in [0, 1], for display (and for the "max
   keyword: the BM25 score divided by this query's best BM25 score, so the best keyword hit is 1.0 and the
            others say how close they came to it.
 Fusion:
-  weighted: a weighted mean of the two lists' scores, normalised one of two ways (`normalisation`):
-            zscore (the default): each side's raw score as standard deviations above the mean score of every
+  weighted: a weighted mean of the two lists' scores, normalised one of three ways (`normalisation`):
+            zscore_candidates (the default): as zscore below, with each side's mean and spread taken over its own
+              candidates (the lists given) rather than the whole index. Keyword scores over the whole index are
+              mostly 0, so any match stood many spreads out and keyword search outweighed dense search whenever it
+              matched at all; among the candidates both sides stand out in like units. On bench.rag_quality's man
+              pages (hit@5, English / Chinese) it found 0.983 / 0.983 against zscore's 0.917 / 0.950, and 0.875
+              against 0.850 on the Python docs; it gave up one of 28 Chinese questions where an English-only model
+              read Chinese (0.964 against 1.000), the case zscore was made for.
+            zscore: each side's raw score as standard deviations above the mean score of every
               chunk in the index for this query (z = (score - mean) / std; index_store gives the statistics,
               else they come from the lists themselves), fused = Phi((dense_weight * z_dense + keyword_weight *
               z_keyword) / (dense_weight + keyword_weight)), Phi the standard normal CDF, so fused is in [0, 1]
@@ -35,7 +42,7 @@ import math
 from dataclasses import dataclass
 
 FUSION_METHODS = ("weighted", "rrf")
-NORMALISATIONS = ("zscore", "max")
+NORMALISATIONS = ("zscore_candidates", "zscore", "max")
 RRF_K = 60
 
 
@@ -50,7 +57,7 @@ class ScoredHit:
 
 
 def fuse(dense: list[tuple[int, float]], keyword: list[tuple[int, float]], *, method: str = "weighted",
-         normalisation: str = "zscore", dense_weight: float = 0.5, keyword_weight: float = 0.5,
+         normalisation: str = "zscore_candidates", dense_weight: float = 0.5, keyword_weight: float = 0.5,
          rrf_k: int = RRF_K, top_k: int = 10, dense_stats: dict | None = None, keyword_stats: dict | None = None,
          document_of: dict[int, int] | None = None, max_per_document: int = 0) -> list[ScoredHit]:
     """The top_k hits of (chunk id, score) lists given best first; see the module docstring for the maths.
@@ -64,7 +71,9 @@ def fuse(dense: list[tuple[int, float]], keyword: list[tuple[int, float]], *, me
     if method == "rrf":
         fused = _reciprocal_rank(dense_raw, keyword_raw, rrf_k)
         order = fused
-    elif normalisation == "zscore":
+    elif normalisation in ("zscore", "zscore_candidates"):
+        if normalisation == "zscore_candidates":
+            dense_stats = keyword_stats = None  # each list's own
         order = _weighted_z(dense_raw, keyword_raw, dense_stats, keyword_stats, dense_weight, keyword_weight)
         fused = {chunk_id: _normal_cdf(z) for chunk_id, z in order.items()}
     else:

@@ -116,7 +116,7 @@ def test_a_mostly_chinese_knowledge_base_is_offered_the_multilingual_embedding_m
 def test_ingestion_records_the_language_and_the_page_explains_the_defaults_until_the_user_sets_their_own(
         own_plant_kb, indexed_kb, ann):
     assert (own_plant_kb.language, indexed_kb.language) == ("zh", "en")
-    assert is_default(own_plant_kb.retrieval) and own_plant_kb.retrieval["normalisation"] == "zscore"
+    assert is_default(own_plant_kb.retrieval) and own_plant_kb.retrieval["normalisation"] == "zscore_candidates"
     client = chinese_client(ann)
     page = client.get(f"/rag/kb/{own_plant_kb.pk}/").content.decode()
     assert 'id="retrieval-defaults"' in page and "z 分数融合" in page

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from rag_studio.search.fusion import ScoredHit, fuse
+from rag_studio.search.retrieval_config import validate_retrieval
 
 # chunk 1: dense only; chunk 2: both lists; chunk 3: dense only, negative cosine; chunk 4: keyword only
 DENSE = [(1, 0.9), (2, 0.5), (3, -0.2)]
@@ -141,7 +142,8 @@ E5_KEYWORD_STATS = {"mean": 0.102, "std": 0.34, "count": 22, "matches": 2}
 def test_a_chunk_both_sides_rank_highly_is_not_beaten_by_the_keyword_top_hit():
     before = fuse(E5_DENSE, E5_KEYWORD, normalisation="max", dense_weight=0.7, keyword_weight=0.3)
     assert before[0].chunk_id == 2  # the old fusion: keyword's top hit wins although dense is sure of chunk 1
-    after = fuse(E5_DENSE, E5_KEYWORD, dense_stats=E5_DENSE_STATS, keyword_stats=E5_KEYWORD_STATS)
+    after = fuse(E5_DENSE, E5_KEYWORD, normalisation="zscore", dense_stats=E5_DENSE_STATS,
+                 keyword_stats=E5_KEYWORD_STATS)
     assert [hit.chunk_id for hit in after][:2] == [1, 2]
     # display scores are unchanged; fused is the standard normal CDF of the weighted z, in [0, 1]
     top = after[0]
@@ -156,18 +158,19 @@ def test_zscore_without_index_statistics_uses_the_lists_own():
 
 
 def test_a_side_that_tells_chunks_apart_outweighs_one_that_does_not():
-    """An English-only model reading Chinese: cosines of noise, nowhere near a standout; keyword is sure."""
+    """With index-wide z-scores (`zscore`), an English-only model reading Chinese: cosines of noise, nowhere near a
+    standout, move little; keyword is sure."""
     noise = [(5, 0.60), (6, 0.59), (7, 0.58), (8, 0.57)]
     noise_stats = {"mean": 0.45, "std": 0.10, "count": 22}
     sure = [(8, 6.0), (5, 0.6)]
     sure_stats = {"mean": 0.35, "std": 1.3, "count": 22, "matches": 2}
-    hits = fuse(noise, sure, dense_stats=noise_stats, keyword_stats=sure_stats)
+    hits = fuse(noise, sure, normalisation="zscore", dense_stats=noise_stats, keyword_stats=sure_stats)
     assert hits[0].chunk_id == 8
 
 
 def test_a_keyword_list_holding_every_match_gives_the_rest_a_bm25_of_0():
     stats = {"mean": 0.1, "std": 0.5, "matches": 1}
-    hits = by_id(fuse([(1, 0.5), (2, 0.4)], [(2, 3.0)], dense_stats={"mean": 0.3, "std": 0.1},
+    hits = by_id(fuse([(1, 0.5), (2, 0.4)], [(2, 3.0)], normalisation="zscore", dense_stats={"mean": 0.3, "std": 0.1},
                       keyword_stats=stats))
     z_missing = (0.0 - 0.1) / 0.5  # chunk 1: no keyword match at all
     assert hits[1].fused == pytest.approx(0.5 * (1 + math.erf(((0.5 - 0.3) / 0.1 + z_missing) / 2 / math.sqrt(2))))
@@ -193,3 +196,18 @@ def test_rrf_k_changes_the_fused_order():
     large = by_id(fuse(dense, keyword, method="rrf", rrf_k=200))
     assert small[3].fused == pytest.approx((1 / 4 + 1 / 2) / (2 / 2))
     assert large[3].fused == pytest.approx((1 / 203 + 1 / 201) / (2 / 201))
+
+
+def test_among_the_candidates_a_keyword_match_no_longer_outweighs_a_dense_standout():
+    """Issue 34: over the whole index most BM25 scores are 0, so any keyword match stands many spreads out and
+    decided alone; among each side's candidates the chunk dense search is sure of, which keyword search also
+    found, comes first (the default, `zscore_candidates`)."""
+    dense = [(1, 0.80), (2, 0.60), (3, 0.58), (4, 0.57)]
+    keyword = [(2, 2.0), (1, 1.2), (5, 1.1)]
+    index_stats = {"dense_stats": {"mean": 0.3, "std": 0.1, "count": 500},
+                   "keyword_stats": {"mean": 0.05, "std": 0.2, "count": 500, "matches": 3}}
+    assert fuse(dense, keyword, normalisation="zscore", **index_stats)[0].chunk_id == 2
+    among = fuse(dense, keyword, **index_stats)
+    assert [hit.chunk_id for hit in among][:2] == [1, 2]
+    assert among == fuse(dense, keyword, normalisation="zscore")  # the index's statistics play no part
+    assert validate_retrieval(None)["normalisation"] == "zscore_candidates"
