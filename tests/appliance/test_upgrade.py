@@ -170,10 +170,20 @@ def test_an_instance_of_the_previous_release_upgrades_and_answers_as_before(appl
     backups = list((prefix / "backups").glob("pre-upgrade-*.tar"))
     assert len(backups) == 1 and str(backups[0]) in upgraded.stdout
     answers = _probe(ROOT, prefix / "data", appliance["keys"])
-    # The same hits with the same scores, the app's key and the workspace key answer, the secret decrypts.
-    assert answers == appliance["answers"]
+    # The same hits in the same order with the same dense and keyword scores, the app's key and the workspace key
+    # answer, the secret decrypts. The fused score follows the default fusion, which this release moved for the
+    # knowledge bases on it (z-scores among the candidates, migration rag_studio 0010).
+    assert _without_fused(answers) == _without_fused(appliance["answers"])
     assert answers["secret"] == "erp-token-7f3a"
     assert all(answers["hits"][query] for query in QUERIES)
+
+
+def _without_fused(answers: dict) -> dict:
+    return {**answers, "hits": {query: [{**{key: value for key, value in hit.items() if key != "score"},
+                                         "scores": {key: value for key, value in hit["scores"].items()
+                                                    if key != "fused"}}
+                                        for hit in hits]
+                                for query, hits in answers["hits"].items()}}
 
 
 def _failing_release(tmp_path: Path) -> Path:

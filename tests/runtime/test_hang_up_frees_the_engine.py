@@ -41,10 +41,11 @@ def stack(shared_smollm2, celery_worker_process, web_server, django_db_blocker):
         rag_services.upload_documents(actor=owner, kb=kb, uploads=[sample("northwind-support-faq.md")])
         wait_for(lambda: kb.documents.filter(status=DocumentStatus.INDEXED).exists(), timeout=120,
                  what="the worker to index the FAQ")
-        # A prompt that makes the model write on and on, so that only a stop ends it early.
+        # A prompt that makes the model write on and on, so that only a stop ends it early; one dense hit as its
+        # context, so that the prompt does not move with the default fusion.
         config = rag_services.save_rag_config(
             actor=owner, workspace=workspace, name="Counter", knowledge_base=kb, template="basic", model=SMOLLM2,
-            prompt="{context}\n\n" + COUNTING + " {question}",
+            prompt="{context}\n\n" + COUNTING + " {question}", retrieval={"mode": "dense", "top_k": 1},
             generation={"temperature": 0, "max_tokens": LONG_ANSWER_TOKENS})
         app = services.publish_app(actor=owner, config=config, slug="counter")
         browser = Client()
