@@ -91,7 +91,7 @@ def _hang_up_mid_answer(url: str, *, headers: dict, body: dict, token_marker: st
                 break
         else:
             pytest.fail(f"The stream ended before the answer was under way: {received[-500:]}")
-        assert busy_slots() == 1, "the engine should be writing the answer when the client leaves"
+        assert busy_slots() == 1, f"the engine should be writing the answer when the client leaves: {received[-400:]}"
         steps_at_hang_up = _decode_steps()
     wait_for(lambda: busy_slots() == 0, timeout=FREED_WITHIN_S, interval=0.1,
              what="the engine's slot to be freed after the client hung up")
