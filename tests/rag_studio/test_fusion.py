@@ -1,11 +1,15 @@
-"""fuse(): explainable hybrid scores, checked against hand-computed values."""
+"""fuse(): explainable hybrid scores, checked against hand-computed values; the release that changed the default."""
 
+import importlib
 import math
 
 import pytest
+from django.apps import apps as django_apps
 
+from rag_studio.models import KnowledgeBase
 from rag_studio.search.fusion import ScoredHit, fuse
-from rag_studio.search.retrieval_config import validate_retrieval
+from rag_studio.search.retrieval_config import DEFAULT_RETRIEVAL, validate_retrieval
+from rag_studio.services import create_knowledge_base
 
 # chunk 1: dense only; chunk 2: both lists; chunk 3: dense only, negative cosine; chunk 4: keyword only
 DENSE = [(1, 0.9), (2, 0.5), (3, -0.2)]
@@ -211,3 +215,19 @@ def test_among_the_candidates_a_keyword_match_no_longer_outweighs_a_dense_stando
     assert [hit.chunk_id for hit in among][:2] == [1, 2]
     assert among == fuse(dense, keyword, normalisation="zscore")  # the index's statistics play no part
     assert validate_retrieval(None)["normalisation"] == "zscore_candidates"
+
+
+@pytest.mark.django_db
+def test_the_release_moves_knowledge_bases_on_the_old_default_and_leaves_chosen_settings(acme, ann):
+    migration = importlib.import_module("rag_studio.migrations.0010_default_zscore_candidates")
+    untouched = create_knowledge_base(actor=ann, workspace=acme, name="Untouched")
+    chosen = create_knowledge_base(actor=ann, workspace=acme, name="Chosen")
+    KnowledgeBase.objects.filter(pk=untouched.pk).update(retrieval=migration.OLD_DEFAULT)
+    KnowledgeBase.objects.filter(pk=chosen.pk).update(retrieval={**migration.OLD_DEFAULT, "top_k": 8})
+
+    migration.forwards(django_apps, None)
+    assert KnowledgeBase.objects.get(pk=untouched.pk).retrieval == DEFAULT_RETRIEVAL
+    assert KnowledgeBase.objects.get(pk=chosen.pk).retrieval == {**migration.OLD_DEFAULT, "top_k": 8}
+
+    migration.backwards(django_apps, None)
+    assert KnowledgeBase.objects.get(pk=untouched.pk).retrieval == migration.OLD_DEFAULT
