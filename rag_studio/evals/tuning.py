@@ -272,22 +272,30 @@ def settings_for(params: dict, tuning: RetrievalTuning, baseline: dict, rerank_k
     return {"retrieval": validate_retrieval({**baseline["retrieval"], **chosen}), "rewrite_model": rewrite_model}
 
 
+def _deeper(retrieval: dict, extra: int) -> dict:
+    """`retrieval` giving `extra` hits more (within the settings' limit of 50): a held-out question's hidden chunks
+    are left out of its hits, and k must remain."""
+    if not extra:
+        return retrieval
+    return {**retrieval, "top_k": min(50, retrieval["top_k"] + extra),
+            "rerank": {**retrieval["rerank"], "top_k": min(50, retrieval["rerank"]["top_k"] + extra)}}
+
+
 def _searcher(kb: KnowledgeBase, settings: dict):
-    """(question, extra) -> hits under `settings`: retrieval (`extra` hits deeper, for a held-out question's
-    hidden chunks to leave k), or a multi-query pipeline (built once) when it rewrites."""
+    """(question, extra) -> hits under `settings`, `extra` hits deeper: retrieval, or a multi-query pipeline (built
+    once for each depth) when it rewrites."""
     if settings["rewrite_model"]:
-        pipeline = RagPipeline(kb, {"template": RagTemplate.MULTI_QUERY, "model": settings["rewrite_model"],
-                                    "prompt": "", "retrieval": settings["retrieval"], "generation": {}})
-        return lambda question, extra=0: pipeline.retrieve(question).hits
+        pipelines = {}
 
-    def search(question: str, extra: int = 0):
-        retrieval = settings["retrieval"]
-        if extra:  # within the settings' limit of 50 hits
-            retrieval = {**retrieval, "top_k": min(50, retrieval["top_k"] + extra),
-                         "rerank": {**retrieval["rerank"], "top_k": min(50, retrieval["rerank"]["top_k"] + extra)}}
-        return retrieve(kb, question, retrieval).hits
+        def rewritten(question: str, extra: int = 0):
+            if extra not in pipelines:
+                pipelines[extra] = RagPipeline(kb, {
+                    "template": RagTemplate.MULTI_QUERY, "model": settings["rewrite_model"], "prompt": "",
+                    "retrieval": _deeper(settings["retrieval"], extra), "generation": {}})
+            return pipelines[extra].retrieve(question).hits
 
-    return search
+        return rewritten
+    return lambda question, extra=0: retrieve(kb, question, _deeper(settings["retrieval"], extra)).hits
 
 
 def measure(kb: KnowledgeBase, settings: dict, items: list[tuple[EvalItem, set[str]]], k: int) -> dict:

@@ -15,10 +15,12 @@ from django.utils import timezone
 
 from accounts.services import Actor, create_workspace
 from rag_studio import files, selectors, services
+from rag_studio.evals import tuning
 from rag_studio.models import Document, DocumentStatus, Stage
 from rag_studio.pipeline import ingestion
 from rag_studio.search.index_store import store_for
 from rag_studio.search.retrieval import retrieve
+from rag_studio.search.retrieval_config import validate_retrieval
 from rag_studio.tasks import ingest_document
 from serving.presets import SMOLLM2
 from tests.conftest import (
@@ -150,6 +152,18 @@ def test_an_llm_rerank_rates_every_candidate_through_the_gateway(northwind, live
     scores = [hit.rerank for hit in result.hits]
     assert all(score is not None for score in scores) and scores == sorted(scores, reverse=True)
     assert all(hit.fused is not None for hit in result.hits)
+
+
+def test_a_tuning_trial_that_rewrites_the_question_searches_deeper_for_a_held_out_questions_hidden_chunks(
+        northwind, live_db):
+    settings = {"rewrite_model": SMOLLM2, "retrieval": validate_retrieval({"mode": "hybrid", "top_k": 3})}
+    search = tuning._searcher(northwind["kb"], settings)
+    question = "How many days of annual leave do employees get?"
+
+    # The question rewritten by the model through the gateway, its queries' hits fused: 3, or 3 more than the
+    # chunks a held-out question hides from them (the samples have more than 5 chunks).
+    assert len(search(question)) == 3
+    assert len(search(question, 2)) == 5
 
 
 def test_the_run_api_answers_over_http_while_the_same_process_serves_the_gateway(platform, northwind, live_db):
