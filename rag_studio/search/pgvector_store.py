@@ -69,6 +69,10 @@ MAX_LEXEME_BYTES = 2046
 MAX_POSITIONS = 256
 # The most rows a keyword search scores (see the module docstring): every matching row on an index this small.
 KEYWORD_CANDIDATES = 4000
+# The HNSW graph's build effort (pgvector's default is 64). Measured on 1M synthetic chunks (tight topic clusters,
+# bench.ingest): recall@10 0.921 at ef_search 200 with 64, and no more than 0.948 at any ef_search, as neighbours the
+# graph never linked stay out of reach; 1.000 at ef_search 200 with 128, inserts costing about 1.7 times as much.
+HNSW_EF_CONSTRUCTION = 128
 # How many rows of an index hold each lexeme.
 FREQUENCY_TABLE = "CREATE TABLE {} (lexeme text COLLATE \"C\" PRIMARY KEY, rows integer NOT NULL)"
 INSTALL_HINT = ("install pgvector on the database server (Debian/Ubuntu: `apt install postgresql-{major}-pgvector`) "
@@ -244,8 +248,10 @@ class PgvectorStore:
             ).format(table, sql.Literal(self.dimension)))
             connection.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (owner)").format(
                 sql.Identifier(f"{self.table}_owner"), table))
-            connection.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (embedding vector_ip_ops)")
-                               .format(sql.Identifier(f"{self.table}_embedding"), table))
+            connection.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (embedding vector_ip_ops) "
+                                       "WITH (m = 16, ef_construction = {})")
+                               .format(sql.Identifier(f"{self.table}_embedding"), table,
+                                       sql.Literal(HNSW_EF_CONSTRUCTION)))
             connection.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING gin (tokens)").format(
                 sql.Identifier(f"{self.table}_tokens"), table))
             connection.execute(
