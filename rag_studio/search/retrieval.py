@@ -71,7 +71,10 @@ def retrieve(kb: KnowledgeBase, query: str, overrides: dict | None = None) -> Re
     store = store_for(kb)
     candidates = max(config["candidates"], config["top_k"], config["rerank"]["top_k"])
     dense, keyword, rows = [], [], {}
-    dense_stats, keyword_stats = {}, {}  # each side's mean and spread over the whole index, for z-scores
+    # Each side's mean and spread over the whole index: only z-scores over the index read them, so only they are
+    # worked out (pgvector estimates the keyword side's from its frequency table).
+    over_index = config["fusion"] == "weighted" and config["normalisation"] == "zscore"
+    dense_stats, keyword_stats = ({}, {}) if over_index else (None, None)
     # The query embeds on the model's own thread while this one searches the keyword index and loads those hits'
     # rows: torch, numpy and SQLite all let go of the GIL, so the two overlap on two cores.
     embedding = Embedder.for_knowledge_base(kb).embed_soon([query]) if config["mode"] != "keyword" else None
