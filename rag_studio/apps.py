@@ -12,8 +12,8 @@ class RagStudioConfig(AppConfig):
         from rag_studio.evals import jobs
 
         queues.count_workload(jobs.active_in)
-        # Backups carry the pgvector indexes, which live outside the data dir and the Django tables.
+        # Backups carry the indexes that live outside the data dir and the Django tables (pgvector's).
         from assets.backup import register_part
-        from rag_studio.search import pgvector_backup
+        from rag_studio.search import index_backup
 
-        register_part("pgvector", pgvector_backup.dump, pgvector_backup.load)
+        register_part(index_backup.PART, index_backup.dump, index_backup.load)

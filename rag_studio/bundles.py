@@ -58,7 +58,7 @@ from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, Fi
 from rag_studio.pipeline import ingestion
 from rag_studio.pipeline.parsing import ParseError, file_kind
 from rag_studio.pipeline.storage import is_stored
-from rag_studio.search.index_store import forget_readers, store_for
+from rag_studio.search.stores import store_for
 from serving.models import RoleHint
 from serving.selectors import chat_model_problem, deployments_visible_to, models_visible_to
 
@@ -238,8 +238,6 @@ def import_verified_bundle(*, actor: Actor, workspace: Workspace, bundle: Bundle
                 screening=plan.kb_settings.get("screening"), retrieval=plan.kb_settings.get("retrieval"),
                 keyword_terms=plan.kb_settings.get("keyword_terms"))
             kb_dir = files.kb_dir(kb.pk)
-            # A new id starts with no files: on SQLite, the id of a rolled-back knowledge base is given out again.
-            _clear(kb_dir)
             restore = _can_restore(kb, plan.index, notes)
             documents = _import_documents(bundle, kb, plan, staged, restore, owner)
             vectors = _restore_chunks(kb, plan.index, index, documents) if restore else []
@@ -257,7 +255,7 @@ def import_verified_bundle(*, actor: Actor, workspace: Workspace, bundle: Bundle
             transaction.on_commit(lambda: ingestion.dispatch_ingest(queued))
     except BaseException:
         if kb_dir is not None:
-            _clear(kb_dir)
+            shutil.rmtree(kb_dir, ignore_errors=True)
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -291,11 +289,6 @@ def _stage_document(bundle: Bundle, entry: dict, staging: Path) -> Path:
     if not target.exists():
         bundle.copy_to(entry["file"], target)
     return target
-
-
-def _clear(kb_dir: Path) -> None:
-    shutil.rmtree(kb_dir, ignore_errors=True)
-    forget_readers(kb_dir)
 
 
 @dataclass

@@ -24,8 +24,12 @@ def upload_path(kb_id: int, sha256: str) -> Path:
     return uploads_dir(kb_id) / sha256
 
 
+def indexes_dir(kb_id: int) -> Path:
+    return kb_dir(kb_id) / "indexes"
+
+
 def index_dir(kb_id: int, key: str) -> Path:
-    return kb_dir(kb_id) / "indexes" / key
+    return indexes_dir(kb_id) / key
 
 
 def index_home() -> dict:

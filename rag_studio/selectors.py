@@ -15,9 +15,9 @@ from rag_studio.models import (
     RetrievalTuning,
 )
 from rag_studio.pipeline import line
-from rag_studio.search.index_store import store_for
 from rag_studio.search.keywords import TOKENS_VERSION, domain_terms_version
 from rag_studio.search.retrieval_config import validate_retrieval
+from rag_studio.search.stores import store_for
 from serving.models import RoleHint, ServingState
 from serving.selectors import deployments_visible_to
 

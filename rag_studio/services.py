@@ -24,7 +24,6 @@ from rag_studio.models import (
     DocumentEvent,
     DocumentStatus,
     EmbeddingModelSource,
-    IndexBackend,
     KnowledgeBase,
     RagConfig,
     RagConfigVersion,
@@ -36,8 +35,8 @@ from rag_studio.pipeline.chunking import DEFAULT_CHUNKING, validate_chunking
 from rag_studio.pipeline.parsing import ParseError, file_kind
 from rag_studio.pipeline.screening import DEFAULT_POLICY, validate_policy
 from rag_studio.rag import RagPipeline
-from rag_studio.search import pgvector_store
-from rag_studio.search.index_store import store_for
+from rag_studio.search import stores
+from rag_studio.search.index_store import StoreUnavailable
 from rag_studio.search.keywords import validate_domain_terms
 from rag_studio.search.retrieval_config import validate_retrieval
 from serving.models import Deployment, Model, RoleHint
@@ -78,7 +77,8 @@ def _validated(validate, field: str, value: dict):
 
 def _index_key(model: Model, generation: int) -> str:
     # A token of its own: a knowledge base that reuses a deleted one's id (SQLite reuses the last row's) must not
-    # find the old index's files, nor be served from a process's cache of them (index_store keys it by directory).
+    # find the old index's files, nor be served from a process's cache of them (the embedded store keys it by
+    # directory).
     return f"{model.name[:40]}.{secrets.token_hex(4)}.v{generation}"
 
 
@@ -96,11 +96,10 @@ def create_knowledge_base(*, actor: Actor, workspace: Workspace, name: str, desc
     name = name.strip()
     if not name:
         raise _fields_error("name", "A knowledge base needs a name.")
-    if settings.RAG_INDEX_BACKEND == IndexBackend.PGVECTOR:
-        try:
-            pgvector_store.check_available()
-        except pgvector_store.PgvectorUnavailable as exc:
-            raise ServiceUnavailable(str(exc), retry_after=60)
+    try:
+        stores.check_available(settings.RAG_INDEX_BACKEND)
+    except StoreUnavailable as exc:
+        raise ServiceUnavailable(str(exc), retry_after=60)
     if KnowledgeBase.objects.filter(workspace=workspace, name=name).exists():
         raise Conflict(gettext("A knowledge base named '%(name)s' already exists in this workspace.") % {"name": name})
     model = _embedding_model(workspace, embedding_model or DEFAULT_EMBEDDING_MODEL)
@@ -121,10 +120,9 @@ def create_knowledge_base(*, actor: Actor, workspace: Workspace, name: str, desc
     )
     kb.indexed_with = selectors.index_settings(kb)
     kb.save(update_fields=["indexed_with"])
-    # Files a deleted knowledge base with this id left behind (its deletion stopped halfway) go now.
+    # Files and indexes a deleted knowledge base with this id left behind (its deletion stopped halfway) go now.
     shutil.rmtree(files.kb_dir(kb.pk), ignore_errors=True)
-    if kb.index_backend == IndexBackend.PGVECTOR:
-        pgvector_store.drop_knowledge_base(kb.pk)  # and so do its tables
+    stores.drop_knowledge_base(kb.pk, kb.index_backend)
     register_kb_asset(kb, actor=actor)
     record_audit(actor=actor, workspace=workspace, action="rag.kb.create", target=kb, detail={"name": name})
     return kb
@@ -209,9 +207,7 @@ def start_reindex(*, actor: Actor, kb: KnowledgeBase) -> str:
                      detail={"index": kb.building_key, "documents": len(documents)})
         transaction.on_commit(lambda: ingestion.dispatch_ingest([d.pk for d in documents]))
     if previous_build:
-        shutil.rmtree(files.index_dir(kb.pk, previous_build), ignore_errors=True)
-        if kb.index_backend == IndexBackend.PGVECTOR:
-            pgvector_store.drop_index(kb.pk, previous_build)
+        stores.store_for(kb, previous_build).drop()
     if not documents:
         ingestion.switch_to_built_index(kb.pk)
     return kb.building_key
@@ -233,8 +229,7 @@ def delete_knowledge_base(*, actor: Actor, kb: KnowledgeBase) -> None:
         kb.delete()
     shutil.rmtree(files.kb_dir(kb_id), ignore_errors=True)
     shutil.rmtree(files.uploads_dir(kb_id), ignore_errors=True)  # when shared storage holds them
-    if kb.index_backend == IndexBackend.PGVECTOR:
-        pgvector_store.drop_knowledge_base(kb_id)
+    stores.drop_knowledge_base(kb_id, kb.index_backend)
 
 
 @dataclass
@@ -350,7 +345,7 @@ def delete_document(*, actor: Actor, document: Document) -> None:
     kb = document.knowledge_base
     require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
     for key in filter(None, [kb.index_key, kb.building_key]):
-        store_for(kb, key).apply(removals=[str(document.pk)])
+        stores.store_for(kb, key).apply(removals=[str(document.pk)])
     record_audit(actor=actor, workspace=kb.workspace, action="rag.document.delete", target=document,
                  detail={"filename": document.filename})
     document_id, sha256 = document.pk, document.sha256

@@ -28,10 +28,10 @@ from rag_studio.evals import evaluation, jobs
 from rag_studio.models import Document, DocumentStatus, EvalRun, JobStatus, Stage
 from rag_studio.pipeline import ingestion
 from rag_studio.pipeline.storage import StorageFull, UploadedFile
-from rag_studio.search.index_store import store_for
+from rag_studio.search.stores import store_for
 from serving import services as serving_services
 from serving.engines import process
-from serving.models import Deployment, Replica, ServingState
+from serving.models import Deployment, Replica, ServingEvent, ServingState
 from serving.presets import SMOLLM2
 from tests.conftest import (
     ROOT,

@@ -45,7 +45,6 @@ from rag_studio.models import (
     DocumentEvent,
     DocumentStatus,
     Finding,
-    IndexBackend,
     KnowledgeBase,
     Stage,
 )
@@ -55,8 +54,8 @@ from rag_studio.pipeline.cleaning import clean_pages
 from rag_studio.pipeline.parsing import ParsedPage, ParseError, parse_document
 from rag_studio.pipeline.screening import screen_text
 from rag_studio.pipeline.storage import DISK_FULL
-from rag_studio.search import pgvector_store
-from rag_studio.search.index_store import store_for
+from rag_studio.search.index_store import IndexElsewhere, IndexStore
+from rag_studio.search.stores import store_for
 
 logger = logging.getLogger(__name__)
 ORDER = [Stage.PARSE, Stage.CLEAN, Stage.SCREEN, Stage.CHUNK, Stage.EMBED, Stage.INDEX, Stage.DONE]
@@ -293,7 +292,7 @@ def _save_pages(document: Document, stage: str, pages: list[ParsedPage]) -> None
 
 def run_parse(document: Document, worker: str) -> None:
     kb = document.knowledge_base
-    _check_index_home(kb)
+    _store_to_write(kb)  # refused before any work when this worker could never index the document
     pages = parse_document(files.upload_path(kb.pk, document.sha256), document.filename)
     _save_pages(document, Stage.PARSE, pages)
     _advance(document, worker, page_count=len(pages))
@@ -464,25 +463,19 @@ def index_documents(documents: list[Document], worker: str) -> None:
     if not ready:
         return
     kb = KnowledgeBase.objects.select_related("embedding_model").get(pk=documents[0].knowledge_base_id)
-    _check_index_home(kb)
-    store_for(kb, kb.building_key or kb.index_key).apply(
-        upserts={str(document.pk): upserts[str(document.pk)] for document in ready})
+    _store_to_write(kb).apply(upserts={str(document.pk): upserts[str(document.pk)] for document in ready})
     finish_documents(ready, worker)
 
 
-def _check_index_home(kb: KnowledgeBase) -> None:
-    """An embedded index lives in one data dir: a worker with another one (a second node) would write a separate,
-    partial index that the web processes never read. Refuse, and say how to share the base instead."""
-    if kb.index_backend != IndexBackend.EMBEDDED or not kb.index_home:
-        return
-    here = files.index_home()
-    if here["data_dir"] != kb.index_home.get("data_dir"):
-        raise DocumentFailed(
-            "index_elsewhere",
-            f"This knowledge base keeps its index in the data dir of node {kb.index_home.get('node')!r}, and this "
-            f"worker (node {here['node']!r}) has a data dir of its own: writing here would split the index. Ingest "
-            f"on node {kb.index_home.get('node')!r}, or move the knowledge base to the shared pgvector store "
-            f"(manage.py move_index {kb.pk} --to pgvector).")
+def _store_to_write(kb: KnowledgeBase) -> IndexStore:
+    """The store of the index the documents go into (the one being built, else the live one); the document fails
+    with where to ingest instead when this worker may not write it (the store says why)."""
+    store = store_for(kb, kb.building_key or kb.index_key)
+    try:
+        store.check_writable_here()
+    except IndexElsewhere as exc:
+        raise DocumentFailed("index_elsewhere", str(exc))
+    return store
 
 
 def _saved_vectors(document: Document, chunk_count: int) -> np.ndarray | None:
@@ -569,8 +562,6 @@ def record_language(kb_id: int) -> None:
 
 def switch_to_built_index(kb_id: int) -> bool:
     """Once no document of a re-indexing knowledge base is still waiting, retrieval moves to the new index."""
-    import shutil
-
     with transaction.atomic():
         kb = KnowledgeBase.objects.select_for_update().get(pk=kb_id)
         pending = kb.documents.filter(status__in=[DocumentStatus.QUEUED, DocumentStatus.PROCESSING]).exists()
@@ -580,9 +571,7 @@ def switch_to_built_index(kb_id: int) -> bool:
         kb.index_key, kb.indexed_with = kb.building_key, kb.building_with
         kb.building_key, kb.building_with = "", {}
         kb.save(update_fields=["index_key", "indexed_with", "building_key", "building_with", "updated_at"])
-    shutil.rmtree(files.index_dir(kb_id, old_key), ignore_errors=True)
-    if kb.index_backend == IndexBackend.PGVECTOR:
-        pgvector_store.drop_index(kb_id, old_key)
+    store_for(kb, old_key).drop()
     return True
 
 

@@ -4,7 +4,7 @@ writes made meanwhile, switch `index_backend` in one row update, catch up once m
 under way on the old store, then drop the old copy. Retrieval reads the old store until the switch and the new one
 after it; at no point is the knowledge base unsearchable."""
 
-import shutil
+import copy
 import time
 from collections.abc import Callable
 
@@ -12,8 +12,8 @@ from django.db import transaction
 
 from rag_studio import files
 from rag_studio.models import Chunk, IndexBackend, KnowledgeBase
-from rag_studio.search import pgvector_store
-from rag_studio.search.index_store import forget_readers, store_for
+from rag_studio.search.index_store import IndexStore
+from rag_studio.search.stores import check_available, store_for
 
 # Owners copied in one write to the new store.
 BATCH_OWNERS = 64
@@ -33,8 +33,7 @@ def move_index(kb: KnowledgeBase, to: str, *, settle_s: float = 5.0, log: Callab
     if kb.building_key:
         raise MoveRefused(f"Knowledge base {kb.pk} ({kb.name}) is being re-indexed into {kb.building_key}; move it "
                           f"once that is done.")
-    if to == IndexBackend.PGVECTOR:
-        pgvector_store.check_available()
+    check_available(to)
     source = store_for(kb)
     target = store_for(_on(kb, to))
     copied: set[str] = set()
@@ -48,25 +47,25 @@ def move_index(kb: KnowledgeBase, to: str, *, settle_s: float = 5.0, log: Callab
         if switched.index_key != kb.index_key or switched.building_key:
             raise MoveRefused(f"Knowledge base {kb.pk} started a re-index during the move; nothing was switched.")
         switched.index_backend = to
-        if to == IndexBackend.EMBEDDED:
-            switched.index_home = files.index_home()  # the copy is in this node's data dir
+        switched.index_home = files.index_home()  # an embedded copy is in this node's data dir
         switched.save(update_fields=["index_backend", "index_home", "updated_at"])
     log(f"retrieval now reads {to}")
     time.sleep(settle_s)
     changed = _sync(kb, source, target, copied)
     log(f"caught up with {changed} documents written during the switch")
-    _drop(kb, kb.index_backend)
+    source.drop()
     kb.index_backend = to
     return target.count()
 
 
 def _on(kb: KnowledgeBase, backend: str) -> KnowledgeBase:
-    other = KnowledgeBase(pk=kb.pk, index_key=kb.index_key, embedding_dimensions=kb.embedding_dimensions)
+    # A copy with every other field: the new index is tokenised as the old one was (keywords.tokenizer_for).
+    other = copy.copy(kb)
     other.index_backend = backend
     return other
 
 
-def _sync(kb: KnowledgeBase, source, target, copied: set[str]) -> int:
+def _sync(kb: KnowledgeBase, source: IndexStore, target: IndexStore, copied: set[str]) -> int:
     """Make `target` hold exactly what `source` holds for every document of `kb` (and for the owners copied
     before, in case their document was deleted since); returns how many owners changed."""
     owners = {str(pk) for pk in kb.documents.values_list("pk", flat=True)} | copied
@@ -91,12 +90,3 @@ def _sync(kb: KnowledgeBase, source, target, copied: set[str]) -> int:
         target.apply(upserts=upserts, removals=removals)
         copied.update(upserts)
     return changed
-
-
-def _drop(kb: KnowledgeBase, backend: str) -> None:
-    if backend == IndexBackend.PGVECTOR:
-        pgvector_store.drop_index(kb.pk, kb.index_key)
-    else:
-        directory = files.index_dir(kb.pk, kb.index_key)
-        shutil.rmtree(directory, ignore_errors=True)
-        forget_readers(directory)

@@ -1,6 +1,6 @@
 """A knowledge base's dense and keyword indexes in Postgres with the pgvector extension: the store that several nodes
-share (FACTORY_RAG_INDEX_BACKEND=pgvector, or a knowledge base's `index_backend`). Same interface and scores as
-index_store.IndexStore, so fusion, explanations and evals do not tell the two apart.
+share (FACTORY_RAG_INDEX_BACKEND=pgvector, or a knowledge base's `index_backend`). It implements
+index_store.IndexStore with the embedded store's scores, so fusion, explanations and evals do not tell the two apart.
 
 Where: FACTORY_RAG_PGVECTOR_URL when set, else the default database (DATABASE_URL), which must then be Postgres with
 the `vector` extension (`CREATE EXTENSION vector;`; Debian/Ubuntu package postgresql-NN-pgvector). The store opens
@@ -53,11 +53,19 @@ from django.conf import settings
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
-from rag_studio.search.keywords import keyword_tokens
-from rag_studio.vectors import normalised
+from rag_studio.search.index_store import (
+    BM25_B,
+    BM25_K1,
+    Hits,
+    IndexDump,
+    IndexStore,
+    StoreUnavailable,
+    Upsert,
+    normalised_query,
+    validated_batches,
+)
+from rag_studio.search.keywords import keyword_tokens, tokenizer_for
 
-BM25_K1 = 1.5
-BM25_B = 0.75
 REGISTRY = "rag_pgvector_index"
 # Generation numbers come from one sequence: never reused, even by an index dropped and made again under the same
 # name, so a process's cached sums are fresh exactly when the number matches.
@@ -79,27 +87,38 @@ INSTALL_HINT = ("install pgvector on the database server (Debian/Ubuntu: `apt in
                 "and run `CREATE EXTENSION vector;` in that database as a superuser, or keep knowledge bases on the "
                 "embedded store (FACTORY_RAG_INDEX_BACKEND=embedded)")
 
-Upsert = tuple[list[int], np.ndarray, list[str]]
 
-
-class PgvectorUnavailable(RuntimeError):
+class PgvectorUnavailable(StoreUnavailable):
     """The pgvector backend cannot run here; the message says what to set up."""
 
 
-class PgvectorStore:
+class PgvectorStore(IndexStore):
     """One knowledge base + index key's indexes in Postgres."""
 
     def __init__(self, kb_id: int, key: str, dimension: int, tokenize: Callable[[str], list[str]] = keyword_tokens):
         self.kb_id, self.key, self.dimension, self.tokenize = kb_id, key, dimension, tokenize
         self.table = table_name(kb_id, key)
 
+    @classmethod
+    def for_index(cls, kb, key: str) -> "PgvectorStore":
+        return cls(kb.pk, key, kb.embedding_dimensions, tokenizer_for(kb, key))
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise PgvectorUnavailable with what to set up, unless the store's database has the vector extension."""
+        connect()
+
+    @classmethod
+    def drop_knowledge_base(cls, kb_id: int) -> None:
+        for (table,) in connect().execute(f"SELECT name FROM {REGISTRY} WHERE kb_id = %s", (kb_id,)).fetchall():
+            _drop_table(table)
+
     def apply(self, *, upserts: dict[str, Upsert] | None = None, removals: list[str] | None = None) -> None:
-        """Replace the chunks of each upserted owner and drop those of each removed owner, in one transaction.
-        Re-running the same call leaves each chunk indexed exactly once."""
-        rows = [row for owner, upsert in (upserts or {}).items() for row in self._validated(owner, *upsert)]
+        """See IndexStore.apply: one transaction."""
+        rows = [(chunk_id, str(batch.owner), vector, tokens)
+                for batch in validated_batches(upserts, self.dimension, self.tokenize)
+                for chunk_id, vector, tokens in zip(batch.chunk_ids.tolist(), batch.vectors, batch.tokens)]
         ids = [row[0] for row in rows]
-        if len(set(ids)) != len(ids):
-            raise ValueError("a chunk id appears more than once in the upserts.")
         replaced = sorted(set(removals or ()) | set((upserts or {})))
         if not replaced:
             return
@@ -127,25 +146,9 @@ class PgvectorStore:
             _save_document_frequencies(connection, self.table, documents)
             sums.save(connection, self.table)
 
-    def _validated(self, owner: str, chunk_ids: list[int], vectors, texts: list[str]):
-        ids = [int(chunk_id) for chunk_id in np.asarray(chunk_ids, dtype=np.int64).reshape(-1)]
-        matrix = np.array(vectors, dtype=np.float32)
-        if matrix.size == 0:
-            matrix = matrix.reshape(0, self.dimension)
-        if matrix.shape != (len(ids), self.dimension) or len(texts) != len(ids):
-            raise ValueError(f"owner {owner!r}: {len(ids)} chunk ids, vectors of shape {np.shape(vectors)} and "
-                             f"{len(texts)} texts; expected one {self.dimension}-dimension vector and one text per id.")
-        if not np.isfinite(matrix).all():
-            raise ValueError(f"owner {owner!r}: a vector holds NaN or infinity.")
-        return [(chunk_id, str(owner), vector, self.tokenize(text))
-                for chunk_id, vector, text in zip(ids, normalised(matrix), texts)]
-
-    def search_dense(self, vector: np.ndarray, k: int, stats: dict | None = None) -> list[tuple[int, float]]:
-        """(chunk id, cosine similarity) of the k nearest chunks, best first (ties by chunk id); `stats` gets the
-        mean and standard deviation of the query's cosine over every chunk."""
-        query = normalised(np.reshape(vector, (1, -1)))[0]
-        if len(query) != self.dimension:
-            raise ValueError(f"vector has {len(query)} dimensions; this index has {self.dimension}.")
+    def search_dense(self, vector: np.ndarray, k: int, stats: dict | None = None) -> Hits:
+        """See IndexStore.search_dense; the statistics come from the stored sums (module docstring)."""
+        query = normalised_query(vector, self.dimension)
         sums = _current_sums(self.table, self.dimension)
         if sums is None or sums.rows == 0 or k < 1:
             return []
@@ -164,9 +167,9 @@ class PgvectorStore:
                 .format(sql.Identifier(self.table)), (query, query, k)).fetchall()
         return sorted(((int(chunk_id), float(score)) for chunk_id, score in hits), key=lambda hit: (-hit[1], hit[0]))
 
-    def search_keyword(self, query: str, k: int, stats: dict | None = None) -> list[tuple[int, float]]:
-        """(chunk id, raw BM25 score > 0) of the k best keyword matches, best first (ties by chunk id); `stats` gets
-        the mean and standard deviation of the BM25 score over every chunk (0 where no token occurs)."""
+    def search_keyword(self, query: str, k: int, stats: dict | None = None) -> Hits:
+        """See IndexStore.search_keyword; the statistics are estimated where common tokens' rows were left out
+        (module docstring)."""
         if _current_sums(self.table, self.dimension) is None or k < 1:
             return []
         wanted = _lexeme_counts(self.tokenize(query))
@@ -196,8 +199,6 @@ class PgvectorStore:
             (str(owner),))]
 
     def vectors(self, chunk_ids: list[int]) -> np.ndarray:
-        """float32 [len(chunk_ids), dimension]: the stored (normalised) vectors of these chunks, in that order.
-        Raises KeyError naming a chunk that is not in the index."""
         found = {}
         if chunk_ids and _current_sums(self.table, self.dimension) is not None:
             found = dict(connect().execute(
@@ -216,7 +217,6 @@ class PgvectorStore:
         return sums.rows if sums else 0
 
     def generation(self) -> int:
-        """A number that grows with every write to this index; 0 before the first."""
         sums = _current_sums(self.table, self.dimension)
         return sums.generation if sums else 0
 
@@ -227,6 +227,23 @@ class PgvectorStore:
     def merge(self, wait: bool = False) -> int:
         """Nothing to merge: Postgres maintains its indexes as rows are written (the embedded store merges segments)."""
         return 0
+
+    def check_writable_here(self) -> None:
+        """Every node writes it: the table is shared."""
+
+    def drop(self) -> None:
+        """Remove the index (an old key after a re-index switched away from it, or a copy moved elsewhere)."""
+        _drop_table(self.table)
+
+    def dump(self) -> IndexDump | None:
+        """Every row, by chunk id: Postgres, not the data dir, holds the index."""
+        if self.count() == 0:
+            return None
+        rows = connect().execute(
+            sql.SQL("SELECT chunk_id, owner, embedding FROM {} ORDER BY chunk_id").format(sql.Identifier(self.table)),
+            binary=True).fetchall()
+        return IndexDump(self.table, np.array([row[0] for row in rows], np.int64), np.array([row[1] for row in rows]),
+                         np.array([row[2].to_numpy() for row in rows], np.float32))
 
     def _create(self) -> None:
         if self.dimension > MAX_DIMENSIONS:
@@ -265,9 +282,8 @@ def table_name(kb_id: int, key: str) -> str:
     return f"rag_index_{kb_id}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def drop_index(kb_id: int, key: str) -> None:
-    """Remove one index (an old key after a re-index switched away from it); nothing happens if it never existed."""
-    name = table_name(kb_id, key)
+def _drop_table(name: str) -> None:
+    """Remove one index's tables and registry row; nothing happens if it never existed."""
     connection = connect()
     with connection.transaction():
         connection.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(
@@ -276,17 +292,6 @@ def drop_index(kb_id: int, key: str) -> None:
     _SUMS.pop(name, None)
     _CREATED.discard((conninfo(), name))
     _FREQUENCIES_READY.discard((conninfo(), name))
-
-
-def drop_knowledge_base(kb_id: int) -> None:
-    """Remove every index of a deleted knowledge base."""
-    for (key,) in connect().execute(f"SELECT key FROM {REGISTRY} WHERE kb_id = %s", (kb_id,)).fetchall():
-        drop_index(kb_id, key)
-
-
-def check_available() -> None:
-    """Raise PgvectorUnavailable with what to set up, unless the store's database has the vector extension."""
-    connect()
 
 
 # ---- the sums behind exact z-score statistics ----

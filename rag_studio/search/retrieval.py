@@ -13,8 +13,8 @@ from rag_studio.embedding import Embedder
 from rag_studio.gateway_client import openai_client
 from rag_studio.models import Chunk, KnowledgeBase
 from rag_studio.search.fusion import fuse
-from rag_studio.search.index_store import store_for
 from rag_studio.search.retrieval_config import validate_retrieval
+from rag_studio.search.stores import store_for
 from serving.selectors import models_visible_to
 
 MAX_QUERY_CHARS = 2000

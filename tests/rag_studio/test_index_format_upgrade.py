@@ -1,5 +1,5 @@
 """An index written by an earlier release (format 2: a whole copy of the index per generation) answers as before
-with this release's IndexStore, is converted to segments by the first write or free reader, takes writes and
+with this release's embedded store, is converted to segments by the first write or free reader, takes writes and
 deletes afterwards, and a conversion killed half way leaves it answering and converted by the next open."""
 
 import json
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from scipy import sparse
 
-from rag_studio.search import index_store
-from rag_studio.search.index_store import IndexStore, generation_name, read_current
+from rag_studio.search.embedded import conversion, layout
+from rag_studio.search.embedded.layout import generation_name, read_current
+from rag_studio.search.embedded.store import EmbeddedStore
 from rag_studio.search.keywords import keyword_tokens
 from rag_studio.vectors import normalised
 from tests.rag_studio.test_index_segments import (
@@ -69,15 +70,15 @@ def root(tmp_path) -> Path:
 
 
 @pytest.fixture
-def reference(tmp_path) -> IndexStore:
+def reference(tmp_path) -> EmbeddedStore:
     """The same chunks written by this release."""
-    store = IndexStore(tmp_path / "reference", DIMENSION)
+    store = EmbeddedStore(tmp_path / "reference", DIMENSION)
     store.apply(upserts=OWNERS)
     return store
 
 
 def assert_converted(root: Path) -> None:
-    assert manifest(root)["format"] == index_store.FORMAT_VERSION
+    assert manifest(root)["format"] == layout.FORMAT_VERSION
     assert segment_dirs(root) == ["seg-000001"]
     assert not [entry.name for entry in root.iterdir() if entry.name.startswith("tmp-")]
     # The arrays the formats share are the format-2 files themselves, not copies.
@@ -86,7 +87,7 @@ def assert_converted(root: Path) -> None:
 
 @pytest.mark.parametrize("first_use", ["search", "write"])
 def test_a_previous_release_index_answers_as_before_and_takes_writes_and_deletes(root, reference, first_use):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     if first_use == "search":
         assert_same_results(results(store, QUERIES), results(reference, QUERIES))
         assert read_current(root) == 5
@@ -102,13 +103,13 @@ def test_a_previous_release_index_answers_as_before_and_takes_writes_and_deletes
     assert store.chunk_ids("1") == OWNERS["1"][0]
     assert store.chunk_ids("9") == new_owner[0]
     assert np.array_equal(store.vectors(OWNERS["5"][0]), reference.vectors(OWNERS["5"][0]))
-    assert manifest(root)["format"] == index_store.FORMAT_VERSION
+    assert manifest(root)["format"] == layout.FORMAT_VERSION
 
 
 def test_a_previous_release_index_empty_after_its_last_removal_opens_empty(tmp_path):
     root = tmp_path / "kb-2" / "model-a"
     write_whole_copy(root, 1, {})
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     assert store.search_keyword("common", 10) == [] and store.count() == 0
     store.apply(upserts={"1": OWNERS["1"]})
     assert store.chunk_ids("1") == OWNERS["1"][0]
@@ -122,17 +123,17 @@ def convert_until_paused(root: Path, pause: str, ready: Path) -> None:
         time.sleep(600)
 
     if pause == "before publishing":
-        index_store._publish = stop
+        conversion.publish = stop
     else:
         replace = os.replace
 
         def replace_current_after_stop(source, target) -> None:
-            if Path(target).name == index_store.CURRENT:
+            if Path(target).name == layout.CURRENT:
                 stop()
             replace(source, target)
 
         os.replace = replace_current_after_stop
-    IndexStore(root, DIMENSION).search_keyword("common", 10)
+    EmbeddedStore(root, DIMENSION).search_keyword("common", 10)
 
 
 @pytest.mark.parametrize("pause", ["before publishing", "before swapping CURRENT"])
@@ -149,7 +150,7 @@ def test_a_conversion_killed_half_way_leaves_the_old_index_answering_and_the_nex
         assert segment_dirs(root) == ["seg-000001"]  # written, not yet in force
 
         # A reader meanwhile: LOCK is held, so it searches the format-2 generation in place.
-        store = IndexStore(root, DIMENSION)
+        store = EmbeddedStore(root, DIMENSION)
         assert_same_results(results(store, QUERIES), results(reference, QUERIES))
         assert read_current(root) == 4
     finally:
@@ -162,4 +163,4 @@ def test_a_conversion_killed_half_way_leaves_the_old_index_answering_and_the_nex
     assert_same_results(results(store, QUERIES), results(reference, QUERIES))
     assert read_current(root) == 5
     assert_converted(root)
-    assert_same_results(results(IndexStore(root, DIMENSION), QUERIES), results(reference, QUERIES))
+    assert_same_results(results(EmbeddedStore(root, DIMENSION), QUERIES), results(reference, QUERIES))

@@ -4,7 +4,7 @@ import numpy as np
 from django.test import Client
 
 from rag_studio import services
-from rag_studio.search.index_store import store_for
+from rag_studio.search.stores import store_for
 
 
 def write_chunks(kb, first_id: int, count: int) -> None:

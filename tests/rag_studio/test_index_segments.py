@@ -1,5 +1,5 @@
-"""IndexStore's segments: writes that add a segment and tombstones, merges, kill-mid-merge recovery, and IVF search
-past the size threshold."""
+"""The embedded store's segments: writes that add a segment and tombstones, merges, kill-mid-merge recovery, and IVF
+search past the size threshold."""
 
 import json
 import multiprocessing
@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_studio.search import index_store
-from rag_studio.search.index_store import IndexStore, generation_name, read_current
+from rag_studio.search.embedded import merging, segments
+from rag_studio.search.embedded.layout import generation_name, read_current
+from rag_studio.search.embedded.store import EmbeddedStore
 
 DIMENSION = 8
 
@@ -34,7 +35,7 @@ def segment_dirs(root: Path) -> list[str]:
     return sorted(entry.name for entry in root.iterdir() if entry.name.startswith("seg-"))
 
 
-def results(store: IndexStore, queries: list[str]) -> list:
+def results(store: EmbeddedStore, queries: list[str]) -> list:
     """Everything a search shows: keyword and dense hits with their scores, and the statistics fusion reads."""
     shown = []
     for number, query in enumerate(queries):
@@ -67,11 +68,11 @@ def root(tmp_path) -> Path:
 @pytest.fixture
 def no_background_merges(monkeypatch):
     """Merges only where a test asks for them, so it can look at the segments writes leave."""
-    monkeypatch.setattr(index_store._BackgroundMerger, "request", lambda self: None)
+    monkeypatch.setattr(merging.BackgroundMerger, "request", lambda self: None)
 
 
 def test_a_write_adds_a_segment_of_its_chunks_and_leaves_older_segments_untouched(root, no_background_merges):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     store.apply(upserts={"1": owner_upsert(1), "2": owner_upsert(2)})
     first = root / segment_dirs(root)[0]
     written = {path.name: path.stat().st_mtime_ns for path in first.iterdir()}
@@ -86,7 +87,7 @@ def test_a_write_adds_a_segment_of_its_chunks_and_leaves_older_segments_untouche
 
 
 def test_removals_and_replacements_become_tombstones_and_search_as_if_rewritten(root, tmp_path, no_background_merges):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     for owner in (1, 2, 3):
         store.apply(upserts={str(owner): owner_upsert(owner)})
     store.apply(removals=["2"])
@@ -96,7 +97,7 @@ def test_removals_and_replacements_become_tombstones_and_search_as_if_rewritten(
     assert [(entry["rows"], entry["deleted"]) for entry in entries] == [(5, 5), (5, 5), (5, 1), (4, 0)]
     assert store.chunk_ids("3") == [3000, 3001, 3002, 3003]  # 3004 moved to owner 4
     # The same live chunks written in one go, in the same order: the same hits, scores and statistics.
-    rewritten = IndexStore(tmp_path / "rewritten", DIMENSION)
+    rewritten = EmbeddedStore(tmp_path / "rewritten", DIMENSION)
     live = {"3": owner_upsert(3, chunks=4), "1": owner_upsert(1, chunks=3),
             "4": ([3004], np.ones((1, DIMENSION)), ["moved common"])}
     rewritten.apply(upserts=live)
@@ -111,7 +112,7 @@ def test_removals_and_replacements_become_tombstones_and_search_as_if_rewritten(
 def test_a_merge_rewrites_a_level_of_segments_as_one_without_changing_any_result(root, settings,
                                                                                  no_background_merges):
     settings.RAG_INDEX_MERGE_FACTOR = 3
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     for owner in (1, 2):
         store.apply(upserts={str(owner): owner_upsert(owner)})
     assert store.merge() == 0  # two segments: below the factor
@@ -131,7 +132,7 @@ def test_a_merge_rewrites_a_level_of_segments_as_one_without_changing_any_result
 
 
 def test_a_segment_mostly_deleted_is_rewritten_on_its_own(root, no_background_merges):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     store.apply(upserts={"1": owner_upsert(1), "2": owner_upsert(2, chunks=2)})
     store.apply(upserts={"3": owner_upsert(3)})
     store.apply(removals=["1"])
@@ -145,18 +146,18 @@ def test_a_segment_mostly_deleted_is_rewritten_on_its_own(root, no_background_me
 def test_deletes_made_while_a_merge_runs_reach_the_merged_segment(root, settings, monkeypatch,
                                                                   no_background_merges):
     settings.RAG_INDEX_MERGE_FACTOR = 2
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     store.apply(upserts={"1": owner_upsert(1)})
     store.apply(upserts={"2": owner_upsert(2)})
-    merged = index_store._SegmentContents.merged
+    merged = segments.SegmentContents.merged
 
     def merged_while_writing(parts, dimension):
-        monkeypatch.setattr(index_store._SegmentContents, "merged", merged)  # one write during the first merge
+        monkeypatch.setattr(segments.SegmentContents, "merged", merged)  # one write during the first merge
         contents = merged(parts, dimension)
-        IndexStore(root, DIMENSION).apply(removals=["1"], upserts={"3": owner_upsert(3)})
+        EmbeddedStore(root, DIMENSION).apply(removals=["1"], upserts={"3": owner_upsert(3)})
         return contents
 
-    monkeypatch.setattr(index_store._SegmentContents, "merged", merged_while_writing)
+    monkeypatch.setattr(segments.SegmentContents, "merged", merged_while_writing)
     assert store.merge() >= 1
 
     assert store.chunk_ids("1") == [] and store.search_keyword("owner1", 10) == []
@@ -167,7 +168,7 @@ def test_deletes_made_while_a_merge_runs_reach_the_merged_segment(root, settings
 
 def test_writes_ask_for_a_background_merge_when_segments_pile_up(root, settings):
     settings.RAG_INDEX_MERGE_FACTOR = 3
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     for owner in range(1, 4):
         store.apply(upserts={str(owner): owner_upsert(owner)})
 
@@ -180,7 +181,7 @@ def test_writes_ask_for_a_background_merge_when_segments_pile_up(root, settings)
 
 def merge_forever(root: Path) -> None:
     """Run in a child process until killed: a write, then the merges it calls for, in this thread."""
-    store = IndexStore(root, 32)
+    store = EmbeddedStore(root, 32)
     owner = 1
     while True:
         store.apply(upserts={str(owner): owner_upsert(owner, chunks=400, dimension=32)})
@@ -204,7 +205,7 @@ def test_a_process_killed_mid_merge_loses_nothing_and_doubles_nothing(root, monk
         merger.join()
         interrupted += any(entry.name.startswith("merging-") for entry in root.iterdir())
 
-        store = IndexStore(root, 32)
+        store = EmbeddedStore(root, 32)
         found = [chunk_id for chunk_id, _ in store.search_keyword("common", 10**7)]
         assert len(found) == len(set(found)) == store.count()  # nothing doubled
         owners = sorted({chunk_id // 1000 for chunk_id in found})
@@ -228,7 +229,7 @@ def test_past_the_threshold_dense_search_is_approximate_with_high_recall(root, s
     dimension, rng = 32, np.random.default_rng(5)
     centres = rng.standard_normal((60, dimension))
     vectors = clustered_vectors(rng, centres, 6000)
-    store = IndexStore(root, dimension)
+    store = EmbeddedStore(root, dimension)
     store.apply(upserts={"small": (list(range(500)), vectors[:500], ["text"] * 500)})
     assert store.search_method() == "exact"
     store.apply(upserts={"big": (list(range(500, 6000)), vectors[500:], ["text"] * 5500)})

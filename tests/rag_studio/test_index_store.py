@@ -1,4 +1,4 @@
-"""IndexStore: one KB's dense + keyword indexes on disk, written by several processes, read by others."""
+"""The embedded store: one KB's dense + keyword indexes on disk, written by several processes, read by others."""
 
 import multiprocessing
 import os
@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag_studio.search import index_store
-from rag_studio.search.index_store import IndexStore, generation_name, read_current
+from rag_studio.search.embedded.layout import generation_name, read_current
+from rag_studio.search.embedded.readers import Generation
+from rag_studio.search.embedded.store import EmbeddedStore
 from rag_studio.search.keywords import keyword_tokens
 
 DIMENSION = 8
@@ -41,7 +42,7 @@ def staging_dirs(root: Path) -> list[str]:
     return [entry.name for entry in root.iterdir() if entry.name.startswith("tmp-")]
 
 
-def assert_consistent(store: IndexStore, owners: list[int], chunks: int) -> None:
+def assert_consistent(store: EmbeddedStore, owners: list[int], chunks: int) -> None:
     """Both indexes hold exactly the chunks of `owners`, once each, and each owner's chunks are findable."""
     expected = {owner * 100 + i for owner in owners for i in range(chunks)}
     assert store.count() == len(expected)
@@ -60,7 +61,7 @@ def root(tmp_path) -> Path:
 
 
 def test_a_store_that_was_never_written_is_empty(root):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     assert (store.count(), store.generation(), store.chunk_ids("1")) == (0, 0, [])
     assert store.search_dense(unit(0), 5) == []
     assert store.search_keyword("anything", 5) == []
@@ -68,7 +69,7 @@ def test_a_store_that_was_never_written_is_empty(root):
 
 
 def test_upserted_chunks_are_found_by_vector_and_by_keyword(root):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     store.apply(upserts={"7": ([70, 71, 72], np.stack([unit(0) * 3, unit(1), unit(2)]),
                                ["The warranty lasts two years", "Battery life is ten hours", "Shipping is free"])})
 
@@ -92,7 +93,7 @@ def test_keyword_tokens_of_mixed_chinese_and_english_text():
 
 
 def test_chinese_keyword_search_finds_the_chinese_chunk(root):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     store.apply(upserts={"1": ([1, 2, 3], np.stack([unit(0), unit(1), unit(2)]),
                                ["NW-7 机器人的保修期为两年。", "电池续航时间为十小时。", "The NW-7 ships worldwide."])})
 
@@ -102,7 +103,7 @@ def test_chinese_keyword_search_finds_the_chinese_chunk(root):
 
 
 def test_keyword_ranking_favours_rare_words_repeated_words_and_short_chunks(root):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     texts = {
         1: "robot arm",  # both words, one of them rare
         2: "robot robot robot wheel",  # the common word, often
@@ -122,7 +123,7 @@ def test_keyword_ranking_favours_rare_words_repeated_words_and_short_chunks(root
 
 
 def test_keyword_search_edge_cases(root):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     store.apply(upserts={"1": ([5], unit(0)[None, :], ["a lonely document about robots"])})
 
     assert [chunk_id for chunk_id, _ in store.search_keyword("robots", 50)] == [5]  # one document, k > corpus
@@ -133,7 +134,7 @@ def test_keyword_search_edge_cases(root):
 
 
 def test_rerunning_the_same_upsert_keeps_one_copy_of_each_chunk(root):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     for _ in range(3):
         store.apply(upserts={"1": owner_upsert(1), "2": owner_upsert(2)})
 
@@ -142,7 +143,7 @@ def test_rerunning_the_same_upsert_keeps_one_copy_of_each_chunk(root):
 
 
 def test_an_upsert_replaces_every_chunk_the_owner_had(root):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     store.apply(upserts={"1": owner_upsert(1), "2": owner_upsert(2)})
     store.apply(upserts={"1": ([900, 901], np.stack([unit(3), unit(4)]), ["fresh text", "more fresh text"])})
 
@@ -155,7 +156,7 @@ def test_an_upsert_replaces_every_chunk_the_owner_had(root):
 
 
 def test_an_empty_upsert_leaves_the_owner_without_chunks(root):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     store.apply(upserts={"1": owner_upsert(1), "2": owner_upsert(2)})
     store.apply(upserts={"1": ([], np.empty((0, DIMENSION)), [])})
 
@@ -164,7 +165,7 @@ def test_an_empty_upsert_leaves_the_owner_without_chunks(root):
 
 
 def test_removals_drop_the_owners_chunks_from_both_indexes(root):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     store.apply(upserts={"1": owner_upsert(1), "2": owner_upsert(2), "3": owner_upsert(3)})
     store.apply(removals=["2", "not-indexed"])
 
@@ -177,7 +178,7 @@ def test_removals_drop_the_owners_chunks_from_both_indexes(root):
 
 
 def test_an_owner_both_removed_and_upserted_keeps_its_upserted_chunks(root):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     store.apply(upserts={"1": owner_upsert(1)})
     store.apply(upserts={"1": owner_upsert(1, chunks=2)}, removals=["1"])
 
@@ -185,7 +186,7 @@ def test_an_owner_both_removed_and_upserted_keeps_its_upserted_chunks(root):
 
 
 def test_a_chunk_upserted_under_another_owner_moves_there(root):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     store.apply(upserts={"1": owner_upsert(1)})
     store.apply(upserts={"2": ([104], unit(5)[None, :], ["moved chunk"])})
 
@@ -204,17 +205,17 @@ def test_a_chunk_upserted_under_another_owner_moves_there(root):
 ])
 def test_invalid_upserts_are_refused_before_anything_is_written(root, upsert, message):
     with pytest.raises(ValueError, match=message):
-        IndexStore(root, DIMENSION).apply(upserts={"1": upsert})
-    assert IndexStore(root, DIMENSION).generation() == 0
+        EmbeddedStore(root, DIMENSION).apply(upserts={"1": upsert})
+    assert EmbeddedStore(root, DIMENSION).generation() == 0
 
 
 def test_a_query_vector_of_the_wrong_dimension_is_refused(root):
     with pytest.raises(ValueError, match="dimensions"):
-        IndexStore(root, DIMENSION).search_dense(np.ones(DIMENSION + 1), 3)
+        EmbeddedStore(root, DIMENSION).search_dense(np.ones(DIMENSION + 1), 3)
 
 
 def test_a_second_instance_sees_writes_made_through_the_first(root):
-    reader, writer = IndexStore(root, DIMENSION), IndexStore(root, DIMENSION)
+    reader, writer = EmbeddedStore(root, DIMENSION), EmbeddedStore(root, DIMENSION)
     assert reader.count() == 0
     writer.apply(upserts={"1": owner_upsert(1)})
     assert reader.count() == 5
@@ -223,7 +224,7 @@ def test_a_second_instance_sees_writes_made_through_the_first(root):
 
 
 def test_searches_in_threads_while_the_index_changes(root):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     store.apply(upserts={"1": owner_upsert(1)})
     errors, done = [], threading.Event()
 
@@ -238,7 +239,7 @@ def test_searches_in_threads_while_the_index_changes(root):
     for searcher in searchers:
         searcher.start()
     for owner in range(2, 7):
-        IndexStore(root, DIMENSION).apply(upserts={str(owner): owner_upsert(owner)})
+        EmbeddedStore(root, DIMENSION).apply(upserts={str(owner): owner_upsert(owner)})
     done.set()
     for searcher in searchers:
         searcher.join()
@@ -248,24 +249,24 @@ def test_searches_in_threads_while_the_index_changes(root):
 
 
 def test_a_reader_follows_current_when_its_generation_is_deleted_under_it(root, monkeypatch):
-    IndexStore(root, DIMENSION).apply(upserts={"1": owner_upsert(1)})
-    load = index_store._Generation.load
+    EmbeddedStore(root, DIMENSION).apply(upserts={"1": owner_upsert(1)})
+    load = Generation.load
 
     def load_after_two_more_writes(root_, number, dimension):
-        monkeypatch.setattr(index_store._Generation, "load", load)
-        IndexStore(root, DIMENSION).apply(upserts={"2": owner_upsert(2)})
-        IndexStore(root, DIMENSION).apply(upserts={"3": owner_upsert(3)})  # deletes generation `number`
+        monkeypatch.setattr(Generation, "load", load)
+        EmbeddedStore(root, DIMENSION).apply(upserts={"2": owner_upsert(2)})
+        EmbeddedStore(root, DIMENSION).apply(upserts={"3": owner_upsert(3)})  # deletes generation `number`
         return load(root_, number, dimension)
 
-    monkeypatch.setattr(index_store._Generation, "load", load_after_two_more_writes)
-    store = IndexStore(root, DIMENSION)
+    monkeypatch.setattr(Generation, "load", load_after_two_more_writes)
+    store = EmbeddedStore(root, DIMENSION)
 
     assert_consistent(store, owners=[1, 2, 3], chunks=5)
     assert not (root / generation_name(1)).exists()
 
 
 def test_only_the_current_and_previous_generations_stay_on_disk(root):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     for owner in range(4):
         store.apply(upserts={str(owner): owner_upsert(owner)})
 
@@ -274,7 +275,7 @@ def test_only_the_current_and_previous_generations_stay_on_disk(root):
 
 
 def test_leftovers_of_a_crashed_writer_are_ignored_then_cleaned(root):
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     store.apply(upserts={"1": owner_upsert(1)})
     # a writer died while building a generation, another after renaming one but before swapping CURRENT
     (root / "tmp-dead-writer").mkdir()
@@ -282,7 +283,7 @@ def test_leftovers_of_a_crashed_writer_are_ignored_then_cleaned(root):
     (root / generation_name(2)).mkdir()
     (root / "CURRENT.tmp").write_text(generation_name(2))
 
-    assert_consistent(IndexStore(root, DIMENSION), owners=[1], chunks=5)
+    assert_consistent(EmbeddedStore(root, DIMENSION), owners=[1], chunks=5)
     store.apply(upserts={"2": owner_upsert(2)})
     assert_consistent(store, owners=[1, 2], chunks=5)
     assert not (root / "tmp-dead-writer").exists()
@@ -291,14 +292,14 @@ def test_leftovers_of_a_crashed_writer_are_ignored_then_cleaned(root):
 
 def write_owners(root: Path, owners: list[int]) -> None:
     """Run in a child process: one apply per owner."""
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     for owner in owners:
         store.apply(upserts={str(owner): owner_upsert(owner)})
 
 
 def write_forever(root: Path) -> None:
     """Run in a child process until killed: owner after owner, each its own write."""
-    store = IndexStore(root, DIMENSION)
+    store = EmbeddedStore(root, DIMENSION)
     owner = 1
     while True:
         store.apply(upserts={str(owner): owner_upsert(owner, chunks=20)})
@@ -306,7 +307,7 @@ def write_forever(root: Path) -> None:
 
 
 def test_two_processes_writing_at_once_lose_nothing(root):
-    reader = IndexStore(root, DIMENSION)
+    reader = EmbeddedStore(root, DIMENSION)
     assert reader.count() == 0  # loaded (empty) before the writers start: it must notice their writes
     spawn = multiprocessing.get_context("spawn")
     writers = [spawn.Process(target=write_owners, args=(root, owners))
@@ -336,7 +337,7 @@ def test_a_writer_killed_mid_write_leaves_a_loadable_consistent_index(root):
         writer.join()
         interrupted += bool(staging_dirs(root))
 
-        store = IndexStore(root, DIMENSION)
+        store = EmbeddedStore(root, DIMENSION)
         assert store.generation() >= started + 3
         written = sorted({chunk_id // 100 for chunk_id, _ in store.search_keyword("common", 10**6)})
         assert_consistent(store, owners=written, chunks=20)

@@ -15,8 +15,8 @@ from rag_studio.leases import owner_name
 from rag_studio.models import Document, DocumentStatus, Stage
 from rag_studio.pipeline import ingestion
 from rag_studio.pipeline.ingestion import ingest
-from rag_studio.search.index_store import store_for
 from rag_studio.search.retrieval import retrieve
+from rag_studio.search.stores import store_for
 from tests.rag_studio.conftest import sample, upload
 
 

@@ -18,9 +18,9 @@ from rag_studio import files, selectors, services
 from rag_studio.evals import tuning
 from rag_studio.models import Document, DocumentStatus, Stage
 from rag_studio.pipeline import ingestion
-from rag_studio.search.index_store import store_for
 from rag_studio.search.retrieval import retrieve
 from rag_studio.search.retrieval_config import validate_retrieval
+from rag_studio.search.stores import store_for
 from rag_studio.tasks import ingest_document
 from serving.presets import SMOLLM2
 from tests.conftest import (

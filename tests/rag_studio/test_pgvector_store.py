@@ -26,9 +26,10 @@ from rag_studio.evals.evaluation import score_retrieval
 from rag_studio.models import Document, DocumentStatus, KnowledgeBase
 from rag_studio.pipeline.ingestion import ingest
 from rag_studio.search import pgvector_store
-from rag_studio.search.index_store import IndexStore, store_for
+from rag_studio.search.embedded.store import EmbeddedStore
 from rag_studio.search.pgvector_store import PgvectorStore, PgvectorUnavailable
 from rag_studio.search.retrieval import retrieve
+from rag_studio.search.stores import store_for
 from tests.conftest import ROOT, wait_for
 from tests.rag_studio.conftest import SAMPLE_FILES, SAMPLES, ingested_kb, sample
 
@@ -60,7 +61,7 @@ def _rounded(hits):
 
 
 def test_the_pgvector_store_answers_as_the_embedded_store_does(on_pgvector, tmp_path):
-    pgvector, embedded = PgvectorStore(1, "model.test.v1", DIMENSION), IndexStore(tmp_path / "index", DIMENSION)
+    pgvector, embedded = PgvectorStore(1, "model.test.v1", DIMENSION), EmbeddedStore(tmp_path / "index", DIMENSION)
     for store in (pgvector, embedded):
         store.apply(upserts=_upserts())
         store.apply(upserts={"2": _upserts()["2"]})  # written again (a worker taking over): nothing doubles
@@ -254,7 +255,7 @@ def test_a_common_word_in_the_query_costs_no_more_than_the_rows_it_finds(on_pgve
     monkeypatch.setattr(pgvector_store, "KEYWORD_CANDIDATES", 10)  # "pump", "valve" and "boiler" are common here
     texts = _pump_room_texts()
     vectors = np.random.default_rng(5).normal(size=(len(texts), DIMENSION))
-    pgvector, embedded = PgvectorStore(5, "model.pumps.v1", DIMENSION), IndexStore(tmp_path / "index", DIMENSION)
+    pgvector, embedded = PgvectorStore(5, "model.pumps.v1", DIMENSION), EmbeddedStore(tmp_path / "index", DIMENSION)
     for store in (pgvector, embedded):
         store.apply(upserts={"room": (list(range(len(texts))), vectors, texts)})
 
@@ -289,7 +290,7 @@ def test_a_missing_vector_extension_names_what_to_install(pgvector_url, settings
     settings.RAG_PGVECTOR_URL = psycopg.conninfo.make_conninfo(pgvector_url, user="plain_app", dbname="plain_app")
 
     with pytest.raises(PgvectorUnavailable) as refused:
-        pgvector_store.check_available()
+        PgvectorStore.check_available()
     with pytest.raises(ServiceUnavailable, match="CREATE EXTENSION vector"):
         services.create_knowledge_base(actor=ann, workspace=acme, name="Nowhere to go")
 
@@ -300,7 +301,7 @@ def test_a_missing_vector_extension_names_what_to_install(pgvector_url, settings
 
     settings.RAG_PGVECTOR_URL = ""  # the default database, SQLite in the tests: not a place for vectors
     with pytest.raises(PgvectorUnavailable, match="set DATABASE_URL .* to a Postgres database"):
-        pgvector_store.check_available()
+        PgvectorStore.check_available()
 
 
 def test_a_worker_with_a_data_dir_of_its_own_refuses_to_split_an_embedded_index(acme, ann):

@@ -11,8 +11,8 @@ from accounts.services import Actor
 from rag_studio import files, selectors, services
 from rag_studio.models import Chunk, Document, DocumentStatus, Stage
 from rag_studio.pipeline.ingestion import ingest
-from rag_studio.search.index_store import store_for
 from rag_studio.search.retrieval import retrieve
+from rag_studio.search.stores import store_for
 from tests.rag_studio.conftest import sample, upload
 
 # A test that deletes a document or re-indexes takes `own_indexed_kb`: files on disk do not roll back.

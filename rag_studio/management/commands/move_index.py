@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from rag_studio.models import IndexBackend, KnowledgeBase
+from rag_studio.search.index_store import StoreUnavailable
 from rag_studio.search.move import MoveRefused, move_index
-from rag_studio.search.pgvector_store import PgvectorUnavailable
 
 
 class Command(BaseCommand):
@@ -21,6 +21,6 @@ class Command(BaseCommand):
             raise CommandError(f"There is no knowledge base {knowledge_base}.")
         try:
             count = move_index(kb, to, settle_s=settle_s, log=lambda line: self.stdout.write(f"==> {line}"))
-        except (MoveRefused, PgvectorUnavailable) as exc:
+        except (MoveRefused, StoreUnavailable) as exc:
             raise CommandError(str(exc))
         self.stdout.write(f"==> knowledge base {kb.pk} ({kb.name}) is on {to}: {count} chunks")
