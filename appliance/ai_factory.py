@@ -10,33 +10,34 @@ An appliance prefix (default /opt/ai-factory) holds:
     upgrade.json          the journal of an upgrade in progress; absent when none is
 
 `ai-factory upgrade RELEASE` checks the disk has room for a backup (and refuses before stopping anything when it has
-not), stops the services, backs the instance up with the running release's own `manage.py backup`, points `current`
-at the new release, migrates the database, starts the services and checks their health. Each step is written to the
-journal before it begins. If a step fails, or the upgrader dies (power loss, kill -9) and `ai-factory recover` runs at
-the next start, the upgrade is rolled back: every file of the backup is checked against its manifest and put back
-in place with the database, what the new release wrote in the data dir is removed, `current` points at the old
-release again and the services start on it. Rolling back is idempotent, so a rollback cut short is done again.
-Only a journal that reached the end counts as an upgrade done: the next start then finds the new release complete.
+not), stops the services, backs the instance up with the running release's own `manage.py backup` and checks the
+archive as a restore would (assets.backup.verify), points `current` at the new release, migrates the database,
+starts the services and checks their health. Each step is written to the journal before it begins. If a step fails,
+or the upgrader dies (power loss, kill -9) and `ai-factory recover` runs at the next start, the upgrade is rolled
+back: every file of the backup is checked against its manifest (assets.backup.unpack) and put back in place with the
+database, what the new release wrote in the data dir is removed, `current` points at the old release again and the
+services start on it. Rolling back is idempotent, so a rollback cut short is done again. Only a journal that reached
+the end counts as an upgrade done: the next start then finds the new release complete.
 
 The database must be SQLite (the appliance's default): with DATABASE_URL (Postgres) the upgrade is refused, as a
 rollback could not put the database back by itself.
 """
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 import urllib.request
 from pathlib import Path
 
 RELEASE_ROOT = Path(__file__).resolve().parent.parent
+# Run as a script with the release's venv, which does not install the release's own code.
 sys.path.insert(0, str(RELEASE_ROOT))
-from assets import backup as backup_format  # noqa: E402  (the rules of what a backup keeps, from this release)
+from appliance import env_file  # noqa: E402
+from assets import backup as backup_format  # noqa: E402  (what a backup keeps and how it is checked, this release's)
 
 STEPS = ("stop", "backup", "switch", "migrate", "start", "health")
 # Room kept free on the backups' disk beyond the backup itself, so that an upgrade never fills the disk the
@@ -103,13 +104,7 @@ class Appliance:
         _fsync_dir(self.prefix)
 
     def env(self) -> dict:
-        env = dict(os.environ)
-        env_file = self.prefix / "env"
-        if env_file.is_file():
-            for line in env_file.read_text().splitlines():
-                key, sep, value = line.strip().partition("=")
-                if sep and not key.startswith("#"):
-                    env[key.removeprefix("export ").strip()] = value.strip().strip("'\"")
+        env = {**os.environ, **env_file.read(self.prefix / "env", missing_ok=True)}
         env["FACTORY_DATA_DIR"] = str(self.data)
         env.pop("DJANGO_SETTINGS_MODULE", None)
         return env
@@ -157,7 +152,7 @@ class Appliance:
     # ---- upgrade ----
 
     def backup_size(self) -> int:
-        files = sum(path.stat().st_size for path in backup_format._data_files(self.data) if path.exists())
+        files = sum(path.stat().st_size for path in backup_format.data_files(self.data) if path.exists())
         database = self.data / "db.sqlite3"
         return int((files + (database.stat().st_size if database.exists() else 0)) * TAR_OVERHEAD)
 
@@ -212,7 +207,10 @@ class Appliance:
             done = self.manage(old, "backup", "--output", journal["backup"])
             if done.returncode != 0:
                 raise StepFailed(f"the backup failed: {_tail(done)}")
-            _verified_manifest(Path(journal["backup"]))
+            try:
+                backup_format.verify(Path(journal["backup"]))
+            except backup_format.RestoreRefused as exc:
+                raise StepFailed(f"the backup {journal['backup']} does not check out: {exc}")
             journal["backup_done"] = True
             self.write_journal(journal)
         elif step == "switch":
@@ -268,35 +266,20 @@ def restore_in_place(archive: Path, data: Path, *, since: float) -> None:
     """Put the data dir back as the backup holds it: every member checked against the manifest in a staging dir
     first, then moved into place; the files the new release made since the upgrade began (and a backup would keep)
     removed. Logs, engine state and other files a backup leaves out stay as they are."""
-    manifest = _verified_manifest(archive)
-    if manifest["database"]["member"] != backup_format.SQLITE_MEMBER:
-        raise StepFailed(f"{archive} holds no SQLite database")
     staging = data.parent / ".rollback-staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    with tarfile.open(archive) as tar:
-        for member in tar:
-            if member.name == backup_format.MANIFEST:
-                continue
-            expected = manifest["files"].get(member.name)
-            if expected is None or not member.isfile() or not backup_format._safe(member.name):
-                raise StepFailed(f"{archive}: member {member.name} is not listed in its manifest")
-            target = staging / member.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            digest = hashlib.sha256()
-            with tar.extractfile(member) as source, target.open("wb") as out:
-                while block := source.read(1 << 20):
-                    digest.update(block)
-                    out.write(block)
-                out.flush()
-                os.fsync(out.fileno())
-            if digest.hexdigest() != expected["sha256"]:
-                raise StepFailed(f"{archive}: member {member.name} does not match its checksum (damaged)")
+    try:
+        manifest = backup_format.unpack(archive, staging)
+    except backup_format.RestoreRefused as exc:
+        raise StepFailed(f"the backup {archive} cannot be restored, and nothing was changed: {exc}")
+    if manifest["database"]["member"] != backup_format.SQLITE_MEMBER:
+        raise StepFailed(f"{archive} holds no SQLite database")
     listed = {member[len(backup_format.DATA_PREFIX):] for member in manifest["files"]
               if member.startswith(backup_format.DATA_PREFIX)}
     for path in sorted(data.rglob("*")):
         relative = path.relative_to(data).as_posix()
-        if (path.is_file() and relative not in listed and backup_format._kept(relative)
+        if (path.is_file() and relative not in listed and backup_format.kept(relative)
                 and path.stat().st_mtime >= since):
             path.unlink()
     for name in ("db.sqlite3-wal", "db.sqlite3-shm"):
@@ -318,17 +301,6 @@ def restore_in_place(archive: Path, data: Path, *, since: float) -> None:
         if not any(directory.iterdir()) and directory.stat().st_mtime >= since:
             directory.rmdir()
     _fsync_dir(data)
-
-
-def _verified_manifest(archive: Path) -> dict:
-    try:
-        with tarfile.open(archive) as tar:
-            manifest = json.loads(tar.extractfile(backup_format.MANIFEST).read())
-    except (OSError, KeyError, ValueError, tarfile.TarError) as exc:
-        raise StepFailed(f"{archive} is not a readable backup: {exc}")
-    if manifest.get("format") != backup_format.FORMAT:
-        raise StepFailed(f"{archive} is not an AI Factory backup")
-    return manifest
 
 
 def _as_owner_of(path: Path) -> dict:

@@ -42,7 +42,8 @@ missing=()
 for deb in "$bundle"/debs/*.deb; do
   [ -e "$deb" ] || continue
   package=$(dpkg-deb -f "$deb" Package)
-  dpkg-query -W -f '${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$deb")
+  # Compared whole, not piped into `grep -q`: under pipefail a reader that stops early can fail the pipe.
+  [ "$(dpkg-query -W -f '${Status}' "$package" 2>/dev/null)" = "install ok installed" ] || missing+=("$deb")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "==> installing ${#missing[@]} Debian packages from the bundle"

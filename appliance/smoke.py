@@ -17,18 +17,13 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+# Run as a script with the release's venv, which does not install the release's own code.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from appliance import env_file  # noqa: E402
+
 DOCUMENT = ("# Press line 3\n\nThe hydraulic press on line 3 is greased every 200 operating hours with NLGI-2 grease.\n"
             "Error E77 means the hydraulic pressure fell below 180 bar: check the pump filter.\n")
 CHAT_MODEL = "smollm2-135m-instruct"
-
-
-def _env(prefix: Path) -> dict:
-    env = {}
-    for line in (prefix / "env").read_text().splitlines():
-        key, sep, value = line.strip().partition("=")
-        if sep and not key.startswith("#"):
-            env[key] = value
-    return env
 
 
 def _request(url: str, key: str, method: str = "GET", body: bytes | None = None, content_type: str = "",
@@ -50,8 +45,8 @@ def _api_key(prefix: Path) -> str:
             "name=f'smoke-{int(time.time())}').secret)")
     owner = (prefix / "data").stat()
     done = subprocess.run([str(prefix / "current" / ".venv" / "bin" / "python"), "manage.py", "shell", "-c", code],
-                          cwd=prefix / "current", env={"PATH": "/usr/bin:/bin", **_env(prefix)}, capture_output=True,
-                          text=True, user=owner.st_uid, group=owner.st_gid, timeout=300)
+                          cwd=prefix / "current", env={"PATH": "/usr/bin:/bin", **env_file.read(prefix / "env")},
+                          capture_output=True, text=True, user=owner.st_uid, group=owner.st_gid, timeout=300)
     if done.returncode != 0:
         raise SystemExit(f"could not make an API key: {done.stderr[-1500:]}")
     return done.stdout.strip().splitlines()[-1]
@@ -69,7 +64,7 @@ def main() -> int:
     parser.add_argument("--prefix", type=Path, default=Path("/opt/ai-factory"))
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for ingestion and the model")
     args = parser.parse_args()
-    url = _env(args.prefix).get("FACTORY_URL", "http://127.0.0.1:8000").rstrip("/")
+    url = env_file.read(args.prefix / "env").get("FACTORY_URL", "http://127.0.0.1:8000").rstrip("/")
     started = time.monotonic()
 
     def step(line: str) -> None:

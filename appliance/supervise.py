@@ -20,6 +20,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Run as a script by supervise.sh, with the release's venv, which does not install the release's own code.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from appliance import env_file  # noqa: E402
+
 TARGET = "ai-factory.target"
 STOP_TIMEOUT = 30
 
@@ -53,22 +57,6 @@ def parse_unit(path: Path) -> dict[str, list[str]]:
     return keys
 
 
-def read_env_file(path: str) -> dict:
-    env = {}
-    optional = path.startswith("-")
-    try:
-        text = Path(path.lstrip("-")).read_text()
-    except FileNotFoundError:
-        if optional:
-            return env
-        raise
-    for line in text.splitlines():
-        key, sep, value = line.strip().partition("=")
-        if sep and not key.startswith("#"):
-            env[key.strip()] = value.strip().strip("'\"")
-    return env
-
-
 def ordered(units_dir: Path) -> list[Service]:
     """The target's units, each after those its After= names."""
     target = parse_unit(units_dir / TARGET)
@@ -98,7 +86,7 @@ class Supervisor:
         command = command.lstrip("+")
         env = dict(os.environ)
         for path in service.keys.get("EnvironmentFile", []):
-            env.update(read_env_file(path))
+            env.update(env_file.read(Path(path.removeprefix("-")), missing_ok=path.startswith("-")))
         for assignment in service.keys.get("Environment", []):
             for pair in shlex.split(assignment):
                 key, _, value = pair.partition("=")

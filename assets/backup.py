@@ -23,9 +23,11 @@ restored document marked indexed always has its upload and its index entries (wo
 crash). Every SQLite file among the data (agent checkpoints) is copied through the backup API too, never as bytes
 that a writer may be changing.
 
-Restore verifies every member against the manifest while unpacking into a staging dir beside the data, and only
-then moves the files into place: a damaged archive changes nothing. It refuses a data dir or a database that
-already holds an instance. After restoring it migrates, so an archive from an older version comes up to date.
+Restore verifies every member against the manifest while unpacking into a staging dir beside the data (`unpack`;
+`verify` makes the same checks and writes nothing), and only then moves the files into place: a damaged archive
+changes nothing. The appliance's upgrade checks the backup it takes, and rolls back from it, with these two. Restore
+refuses a data dir or a database that already holds an instance. After restoring it migrates, so an archive from an
+older version comes up to date.
 """
 
 import hashlib
@@ -103,7 +105,7 @@ def backup(output: Path | None = None) -> BackupSummary:
     with tempfile.TemporaryDirectory(prefix="backup-") as scratch, tarfile.open(partial, "w") as archive:
         database_member, database_file = _database_snapshot(Path(scratch))
         listed[database_member] = _add(archive, database_member, database_file)
-        for path in _data_files(data_dir):
+        for path in data_files(data_dir):
             member = DATA_PREFIX + path.relative_to(data_dir).as_posix()
             if _is_sqlite(path):
                 copy = Path(scratch) / "sqlite-copy"
@@ -164,7 +166,7 @@ def _is_sqlite(path: Path) -> bool:
         return False
 
 
-def _data_files(data_dir: Path):
+def data_files(data_dir: Path):
     """The data dir's files to keep, in a stable order; of each index, only what the generation CURRENT names."""
     for directory, subdirs, filenames in os.walk(data_dir):
         here = Path(directory)
@@ -180,7 +182,7 @@ def _data_files(data_dir: Path):
 
 
 def _index_files(root: Path):
-    """An index directory's files in force (rag_studio/search/index_store.py's layout): CURRENT, the generation it
+    """An index directory's files in force (rag_studio/search/embedded/'s layout): CURRENT, the generation it
     names and, where that generation's manifest lists segments, each segment's files with the one deletes file the
     generation uses (segments are shared by generations and never change, so an older deletes file is not needed)."""
     current = (root / "CURRENT").read_text().strip()
@@ -198,7 +200,7 @@ def _excluded(relative: str) -> bool:
     return relative in EXCLUDED or relative.split("/")[-1].startswith(EXCLUDED_PREFIXES)
 
 
-def _kept(relative: str) -> bool:
+def kept(relative: str) -> bool:
     """True when a backup keeps this file: neither it nor a dir it lies in is excluded."""
     parts = relative.split("/")
     return not any(_excluded("/".join(parts[:end])) for end in range(1, len(parts) + 1))
@@ -255,9 +257,7 @@ def restore(archive_path: Path) -> dict:
     _refuse_unless_empty(data_dir)
     staging = Path(tempfile.mkdtemp(prefix=".restore-", dir=data_dir))
     try:
-        with tarfile.open(archive_path, "r") as archive:
-            manifest = _read_manifest(archive)
-            _unpack_verified(archive, manifest, staging)
+        manifest = unpack(archive_path, staging)
         connections.close_all()
         _place_database(manifest, staging)
         for member in manifest["files"]:
@@ -289,10 +289,67 @@ def _refuse_unless_empty(data_dir: Path) -> None:
         raise RestoreRefused(f"the database ({connection.vendor}: {connection.settings_dict['NAME']}) already has "
                              f"tables; restore into an empty one")
     present = sorted(relative for path in data_dir.rglob("*") if path.is_file()
-                     and _kept(relative := path.relative_to(data_dir).as_posix()) and relative not in MADE_AT_START)
+                     and kept(relative := path.relative_to(data_dir).as_posix()) and relative not in MADE_AT_START)
     if present:
         shown = ", ".join(present[:3]) + (f" and {len(present) - 3} more" if len(present) > 3 else "")
         raise RestoreRefused(f"the data dir {data_dir} is not empty ({shown}); restore into an empty one")
+
+
+def verify(archive_path: Path) -> dict:
+    """Check an archive as restore does, writing nothing: a manifest of this format and version, every member listed
+    in it (a plain file at a safe path) with its sha256 and size, and none of it missing. Returns the manifest;
+    RestoreRefused names the first fault."""
+    return _checked(archive_path, staging=None)
+
+
+def unpack(archive_path: Path, staging: Path) -> dict:
+    """verify's checks while writing every member under `staging`, each file on disk (fsynced) before the next is
+    read: a caller moves them into place only once this returned, so a damaged archive changes nothing."""
+    return _checked(archive_path, staging)
+
+
+def _checked(archive_path: Path, staging: Path | None) -> dict:
+    try:
+        with tarfile.open(archive_path, "r") as archive:
+            manifest = _read_manifest(archive)
+            listed, seen = manifest["files"], set()
+            for member in archive:
+                if member.name == MANIFEST:
+                    continue
+                expected = listed.get(member.name)
+                if expected is None or not member.isfile() or not _safe(member.name):
+                    raise RestoreRefused(f"member {member.name} is not listed in the manifest")
+                with archive.extractfile(member) as source:
+                    found = _digest(source) if staging is None else _write_member(source, staging / member.name)
+                if found != (expected["sha256"], expected["size"]):
+                    raise RestoreRefused(f"member {member.name} does not match its checksum in the manifest (damaged)")
+                seen.add(member.name)
+    except tarfile.TarError as exc:
+        raise RestoreRefused(f"it is not a readable tar archive ({exc})")
+    missing = sorted(set(listed) - seen)
+    if missing:
+        raise RestoreRefused(f"member {missing[0]} is missing from the archive")
+    return manifest
+
+
+def _digest(source, out=None) -> tuple[str, int]:
+    """sha256 and size of what `source` holds, copied to `out` on the way where one is given."""
+    digest, size = hashlib.sha256(), 0
+    while block := source.read(_BLOCK):
+        digest.update(block)
+        size += len(block)
+        if out:
+            out.write(block)
+    return digest.hexdigest(), size
+
+
+def _write_member(source, target: Path) -> tuple[str, int]:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with target.open("wb") as out:
+        found = _digest(source, out)
+        out.flush()
+        os.fsync(out.fileno())
+    return found
 
 
 def _read_manifest(archive: tarfile.TarFile) -> dict:
@@ -307,31 +364,6 @@ def _read_manifest(archive: tarfile.TarFile) -> dict:
         raise RestoreRefused(f"it has format version {manifest.get('format_version')}; this version reads "
                              f"{FORMAT_VERSION}")
     return manifest
-
-
-def _unpack_verified(archive: tarfile.TarFile, manifest: dict, staging: Path) -> None:
-    listed = manifest["files"]
-    seen = set()
-    for member in archive:
-        if member.name == MANIFEST:
-            continue
-        expected = listed.get(member.name)
-        if expected is None or not member.isfile() or not _safe(member.name):
-            raise RestoreRefused(f"member {member.name} is not listed in the manifest")
-        target = staging / member.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        digest, size = hashlib.sha256(), 0
-        with archive.extractfile(member) as source, target.open("wb") as out:
-            while block := source.read(_BLOCK):
-                digest.update(block)
-                size += len(block)
-                out.write(block)
-        if (digest.hexdigest(), size) != (expected["sha256"], expected["size"]):
-            raise RestoreRefused(f"member {member.name} does not match its checksum in the manifest (damaged)")
-        seen.add(member.name)
-    missing = sorted(set(listed) - seen)
-    if missing:
-        raise RestoreRefused(f"member {missing[0]} is missing from the archive")
 
 
 def _safe(name: str) -> bool:

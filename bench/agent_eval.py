@@ -12,7 +12,7 @@ import argparse
 import time
 
 # First: it reads the instance's settings and sets Django up, which the project's models need.
-from bench._serving import ADMIN_USERNAME, PRESET_MODEL, print_header
+from bench.helpers.running_instance import ADMIN_USERNAME, PRESET_MODEL, print_header
 
 # isort: split
 

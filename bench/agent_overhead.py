@@ -6,8 +6,8 @@ scripted model (no engine, so only the orchestration is timed), against the same
 Two orchestrated figures: the LangGraph template alone (create_agent with its middleware and the SQLite
 checkpointer), and a whole run as a worker makes it (claim, the graph, every step recorded in the database and
 published to Redis, the lease renewed, the answer stored). Memory per run: the Python heap's peak during one run
-(tracemalloc) and the process's RSS growth over all runs. Needs Redis (`make run` starts one; REDIS_URL). Shares
-bench.ingest's private environment (a temporary data dir and SQLite database).
+(tracemalloc) and the process's RSS growth over all runs. Needs Redis (`make run` starts one; REDIS_URL). Runs on a
+private instance (bench/helpers/private_instance.py: a temporary data dir and SQLite database).
 """
 
 import argparse
@@ -21,8 +21,8 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import StructuredTool
 
-# First: it sets Django up on bench.ingest's private environment, which the project's models need.
-from bench.ingest import bench_workspace, clean_up, print_header
+# First: it sets Django up on a private data dir, which the project's models need.
+from bench.helpers.private_instance import bench_workspace, clean_up, print_header
 from serving.metrics import percentile
 
 # isort: split

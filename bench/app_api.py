@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import httpx
 
 # First: it reads the instance's settings and sets Django up, which the project's models need.
-from bench._serving import (
+from bench.helpers.running_instance import (
     ADMIN_USERNAME,
     CLIENT_TIMEOUT,
     PLATFORM_URL,

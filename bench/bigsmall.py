@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from bench._serving import REPO_ROOT, print_header, wait_for
+from bench.helpers.running_instance import REPO_ROOT, print_header, wait_for
 from serving.engines import process
 from serving.engines.base import Listen, auth_headers, engine
 from serving.groups import calibration, policies, scoring

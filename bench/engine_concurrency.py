@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from bench._serving import (
+from bench.helpers.running_instance import (
     CLIENT_TIMEOUT,
     StreamResult,
     chat_body,

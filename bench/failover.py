@@ -16,7 +16,7 @@ from datetime import datetime
 import httpx
 from django.utils import timezone
 
-from bench._serving import (
+from bench.helpers.running_instance import (
     CLIENT_TIMEOUT,
     GATEWAY_URL,
     BenchDeployment,

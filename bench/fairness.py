@@ -20,8 +20,8 @@ loopback port, and the processes `make run` starts, each as `scripts/proc.sh <ro
 processes), node (default and node.<name>: it starts the SmolLM2 and Gemma-3 llama-server replicas), beat, web (the
 gateway the calibration calls), and interactive where this tree's proc.sh has that role. Trees from before issue 31
 route every one of these tasks to `ingest`, one message per document. To measure such a commit, run this file from
-a `git worktree` of it with .venv linked in: each process is given that tree on PYTHONPATH, ahead of the editable
-install's mapping to the main checkout.
+a `git worktree` of it with .venv linked in and bench/helpers/ copied there too: each process is given that tree on
+PYTHONPATH, ahead of the editable install's mapping to the main checkout.
 """
 
 import argparse
@@ -55,8 +55,9 @@ def _free_ports(count: int) -> list[int]:
             probe.close()
 
 
-# Before Django reads its settings (importing bench.ingest sets it up on a private data dir): this bench's own Redis,
-# the port of its web process (the gateway) and the node its workers serve, for this process and those it starts.
+# Before Django reads its settings (importing private_instance sets it up on a private data dir): this bench's own
+# Redis, the port of its web process (the gateway) and the node its workers serve, for this process and those it
+# starts.
 REDIS_PORT, WEB_PORT = _free_ports(2)
 os.environ.update({
     "REDIS_URL": f"redis://127.0.0.1:{REDIS_PORT}/0",
@@ -66,7 +67,7 @@ os.environ.update({
     "FACTORY_PUBLIC_URL": f"http://127.0.0.1:{WEB_PORT}",
 })
 
-from bench.ingest import DATA_DIR, Prose, bench_workspace, clean_up, print_header  # noqa: E402  isort: skip
+from bench.helpers.private_instance import DATA_DIR, bench_workspace, clean_up, print_header  # noqa: E402  isort: skip
 
 import httpx  # noqa: E402
 import redis  # noqa: E402
@@ -75,6 +76,7 @@ from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from accounts.services import SYSTEM, Actor, create_workspace  # noqa: E402
+from bench.helpers.synthetic import Prose  # noqa: E402
 from cluster import inventory, queues  # noqa: E402
 from cluster.services import register_node  # noqa: E402
 from rag_studio import services  # noqa: E402

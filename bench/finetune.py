@@ -19,7 +19,7 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "factory.settings")
 django.setup()
 
-from bench._training import hyperparameters, run_job_process, sample_dataset  # noqa: E402
+from bench.helpers.training import hyperparameters, run_job_process, sample_dataset  # noqa: E402
 
 METHODS = ("lora", "full")
 

@@ -1,6 +1,6 @@
 """API fuzzing with schemathesis: every operation of the REST schema (/api/schema/) with a workspace API key, and
-the gateway's and the apps' public API from the OpenAPI description below, each case sent in process. Prints
-operations x cases x failures, where a failure is an answer of 500 or more (target: 0).
+the gateway's and the apps' public API from its OpenAPI description (bench/helpers/gateway_api.py), each case sent
+in process. Prints operations x cases x failures, where a failure is an answer of 500 or more (target: 0).
 
     .venv/bin/python -m bench.fuzz [--examples 50]
 
@@ -14,36 +14,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-# The gateway and the apps' public API are served past Django, so drf-spectacular does not describe them: this does.
-GATEWAY_AND_APPS = {
-    "openapi": "3.0.3",
-    "info": {"title": "AI Factory gateway and app API", "version": "1"},
-    "components": {"securitySchemes": {"key": {"type": "http", "scheme": "bearer"}}},
-    "security": [{"key": []}],
-    "paths": {
-        "/v1/models": {"get": {"responses": {"200": {"description": "models"}}}},
-        **{f"/v1/{endpoint}": {"post": {
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                "type": "object", "properties": {
-                    "model": {"type": "string"}, "stream": {"type": "boolean"},
-                    "max_tokens": {"type": "integer"}, "prompt": {}, "input": {},
-                    "messages": {"type": "array", "items": {"type": "object", "properties": {
-                        "role": {"type": "string"}, "content": {}}}},
-                    "tools": {"type": "array", "items": {"type": "object"}}, "tool_choice": {},
-                    "stream_options": {"type": "object"}}}}}},
-            "responses": {"200": {"description": "answer"}}}}
-            for endpoint in ("chat/completions", "completions", "embeddings")},
-        **{f"/api/apps/{{slug}}/{endpoint}": {"post": {
-            "parameters": [{"name": "slug", "in": "path", "required": True, "schema": {"type": "string"}}],
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                "type": "object", "properties": {
-                    "query": {}, "conversation_id": {}, "user": {}, "stream": {"type": "boolean"},
-                    "message_id": {}, "rating": {"type": "string"}, "comment": {},
-                    "messages": {"type": "array", "items": {"type": "object"}}}}}}},
-            "responses": {"200": {"description": "answer"}}}}
-            for endpoint in ("chat", "retrieve", "feedback", "v1/chat/completions")},
-    },
-}
+from bench.helpers.gateway_api import GATEWAY_AND_APPS
 
 
 @dataclass

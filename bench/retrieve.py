@@ -7,11 +7,11 @@ index (FACTORY_RAG_INDEX_ANN_THRESHOLD), approximately; and the index store's wr
     .venv/bin/python -m bench.retrieve [--sizes 10000,100000,1000000] [--runs 100] [--backend embedded|pgvector]
                                        [--keep]
 
-Embedding a million chunks would take days here, so the chunks are bench.ingest's SyntheticChunks: 384-d unit
-vectors around topic centres (dense search costs the same whatever the vectors say; recall needs them clustered
-as real embeddings are) and texts from generated prose, stored as real Chunk rows so that keyword search and
-hydration do their real work. recall@10 compares IVF's top 10 with exact search's for 200 query vectors drawn
-like the chunks'. Self-contained like bench.ingest, whose private environment it shares.
+Embedding a million chunks would take days here, so the chunks are SyntheticChunks (bench/helpers/synthetic.py):
+384-d unit vectors around topic centres (dense search costs the same whatever the vectors say; recall needs them
+clustered as real embeddings are) and texts from generated prose, stored as real Chunk rows so that keyword search
+and hydration do their real work. recall@10 compares IVF's top 10 with exact search's for 200 query vectors drawn
+like the chunks'. Self-contained: a private instance (bench/helpers/private_instance.py).
 """
 
 import argparse
@@ -19,27 +19,19 @@ import hashlib
 import statistics
 import time
 
+# First: it sets Django up on a private data dir, which the project's models need.
+from bench.helpers.private_instance import bench_workspace, clean_up, print_header, use_backend  # isort: skip
+
 from django.test import override_settings
 
-from bench.ingest import (
-    BACKENDS,
-    Prose,
-    ScaleStore,
-    SyntheticChunks,
-    bench_workspace,
-    clean_up,
-    print_header,
-    print_scale_header,
-    print_scale_row,
-    print_scale_target,
-    use_backend,
-)
+from bench.helpers.index_scale import BACKENDS, ScaleStore, print_scale_header, print_scale_row, print_scale_target
+from bench.helpers.synthetic import Prose, SyntheticChunks
 from rag_studio import services
 from rag_studio.models import Chunk, Document, DocumentStatus, KnowledgeBase, Stage
 from rag_studio.pipeline.parsing import file_kind
-from rag_studio.search.index_store import store_for
 from rag_studio.search.retrieval import retrieve
 from rag_studio.search.retrieval_config import DEFAULT_RETRIEVAL
+from rag_studio.search.stores import store_for
 from serving.metrics import percentile
 
 MODES = ("dense", "keyword", "hybrid")

@@ -5,8 +5,8 @@ start-up is most of a trivial call's latency.
 
 Prints p50/p95 of: a bare `python -I -c pass` (the floor no sandbox can beat), the first call after the process
 starts (cold: the bubblewrap probe included), `sandbox.run_python` of a trivial `run`, and the same tool called
-through `invoke_tool` (schema check and the invocation recorded). Self-contained like bench.ingest, whose private
-environment it shares.
+through `invoke_tool` (schema check and the invocation recorded). Self-contained: a private instance
+(bench/helpers/private_instance.py).
 """
 
 import argparse
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from bench.ingest import bench_workspace, clean_up, print_header
+from bench.helpers.private_instance import bench_workspace, clean_up, print_header
 from serving.metrics import percentile
 from workbridge import sandbox, services
 

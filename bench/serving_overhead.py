@@ -10,7 +10,7 @@ from statistics import median
 
 import httpx
 
-from bench._serving import (
+from bench.helpers.running_instance import (
     CLIENT_TIMEOUT,
     GATEWAY_URL,
     BenchDeployment,

@@ -27,7 +27,7 @@ import httpx
 import psutil
 
 # First: it reads the instance's settings and sets Django up, which the project's models need.
-from bench._serving import ADMIN_USERNAME, PLATFORM_URL, PRESET_MODEL, REPO_ROOT, print_header
+from bench.helpers.running_instance import ADMIN_USERNAME, PLATFORM_URL, PRESET_MODEL, REPO_ROOT, print_header
 from serving.metrics import percentile
 
 # isort: split

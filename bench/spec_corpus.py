@@ -10,7 +10,7 @@ The documents are made here, without network, from what the project installs:
   flasgger the way httpbin's own docstrings are (`type: int`, path parameters not marked required, TRACE, fields
   the format does not have); two of this platform's REST apps described by drf-yasg.
 - OpenAPI 3.0: this platform's /api/schema/ (drf-spectacular); a notes API written for flasgger in OpenAPI 3 mode;
-  the gateway and app API description of bench/fuzz.py.
+  the gateway and app API description of bench/helpers/gateway_api.py.
 - OpenAPI 3.1: this platform's schema as drf-spectacular writes 3.1; the OpenAI-compatible server of
   llama-cpp-python and Ray's sandbox API (both FastAPI apps shipped in those packages); a shop API written for
   FastAPI (forms, uploads, cookies, headers, enums, nested models).
@@ -26,6 +26,8 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from importlib import resources
+
+from bench.helpers.gateway_api import GATEWAY_AND_APPS
 
 BASE_URL = "https://api.example.com"  # every document is read as if it described this host
 
@@ -61,10 +63,9 @@ def measure(document: Document) -> Tally:
 
 
 def documents() -> list[Document]:
-    from bench.fuzz import GATEWAY_AND_APPS
-
     return [petstore(), httpbin_style(), *platform_by_drf_yasg("workbridge", "rag_studio"), platform_schema("3.0.3"),
-            flasgger_notes(), Document("AI Factory gateway and app API (bench/fuzz.py)", json.dumps(GATEWAY_AND_APPS)),
+            flasgger_notes(),
+            Document("AI Factory gateway and app API (bench/helpers/gateway_api.py)", json.dumps(GATEWAY_AND_APPS)),
             platform_schema("3.1.0"), llama_cpp_server(), ray_sandbox(), fastapi_shop()]
 
 

@@ -4,10 +4,10 @@ kept an H200 10-30% busy). Target: 10 ms or less of non-model time per step.
     .venv/bin/python -m bench.step_overhead [--steps 300] [--batch 4] [--cutoff 256] [--methods lora,full]
                                             [--rounds 1] [--baseline /path/to/older/worktree]
 
-The model is a two-layer Llama with random weights and a 512-token vocabulary (bench/_training.py), whose step takes
-milliseconds on a CPU, so that what the runner adds is not hidden behind compute. For each method, LoRA and full,
+The model is a two-layer Llama with random weights and a 512-token vocabulary (bench/helpers/training.py), whose step
+takes milliseconds on a CPU, so that what the runner adds is not hidden behind compute. For each method, LoRA and full,
 the job's own process trains `--steps` steps on the shipped instruction set (one thread, no checkpoint or
-evaluation within the run), with every step timed by bench/_step_timing.py: the whole step, and within it the
+evaluation within the run), with every step timed by bench/helpers/step_timing.py: the whole step, and within it the
 model's own work (forward and backward, gradient clipping, the optimizer's step). Non-model time = the rest, taken
 step by step, as wall time and as the training thread's CPU time (the median over the steps, the first left out).
 Because both parts are measured in the same step, the machine's other load weighs on them alike; CPU time leaves
@@ -31,10 +31,10 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "factory.settings")
 django.setup()
 
-from bench._training import CHATML, hyperparameters, run_job_process, sample_dataset, tiny_model  # noqa: E402
+from bench.helpers.training import CHATML, hyperparameters, run_job_process, sample_dataset, tiny_model  # noqa: E402
 
 TARGET_MS = 10.0
-TIMING = Path(__file__).resolve().parent / "_step_timing.py"
+TIMING = Path(__file__).resolve().parent / "helpers" / "step_timing.py"
 
 
 def spec(model: Path, data: Path, method: str, *, steps: int, batch: int, cutoff: int, packing: bool) -> dict:

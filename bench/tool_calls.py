@@ -330,7 +330,7 @@ def main() -> None:
         measure(args.gateway.rstrip("/"), args.key, args.model)
         return
     # Sets Django up on the running instance's settings: only this path needs it.
-    from bench._serving import GATEWAY_URL, PRESET_MODEL, bench_deployment, print_header
+    from bench.helpers.running_instance import GATEWAY_URL, PRESET_MODEL, bench_deployment, print_header
 
     print_header("Tool calls through the gateway", f"{PRESET_MODEL}, constrained tool strategy, "
                                                    f"{len(chosen)} hand-written cases")

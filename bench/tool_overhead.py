@@ -1,13 +1,13 @@
 """What Work Bridge adds to an HTTP tool call: the same GET to a local endpoint sent straight with httpx and as a
 tool through `workbridge.services.invoke_tool` (schema check, secret lookup, egress check and pinning, the
 invocation recorded), alternated call by call, and the difference of the medians. Then an MCP tool of a local stdio
-server like `mcp-server-time` (bench/mcp_time_server.py, a catalogue entry, sandboxed as in production) through
+server like `mcp-server-time` (bench/helpers/mcp_time_server.py, a catalogue entry, sandboxed as in production) through
 invoke_tool: a session started for each call (the pool off, as before pooling) beside calls on the warm pooled
 session.
 
     .venv/bin/python -m bench.tool_overhead [--calls 500] [--mcp-calls 200] [--mcp-start-calls 10] [--keep]
 
-Self-contained like bench.ingest, whose private environment (temporary data dir and SQLite database) it shares.
+Self-contained: a private instance (bench/helpers/private_instance.py: a temporary data dir and SQLite database).
 """
 
 import argparse
@@ -21,14 +21,14 @@ from pathlib import Path
 import httpx
 from django.test import override_settings
 
-from bench.ingest import DATA_DIR, bench_workspace, clean_up, print_header
+from bench.helpers.private_instance import DATA_DIR, bench_workspace, clean_up, print_header
 from serving.metrics import percentile
 from workbridge import mcp_client, sandbox, services
 
 TARGET_ADDED_P50_MS = 2.0
 TARGET_WARM_MCP_P50_MS = 50.0
 WARMUP = 20
-TIME_SERVER = Path(__file__).with_name("mcp_time_server.py")
+TIME_SERVER = Path(__file__).resolve().parent / "helpers" / "mcp_time_server.py"
 
 
 class Endpoint(BaseHTTPRequestHandler):

@@ -13,7 +13,7 @@ from collections import Counter
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench._serving import (
+from bench.helpers.running_instance import (
     CLIENT_TIMEOUT,
     GATEWAY_URL,
     PLATFORM_URL,

@@ -7,7 +7,8 @@ to Redis, the lease renewed, the answer stored).
 
 A node's own work is the scripted model's call and the tool's invocation (sandbox and invocation row); everything
 else is the platform's. Per node: the node's step minus its own work (p50 over every node of every run). Per run:
-the whole run minus all its nodes' own work. Needs Redis (REDIS_URL). Shares bench.ingest's private environment.
+the whole run minus all its nodes' own work. Needs Redis (REDIS_URL). Runs on a private instance
+(bench/helpers/private_instance.py).
 """
 
 import argparse
@@ -17,8 +18,8 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
-# First: it sets Django up on bench.ingest's private environment, which the project's models need.
-from bench.ingest import bench_workspace, clean_up, print_header
+# First: it sets Django up on a private data dir, which the project's models need.
+from bench.helpers.private_instance import bench_workspace, clean_up, print_header
 from serving.metrics import percentile
 
 # isort: split

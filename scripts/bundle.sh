@@ -72,7 +72,7 @@ mapfile -t packages < <(apt-cache depends --recurse --no-recommends --no-suggest
 mapfile -t keep < <(apt-cache show --no-all-versions "${packages[@]}" 2>/dev/null \
   | awk '/^Package: /{name=$2} /^Priority: /{if ($2 != "required" && $2 != "important") print name}' | sort -u \
   | while read -r package; do
-      dpkg-query -W -f '${Status}' "$package" 2>/dev/null | grep -q "install ok installed" && echo "$package"
+      [ "$(dpkg-query -W -f '${Status}' "$package" 2>/dev/null)" = "install ok installed" ] && echo "$package"
     done)
 (cd "$root/debs" && apt-get download "${keep[@]}" >/dev/null)
 
@@ -85,6 +85,6 @@ echo "==> $bundle: $(du -h "$bundle" | cut -f1) (unpacked: $(du -sh "$root" | cu
 echo "    what takes the space (unpacked):"
 du -sh "$root"/* | sort -rh | sed 's/^/      /'
 echo "    the largest wheels:"
-ls -S "$root/wheels" | head -5 | while read -r wheel; do
-  echo "      $(du -h "$root/wheels/$wheel" | cut -f1) $wheel"
-done
+# awk reads to the end: a reader that stops early (head) kills the writer with SIGPIPE, and pipefail makes that
+# this script's status (141) after the archive is complete.
+du -h "$root"/wheels/*.whl | sort -rh | awk -F'\t' 'NR <= 5 {sub(".*/", "", $2); print "      " $1 " " $2}'

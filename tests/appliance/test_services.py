@@ -1,9 +1,11 @@
 """The appliance's services: the systemd units install.sh writes (one for each process of scripts/proc.sh, restart
 on failure, ordered start, the journal, resource limits), and appliance/supervise.py, which runs the same units'
-command lines where systemd is not PID 1: in order, restarted when killed, stopped on SIGTERM."""
+command lines where systemd is not PID 1: in order, restarted when killed, stopped on SIGTERM; and supervise.sh, which
+starts and stops it for the prefix it is installed in, however it is called."""
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -95,3 +97,76 @@ def test_the_supervisor_runs_the_units_in_order_restarts_a_killed_process_and_st
     assert (work / "stopped").exists()
     output = supervisor.stdout.read()
     assert "ai-factory-worker.service exited with status -9; restarting" in output
+
+
+def _installed(prefix: Path) -> Path:
+    """A prefix as install.sh lays it out: this tree's appliance/ in releases/<version>, `current` a relative link to
+    it, the release's venv python (this interpreter: supervise.py needs only the standard library), the env file,
+    and units of one long-running service."""
+    release = prefix / "releases" / "0.1.0+test"
+    shutil.copytree(ROOT / "appliance", release / "appliance", ignore=shutil.ignore_patterns("__pycache__"))
+    (release / ".venv" / "bin").mkdir(parents=True)
+    (release / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    (prefix / "current").symlink_to(release.relative_to(prefix))
+    (prefix / "env").write_text("")
+    sleeper = units.Unit("sleeper", "a service that sleeps", ["sleep 600"])
+    (prefix / "units").mkdir()
+    (prefix / "units" / sleeper.file).write_text(units.render(sleeper, prefix, os.environ.get("USER", "root")))
+    (prefix / "units" / units.TARGET).write_text(units.render_target([sleeper]))
+    return release
+
+
+def _supervise_sh(script: str, action: str, *, cwd: Path, prefix: Path) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "FACTORY_PREFIX"}
+    return subprocess.run([script, action], cwd=cwd, env={**env, "FACTORY_UNITS_DIR": str(prefix / "units")},
+                          capture_output=True, text=True, timeout=150)
+
+
+def test_supervise_sh_through_current_from_another_directory_finds_the_prefix_it_is_installed_in(tmp_path):
+    prefix = tmp_path / "prefix"
+    _installed(prefix)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    through_current = "../prefix/current/appliance/supervise.sh"
+    pidfile = prefix / "supervise.pid"
+
+    started = _supervise_sh(through_current, "start", cwd=elsewhere, prefix=prefix)
+    try:
+        assert started.returncode == 0, started.stderr
+        pid = int(_wait_for(lambda: pidfile.exists() and pidfile.read_text().strip()))
+        _wait_for(lambda: "starting ai-factory-sleeper.service" in (prefix / "logs" / "supervise.log").read_text())
+
+        status = _supervise_sh(through_current, "status", cwd=elsewhere, prefix=prefix)
+        assert status.returncode == 0 and f"supervising (pid {pid})" in status.stdout
+        stopped = _supervise_sh(str(prefix / "current" / "appliance" / "supervise.sh"), "stop", cwd=tmp_path,
+                                prefix=prefix)
+        assert stopped.returncode == 0, stopped.stderr
+        assert f"stopped the supervisor (pid {pid}) of {prefix.resolve()}" in stopped.stdout
+        assert not pidfile.exists()
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    finally:
+        subprocess.run([str(prefix / "current" / "appliance" / "supervise.sh"), "stop"],
+                       env={**os.environ, "FACTORY_PREFIX": str(prefix)}, capture_output=True, timeout=150)
+
+
+def test_supervise_sh_stop_with_no_supervisor_says_so_and_stops_nothing_else(tmp_path):
+    """Nothing to stop is success, as for `systemctl stop`: an upgrade of services already stopped goes on. A PID
+    file whose PID is now another process's stops nothing."""
+    prefix = tmp_path / "prefix"
+    _installed(prefix)
+    script = str(prefix / "current" / "appliance" / "supervise.sh")
+
+    stopped = _supervise_sh(script, "stop", cwd=tmp_path, prefix=prefix)
+
+    assert stopped.returncode == 0
+    assert f"nothing to stop: no supervisor runs for {prefix.resolve()}" in stopped.stdout
+    bystander = subprocess.Popen(["sleep", "600"])
+    try:
+        (prefix / "supervise.pid").write_text(f"{bystander.pid}\n")
+        stopped = _supervise_sh(script, "stop", cwd=tmp_path, prefix=prefix)
+        assert stopped.returncode == 0 and "nothing to stop" in stopped.stdout
+        assert bystander.poll() is None
+        assert not (prefix / "supervise.pid").exists()
+    finally:
+        bystander.kill()
+        bystander.wait()

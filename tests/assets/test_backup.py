@@ -4,6 +4,7 @@ prompts for a probe set; a damaged archive or a data dir in use is refused with 
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -20,6 +21,7 @@ from rag_studio.pipeline.ingestion import ingest
 from rag_studio.rag import format_context
 from rag_studio.search.retrieval import retrieve
 from serving.presets import register_presets
+from tests.assets import backup_archives
 from tests.conftest import ROOT
 from tests.rag_studio.conftest import SAMPLE_FILES, sample
 
@@ -132,3 +134,51 @@ def test_a_data_dir_in_use_is_not_overwritten(instance, tmp_path):
 
     assert refused.returncode != 0 and "is not empty (rag/notes.txt)" in refused.stderr
     assert (in_use / "rag" / "notes.txt").read_text() == "someone's data"
+
+
+
+UPLOAD_MEMBER = f"{backup.DATA_PREFIX}rag/kb-1/uploads/report"
+WHOLE = backup_archives.members()
+VERSION = backup.FORMAT_VERSION
+# What is in the tar, what its manifest lists and its format version; the fault the checks name.
+DAMAGED = {
+    "a changed byte": ({**WHOLE, UPLOAD_MEMBER: WHOLE[UPLOAD_MEMBER][:-1] + b"\x00"}, WHOLE, VERSION,
+                       f"member {UPLOAD_MEMBER} does not match its checksum in the manifest (damaged)"),
+    "a member missing": ({backup.SQLITE_MEMBER: backup_archives.DATABASE}, WHOLE, VERSION,
+                         f"member {UPLOAD_MEMBER} is missing from the archive"),
+    "a member slipped in": ({**WHOLE, "data/extra": b"x"}, WHOLE, VERSION,
+                            "member data/extra is not listed in the manifest"),
+    "a path out of the data dir": ({**WHOLE, "data/../../etc/cron.d/x": b"x"},
+                                   {**WHOLE, "data/../../etc/cron.d/x": b"x"}, VERSION,
+                                   "member data/../../etc/cron.d/x is not listed in the manifest"),
+    "another format version": (WHOLE, WHOLE, VERSION + 1,
+                               f"it has format version {VERSION + 1}; this version reads {VERSION}"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED)
+def test_verify_and_unpack_refuse_a_damaged_archive_naming_the_fault(damage, tmp_path):
+    contents, listed, version, fault = DAMAGED[damage]
+    archive = backup_archives.write(tmp_path / "backup.tar", contents, listed=listed, format_version=version)
+
+    with pytest.raises(backup.RestoreRefused, match=re.escape(fault)):
+        backup.verify(archive)
+    with pytest.raises(backup.RestoreRefused, match=re.escape(fault)):
+        backup.unpack(archive, tmp_path / "staging")
+
+
+def test_a_copy_cut_short_is_refused(tmp_path):
+    archive = backup_archives.write(tmp_path / "backup.tar", WHOLE)
+    archive.write_bytes(archive.read_bytes()[:len(backup_archives.DATABASE) + 4096])  # inside the upload's bytes
+
+    with pytest.raises(backup.RestoreRefused, match="it is not a readable tar archive"):
+        backup.verify(archive)
+
+
+def test_unpack_writes_every_member_of_a_good_archive_and_verify_writes_nothing(tmp_path):
+    archive = backup_archives.write(tmp_path / "backup.tar", WHOLE)
+
+    assert set(backup.verify(archive)["files"]) == set(WHOLE)
+    assert [path.name for path in tmp_path.iterdir()] == ["backup.tar"]
+    manifest = backup.unpack(archive, tmp_path / "staging")
+    assert {name: (tmp_path / "staging" / name).read_bytes() for name in manifest["files"]} == WHOLE

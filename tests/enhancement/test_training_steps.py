@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from bench._training import CHATML, hyperparameters, sample_dataset, tiny_model
+from bench.helpers.training import CHATML, hyperparameters, sample_dataset, tiny_model
 from enhancement.training import batches, run, versions
 from enhancement.training.data import IGNORE_INDEX
 from tests.conftest import ROOT

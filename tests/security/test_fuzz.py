@@ -1,6 +1,7 @@
 """Issue 13, "Prove it": schemathesis sends generated requests to every operation of the REST schema with a
-workspace key, and to the gateway and the apps' public API from their OpenAPI description (bench/fuzz.py); no
-answer may be a 500 or more. A few cases per operation here; `python -m bench.fuzz` runs many more."""
+workspace key, and to the gateway and the apps' public API from their OpenAPI description
+(bench/helpers/gateway_api.py); no answer may be a 500 or more. A few cases per operation here; `python -m bench.fuzz`
+runs many more."""
 
 import pytest
 

@@ -1,5 +1,5 @@
 """A stdio MCP server like the reference `mcp-server-time`, built with the official SDK's FastMCP, for
-bench.tool_overhead: `python bench/mcp_time_server.py`."""
+bench.tool_overhead: `python bench/helpers/mcp_time_server.py`."""
 
 from datetime import datetime
 from zoneinfo import ZoneInfo

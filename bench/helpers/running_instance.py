@@ -20,7 +20,7 @@ import django
 import httpx
 from django.conf import settings
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _use_instance_settings() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from enhancement.files import SAMPLE_DATASET
 from enhancement.formats import parse_jsonl
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # The ChatML template SmolLM2 serves with, for the two-layer model below.

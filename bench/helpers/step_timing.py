@@ -1,7 +1,7 @@
 """A job's process (`enhancement.training.run`, from the checkout in the working directory) with every training step
 timed, for bench/step_overhead:
 
-    python bench/_step_timing.py <run_dir>      (cwd and PYTHONPATH: the checkout to measure)
+    python bench/helpers/step_timing.py <run_dir>      (cwd and PYTHONPATH: the checkout to measure)
 
 Each step is timed whole, between the trainer's consecutive step-end callbacks, and within it the model's own work:
 transformers' `Trainer.training_step` (forward and backward), its gradient clipping and the optimizer's step. The
