@@ -8,7 +8,6 @@ public keys in FACTORY_TRUSTED_BUNDLE_KEYS (base64, as the Assets page shows the
 import base64
 import binascii
 import hashlib
-import os
 import threading
 from pathlib import Path
 
@@ -17,6 +16,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+
+from accounts.once import made_once
 
 KEY_FILENAME = "instance_key.pem"
 PUBLIC_KEY_BYTES = 32
@@ -29,33 +30,16 @@ def instance_key() -> Ed25519PrivateKey:
     path = settings.DATA_DIR / KEY_FILENAME
     with _loading:
         if path not in _loaded:
-            if not path.exists():
-                _create_key(path)
-            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+            key = serialization.load_pem_private_key(made_once(path, _new_key_pem), password=None)
             if not isinstance(key, Ed25519PrivateKey):
                 raise ImproperlyConfigured(f"{path} does not hold an Ed25519 private key.")
             _loaded[path] = key
         return _loaded[path]
 
 
-def _create_key(path: Path) -> None:
-    """Write a new key beside the final path, then hard-link it into place: when two processes start at once,
-    exactly one key is installed and both then read it."""
-    pem = Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                     serialization.NoEncryption())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
-            out.write(pem)
-            out.flush()
-            os.fsync(out.fileno())
-        try:
-            os.link(partial, path)
-        except FileExistsError:
-            pass
-    finally:
-        partial.unlink(missing_ok=True)
+def _new_key_pem() -> bytes:
+    return Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                      serialization.NoEncryption())
 
 
 def _raw(public_key: Ed25519PublicKey) -> bytes:

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from accounts.once import made_once
 from enhancement.training import LOGGERS_QUIET_ON_CPU
 
 # Before torch is first imported by any process of the platform (and inherited by the engines it starts): OpenMP
@@ -63,14 +64,7 @@ def _generated_secret_key() -> str:
     """A random key made on first run and kept in the data dir (mode 0600), so that no installation signs sessions
     and service tokens with a key anyone can read in the repository. Every process of one installation shares the
     data dir, and so the key; nodes elsewhere are given FACTORY_SECRET_KEY."""
-    path = DATA_DIR / "secret_key"
-    if not path.exists():
-        try:
-            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
-                file.write(secrets.token_urlsafe(48))
-        except FileExistsError:
-            pass  # another process of this installation made it first
-    return path.read_text().strip()
+    return made_once(DATA_DIR / "secret_key", lambda: secrets.token_urlsafe(48).encode()).decode().strip()
 
 
 SECRET_KEY = os.environ.get("FACTORY_SECRET_KEY", "")

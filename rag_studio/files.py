@@ -8,6 +8,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from accounts.once import made_once
+
 
 def kb_dir(kb_id: int) -> Path:
     return settings.DATA_DIR / "rag" / f"kb-{kb_id}"
@@ -35,18 +37,8 @@ def index_dir(kb_id: int, key: str) -> Path:
 def index_home() -> dict:
     """Where this process keeps embedded indexes: its node's name and its data dir's id (made once, kept by backups),
     so that a worker on another node with a data dir of its own never writes a second, partial copy of an index."""
-    marker = settings.DATA_DIR / "rag" / "data-dir-id"
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    if not marker.exists():
-        # Written beside, then linked into place: a link never replaces, so every process reads the first one made.
-        partial = marker.with_name(f".{marker.name}.{uuid.uuid4().hex}")
-        partial.write_text(uuid.uuid4().hex, encoding="ascii")
-        try:
-            os.link(partial, marker)
-        except FileExistsError:
-            pass
-        partial.unlink()
-    return {"node": settings.NODE_NAME, "data_dir": marker.read_text(encoding="ascii").strip()}
+    data_dir_id = made_once(settings.DATA_DIR / "rag" / "data-dir-id", lambda: uuid.uuid4().hex.encode())
+    return {"node": settings.NODE_NAME, "data_dir": data_dir_id.decode("ascii").strip()}
 
 
 def work_dir(document_id: int) -> Path:

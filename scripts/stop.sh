@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# make stop: stops exactly the processes make run started, by their recorded PIDs.
-set -euo pipefail
+# make stop: stops exactly the processes make run started, by their recorded PIDs, and says what it stopped and what
+# was already gone. It needs neither the database, Redis nor a readable secret: a part that fails is reported and
+# the rest is still stopped.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/procs.lib.sh
-# Engine replicas run in their own sessions (they outlive worker restarts), so they are stopped by their
-# recorded PIDs before the worker and redis go.
 # shellcheck disable=SC1091
 [ -f .run/env ] && source .run/env
-[ -x .venv/bin/python ] && .venv/bin/python manage.py stop_engines
+status=0
+# Engine replicas run in their own sessions (they outlive worker restarts), so they are stopped by the PIDs they
+# were launched with (data dir's engines/launched/) before the worker and redis go.
+if [ -x .venv/bin/python ]; then
+  .venv/bin/python manage.py stop_engines || { echo "warning: stop_engines failed; stopping engines by PID" >&2
+    stop_launched_engines "${FACTORY_DATA_DIR:-data}"; status=1; }
+fi
 for name in web beat interactive worker node redis; do
-  stop_proc "$name"
+  stop_proc "$name" || status=1
 done
+exit "$status"

@@ -34,7 +34,7 @@ from serving.engines.base import CHAT, COMPLETION, EMBEDDING
 from serving.models import GroupMember, GroupRequest, RequestRecord, ServingState, ToolStrategy
 from serving.router import TABLE_TTL_S, GroupTarget, Route, Target, router
 from serving.sse import SSEParser
-from workbridge import egress
+from workbridge import egress, vault
 
 logger = logging.getLogger(__name__)
 # The inference routes under /v1/, and what a deployment must be able to do to serve each.
@@ -360,6 +360,11 @@ async def open_upstream(target: Target, endpoint: str, content: bytes, stream: b
     if stream and target.engine in CLOSES_AFTER_STREAM:
         common["Connection"] = "close"
     last_error = "no replica is ready"
+    if vault.unreadable(target.api_key):
+        raise GatewayError(503, f"The API key saved for model '{target.name}' cannot be decrypted with this "
+                                f"installation's secrets key: a platform administrator enters it again on the "
+                                f"model's page, or puts back the FACTORY_SECRETS_KEY it was saved with.",
+                           code="model_key_unreadable", kind="server_error")
     while (route := router.pick(target, exclude=tried)) is not None:
         tried.add(route.replica_id)
         # An engine the platform started takes its replica's key; an external endpoint its model's.

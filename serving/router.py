@@ -16,6 +16,7 @@ from asgiref.sync import sync_to_async
 from cluster.models import NodeStatus
 from serving.engines.base import engine
 from serving.models import Deployment, GroupPolicy, ModelGroup, ServingState
+from workbridge import vault
 from workbridge.egress import Allowlist
 from workbridge.selectors import allowlist_for
 
@@ -114,7 +115,9 @@ def _load(name: str) -> Target | GroupTarget | None:
     # A node whose worker stopped answering heartbeats takes its replicas out of every table.
     ready = deployment.replicas.filter(state=ServingState.READY).exclude(base_url="").exclude(
         node__status=NodeStatus.UNHEALTHY)
-    routes = [Route(replica_id=r.pk, base_url=r.base_url, weight=r.weight, api_key=r.api_key) for r in ready]
+    # A replica whose engine key cannot be decrypted is left out until its node restarts it with a new one.
+    routes = [Route(replica_id=r.pk, base_url=r.base_url, weight=r.weight, api_key=r.api_key) for r in ready
+              if not vault.unreadable(r.api_key)]
     return Target(
         deployment_id=deployment.pk, name=deployment.name, workspace_id=deployment.workspace_id,
         engine=deployment.engine, state=deployment.state,

@@ -21,7 +21,7 @@ from accounts.registry import Registry
 from accounts.services import SYSTEM, Actor, record_audit, require_platform_admin, require_role_or_platform
 from cluster.deadlines import job_given_up
 from cluster.jobs import job_handler
-from cluster.models import Node
+from cluster.models import FINISHED_JOB_STATES, Job, Node
 from cluster.services import dispatch_job
 from serving import log_messages as log, selectors
 from serving.engines import process
@@ -38,7 +38,7 @@ from serving.models import (
     ServingEvent,
     ServingState,
 )
-from workbridge import egress
+from workbridge import egress, vault
 from workbridge.selectors import allowlist_for
 
 logger = logging.getLogger(__name__)
@@ -469,12 +469,13 @@ def _launch(replica: Replica) -> Replica:
                                listen=Listen(host=host, port=port, key_file=key_file),
                                spare_cores=selectors.spare_cores(replica=replica))
     log_path = _log_path(replica)
-    pid = process.launch(spec.argv, log_path=log_path, env=spec.env)
+    # Known at once, so that a start failing from here on stops this engine (start_replica).
+    replica.pid = pid = process.launch(spec.argv, log_path=log_path, env=spec.env)
     # Like an external URL, a replica's base URL ends in /v1, where the OpenAI routes start.
     root = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     base_url = f"{root}/v1"
     Replica.objects.filter(pk=replica.pk).update(pid=pid, port=port, base_url=base_url, api_key=api_key)
-    replica.pid, replica.port, replica.base_url, replica.api_key = pid, port, base_url, api_key
+    replica.port, replica.base_url, replica.api_key = port, base_url, api_key
     process.wait_healthy(f"{root}{spec.health_path}", pid=pid, log_path=log_path, timeout_s=spec.start_timeout_s,
                          headers=auth_headers(api_key))
     tool_strategy = adapter.tool_strategy(base_url, api_key)
@@ -524,11 +525,22 @@ def start_replica(job, report) -> dict:
     report(0.2, "Launching engine")
     try:
         replica = _launch(replica)
-    except process.EngineStartFailed as exc:
-        process.terminate(replica.pid)
-        _set_replica_state(replica, ServingState.FAILED, str(exc), last_error=str(exc), pid=None)
+    except Exception as exc:
+        _start_failed(replica, exc)
         raise
     return {"pid": replica.pid, "port": replica.port, "base_url": replica.base_url}
+
+
+def _start_failed(replica: Replica, exc: Exception, **fields) -> None:
+    """Whatever failed once the engine was launched, its process must not outlive the start (nothing would track
+    it), and the replica says why rather than show "starting" for ever."""
+    process.terminate(replica.pid)
+    if isinstance(exc, process.EngineStartFailed):
+        error = str(exc)
+    else:
+        logger.exception("Starting replica %s failed", replica.pk)
+        error = log.START_FAILED(node=settings.NODE_NAME, error=f"{exc.__class__.__name__}: {exc}")
+    _set_replica_state(replica, ServingState.FAILED, error, last_error=error, pid=None, **fields)
 
 
 @job_handler(STOP_REPLICA)
@@ -571,6 +583,13 @@ def check_local_replicas() -> list[str]:
             healthy = not _external_problem(replica.deployment)
             Replica.objects.filter(pk=replica.pk).update(last_health_at=now if healthy else replica.last_health_at)
             continue
+        if replica.state == ServingState.READY and vault.unreadable(replica.api_key):
+            # The platform's own secret, made anew at each start: a restart is the whole repair.
+            process.terminate(replica.pid)
+            _set_replica_state(replica, ServingState.FAILED, log.KEY_UNREADABLE(), last_error=log.KEY_UNREADABLE(),
+                               pid=None, next_restart_at=now)
+            notes.append(f"{replica.pk} key unreadable")
+            continue
         if replica.state == ServingState.READY and process.is_alive(replica.pid):
             # Asked where the gateway asks (the node's address), with the replica's key.
             root = replica.base_url.removesuffix("/v1")
@@ -590,15 +609,15 @@ def check_local_replicas() -> list[str]:
             try:
                 _launch(replica)
                 notes.append(f"{replica.pk} restarted")
-            except process.EngineStartFailed as exc:
+            except Exception as exc:
                 delay = min(2 ** (replica.restarts + 1), MAX_RESTART_BACKOFF_S)
-                _set_replica_state(replica, ServingState.FAILED, str(exc), last_error=str(exc), pid=None,
-                                   next_restart_at=now + timedelta(seconds=delay))
+                _start_failed(replica, exc, next_restart_at=now + timedelta(seconds=delay))
     return notes
 
 
 def stop_local_replicas() -> int:
-    """Stop every engine process on this node (used by `make stop`)."""
+    """Stop every engine process on this node and record it (used by `make stop`, which then stops whatever engine
+    `process.launch` recorded that the database did not know of)."""
     stopped = 0
     for replica in Replica.objects.select_related("deployment").filter(node__name=settings.NODE_NAME,
                                                                       pid__isnull=False):
@@ -612,6 +631,20 @@ def resume_deployments(*, actor: Actor = SYSTEM) -> list[Deployment]:
     """Start again every deployment that should be running but has replicas down (after `make stop`)."""
     resumed = []
     for deployment in Deployment.objects.filter(desired_running=True):
+        _fail_orphaned_starts(deployment)
         if deployment.replicas.exclude(state__in=LIVE_STATES).exists():
             resumed.append(start_deployment(actor=actor, deployment=deployment))
     return resumed
+
+
+def _fail_orphaned_starts(deployment: Deployment) -> None:
+    """A replica left "starting" by a start job that has ended (failed, cancelled, or gone) fails, so that it is
+    started again rather than waited on."""
+    for replica in deployment.replicas.select_related("deployment").filter(state=ServingState.STARTING):
+        start = Job.objects.filter(kind=START_REPLICA, payload__replica_id=replica.pk).order_by("-id").first()
+        if start is not None and start.state not in FINISHED_JOB_STATES:
+            continue
+        reason = (start.error or start.state) if start is not None else "no start job"
+        process.terminate(replica.pid)
+        _set_replica_state(replica, ServingState.FAILED, log.RESTARTED_BY_RUN(reason=reason), pid=None,
+                           last_error=replica.last_error or reason)

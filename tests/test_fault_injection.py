@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from celery import Celery, current_app
+from cryptography.fernet import Fernet
 from django.contrib.auth import get_user_model
 from django.test import override_settings
 
@@ -43,6 +45,7 @@ from tests.conftest import (
     stop_engines_and_flush,
     wait_for,
 )
+from workbridge import vault
 
 pytestmark = [pytest.mark.worker, pytest.mark.timeout(600)]
 
@@ -234,6 +237,84 @@ def test_a_worker_killed_while_its_engine_starts_is_replaced_and_the_replica_com
         serving_services.stop_deployment(actor=SYSTEM, deployment=deployment)
         wait_for(lambda: Replica.objects.get(pk=replica.pk).state == ServingState.STOPPED, timeout=60,
                  what="the replica to stop")
+
+
+def _engines_serving(name: str) -> list[int]:
+    """The llama-server processes serving `name` (its alias), whoever started them."""
+    return [engine.pid for engine in psutil.process_iter(["cmdline"])
+            if "llama-server" in " ".join(engine.info["cmdline"] or []) and name in (engine.info["cmdline"] or [])]
+
+
+def test_a_start_that_fails_after_its_engine_launched_stops_that_engine_and_says_why(platform, web_port, live_db,
+                                                                                     workers):
+    node = register_node(name="bad-key-node", resources=inventory.probe())
+    deployment = serving_services.create_deployment(
+        actor=SYSTEM, workspace=None, model=Deployment.objects.get(name=SMOLLM2).model, name="bad-key-chat",
+        replicas=[(node, 1.0)])
+    # A node whose secrets key is no key: it launches the engine, then cannot store the engine's own key.
+    workers("bad-key", "node.bad-key-node", web_port=web_port, node="bad-key-node",
+            env={"FACTORY_SECRETS_KEY": "not-a-fernet-key"})
+    serving_services.start_deployment(actor=SYSTEM, deployment=deployment)
+    replica = Replica.objects.get(deployment=deployment)
+    wait_for(lambda: Replica.objects.get(pk=replica.pk).state == ServingState.FAILED, timeout=120,
+             what="the start to fail")
+
+    replica.refresh_from_db()
+    job = Job.objects.get(kind=serving_services.START_REPLICA, payload__replica_id=replica.pk)
+    report("a start failing after its engine launched", replica=replica.state, job=job.state,
+           stray_engines=len(_engines_serving("bad-key-chat")))
+    assert "Fernet key must be 32 url-safe base64-encoded bytes" in replica.last_error
+    assert "logs/node.log" in replica.last_error and replica.pid is None
+    assert job.state == JobState.FAILED
+    assert _engines_serving("bad-key-chat") == []
+
+
+def test_a_replica_whose_engine_key_no_longer_decrypts_is_restarted_with_a_new_one(platform, web_port, live_db,
+                                                                                  workers):
+    from serving.tasks import check_local_replicas
+
+    node = register_node(name="lost-key-node", resources=inventory.probe())
+    deployment = serving_services.create_deployment(
+        actor=SYSTEM, workspace=None, model=Deployment.objects.get(name=SMOLLM2).model, name="lost-key-chat",
+        replicas=[(node, 1.0)])
+    # The worker that starts the replica holds a key no other process has (two processes that each made their own
+    # on a fresh data dir): the replica's engine key is stored encrypted with it.
+    stray = workers("stray-key", "node.lost-key-node", web_port=web_port, node="lost-key-node",
+                    env={"FACTORY_SECRETS_KEY": Fernet.generate_key().decode()})
+    serving_services.start_deployment(actor=SYSTEM, deployment=deployment)
+    replica = Replica.objects.get(deployment=deployment)
+    wait_for(lambda: Replica.objects.get(pk=replica.pk).state == ServingState.READY, timeout=120,
+             what="the replica to start")
+    stray.kill()
+    first = Replica.objects.get(pk=replica.pk)  # every other process can still load the row
+    assert vault.unreadable(first.api_key)
+
+    key = create_api_key(actor=platform["actor"], workspace=platform["workspace"], name="lost key").secret
+    auth = {"Authorization": f"Bearer {key}"}
+    others = httpx.post(f"{platform['url']}/v1/chat/completions", headers=auth, timeout=60,
+                        json={"model": SMOLLM2, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+    assert others.status_code == 200
+
+    workers("node-with-key", "node.lost-key-node", web_port=web_port, node="lost-key-node")
+
+    def restarted() -> bool:
+        check_local_replicas.apply_async(queue="node.lost-key-node")  # what beat does every few seconds
+        current = Replica.objects.get(pk=replica.pk)
+        return current.state == ServingState.READY and current.pid != first.pid
+
+    wait_for(restarted, timeout=120, interval=2, what="the replica to be restarted with a new key")
+    events = list(ServingEvent.objects.filter(replica=replica).values_list("message", flat=True))
+    answer = httpx.post(f"{platform['url']}/v1/chat/completions", headers=auth, timeout=60,
+                        json={"model": "lost-key-chat", "max_tokens": 4,
+                              "messages": [{"role": "user", "content": "Hi"}]})
+    report("a replica key no process can decrypt", restarted=1, old_engine_alive=int(process.is_alive(first.pid)),
+           next_request=answer.status_code)
+    assert any("engine key cannot be decrypted" in message for message in events)
+    assert not process.is_alive(first.pid) and not vault.unreadable(Replica.objects.get(pk=replica.pk).api_key)
+    assert answer.status_code == 200
+    serving_services.stop_deployment(actor=SYSTEM, deployment=deployment)
+    wait_for(lambda: Replica.objects.get(pk=replica.pk).state == ServingState.STOPPED, timeout=60,
+             what="the replica to stop")
 
 
 def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_and_is_restarted(platform, live_db):

@@ -227,6 +227,11 @@ def _secret_of(workspace: Workspace) -> Callable[[str], str]:
         if secret is None:
             raise ValidationFailed(gettext("The tool needs the secret '%(name)s', which this workspace does not "
                                            "have.") % {"name": name})
+        if vault.unreadable(secret.value):
+            raise ValidationFailed(gettext("The secret '%(name)s' cannot be decrypted with this installation's "
+                                           "secrets key: enter its value again on the Secrets page, or ask a "
+                                           "platform administrator to put back the FACTORY_SECRETS_KEY it was "
+                                           "saved with.") % {"name": name})
         return secret.value
 
     return value

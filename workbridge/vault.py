@@ -1,4 +1,4 @@
-"""The one secrets module (DESIGN.md §7, "Egress and secrets"): credentials the platform must send on a user's behalf
+"""The one secrets module (DESIGN.md §5, "Egress and secrets"): credentials the platform must send on a user's behalf
 (an external model's API key; tool secrets as Work Bridge grows) are encrypted at rest with Fernet (AES-128-CBC with
 an HMAC-SHA256, from `cryptography`).
 
@@ -8,6 +8,7 @@ once in the data directory (readable by its owner only), so that a fresh `make r
 """
 
 import base64
+import logging
 import os
 import re
 from collections.abc import Iterable
@@ -17,30 +18,47 @@ from urllib.parse import quote, quote_plus
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext
+
+from accounts.once import made_once
 
 # Stored values carry this prefix, so that a value written before encryption reads back as the text it is.
 PREFIX = "fernet:"
+logger = logging.getLogger(__name__)
 
 
 class SecretUnreadable(Exception):
     """A stored secret that no configured key decrypts: the key was changed without rotating."""
 
 
-def _generated_key() -> bytes:
-    path = settings.DATA_DIR / "secrets.key"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(path.with_suffix(".partial"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(Fernet.generate_key())
-        os.replace(path.with_suffix(".partial"), path)
-    return path.read_bytes().strip()
+class UnreadableSecret(str):
+    """What an encrypted column reads as when no configured key decrypts it, so that one such row never stops the
+    rest of the platform from loading its table: empty, so it is never sent anywhere, and holding the stored value,
+    so that saving the row keeps it for the day the key it was written with is put back. Callers that need the
+    secret check `unreadable()` and say which secret, and what to do."""
+
+    stored: str
+
+    def __new__(cls, stored: str):
+        value = super().__new__(cls, "")
+        value.stored = stored
+        return value
+
+
+def unreadable(value) -> bool:
+    return isinstance(value, UnreadableSecret)
+
+
+def generated_key() -> bytes:
+    """The installation's own key, made once in the data dir when FACTORY_SECRETS_KEY is not set (bootstrap makes it
+    before any worker starts; accounts/once.py keeps processes that still race from holding different keys)."""
+    return made_once(settings.DATA_DIR / "secrets.key", Fernet.generate_key).strip()
 
 
 @lru_cache(maxsize=1)
 def _fernet() -> MultiFernet:
     configured = [key.strip() for key in os.environ.get("FACTORY_SECRETS_KEY", "").split(",") if key.strip()]
-    keys = [key.encode() for key in configured] or [_generated_key()]
+    keys = [key.encode() for key in configured] or [generated_key()]
     return MultiFernet([Fernet(key) for key in keys])
 
 
@@ -69,6 +87,8 @@ def rotated(stored: str) -> str:
 
 def mask(plain: str) -> str:
     """What a saved secret shows: enough to recognise it, never enough to use it."""
+    if unreadable(plain):
+        return gettext("cannot be decrypted: enter it again")
     return "" if not plain else ("•" * 8 + plain[-4:] if len(plain) > 12 else "•" * 8)
 
 
@@ -110,8 +130,17 @@ class EncryptedTextField(models.TextField):
     """A text column holding a secret: encrypted when saved, decrypted when read."""
 
     def from_db_value(self, value, expression, connection):
-        return decrypt(value) if value else value
+        if not value:
+            return value
+        try:
+            return decrypt(value)
+        except SecretUnreadable:
+            logger.warning("A %s.%s value cannot be decrypted with FACTORY_SECRETS_KEY", self.model.__name__,
+                           self.name)
+            return UnreadableSecret(value)
 
     def get_prep_value(self, value):
+        if unreadable(value):
+            return value.stored
         value = super().get_prep_value(value)
         return encrypt(value) if value and not value.startswith(PREFIX) else value

@@ -25,6 +25,7 @@ import httpx
 from django.conf import settings as django_settings
 from prometheus_client.parser import text_string_to_metric_families
 
+from accounts.once import made_once
 from serving.engines.base import (
     CHAT,
     COMPLETION,
@@ -97,11 +98,7 @@ def _chat_template_file(template: str) -> Path:
     new file rather than changing one a running replica reads."""
     digest = hashlib.sha256(template.encode()).hexdigest()[:16]
     path = Path(django_settings.DATA_DIR) / "chat-templates" / f"{digest}.jinja"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_text(template)
-        partial.replace(path)
+    made_once(path, template.encode, mode=0o644)
     return path
 
 

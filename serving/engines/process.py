@@ -51,7 +51,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def write_key_file(path: Path, key: str) -> Path:
     """The replica's key in a file only this user can read, for the engine's --api-key-file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     partial.unlink(missing_ok=True)
     with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
         file.write(key + "\n")
@@ -125,6 +125,20 @@ def terminate(pid: int | None, *, grace_s: float = 10.0) -> None:
         except ProcessLookupError:
             pass
     (_launched_dir() / str(pid)).unlink(missing_ok=True)
+
+
+def terminate_launched() -> list[int]:
+    """Stop every engine `launch` started from this data dir that still runs, whatever the database says of it
+    (`make stop` needs neither the database nor a readable secret): the PIDs of those stopped."""
+    stopped = []
+    for record in sorted(_launched_dir().glob("[0-9]*")):
+        pid = int(record.name)
+        if is_alive(pid) and launched_here(pid):
+            terminate(pid)
+            stopped.append(pid)
+        else:
+            record.unlink(missing_ok=True)
+    return stopped
 
 
 def log_tail(log_path: Path | None, lines: int = 15) -> str:

@@ -1,12 +1,13 @@
 import time
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from serving.models import Deployment, ServingState
 
 
 class Command(BaseCommand):
-    help = "Wait until every deployment that should run is ready, printing their states."
+    help = "Wait until every deployment that should run is ready, printing their states and why any is not."
 
     def add_arguments(self, parser):
         parser.add_argument("--timeout", type=float, default=180)
@@ -22,5 +23,12 @@ class Command(BaseCommand):
             time.sleep(1)
         for deployment in wanted:
             self.stdout.write(f"    {deployment.name:28} {deployment.state}")
+            if deployment.state == ServingState.READY:
+                continue
+            for replica in deployment.replicas.exclude(state=ServingState.READY):
+                problem = replica.last_error or "no error recorded yet"
+                self.stdout.write(f"      replica {replica.pk} on {replica.node.name}: {replica.state}: {problem}")
         if failed or waiting:
-            raise CommandError("Some deployments are not ready; see the Models & Serving page and logs/worker.log.")
+            engines = settings.DATA_DIR / "engines"
+            raise CommandError(f"Some deployments are not ready: see the Models & Serving page, logs/node.log (the "
+                               f"node worker starts engines) and each engine's own log in {engines}/.")
