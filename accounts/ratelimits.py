@@ -4,7 +4,8 @@ send twice the rate across a window's edge, a sliding one does not. A limit is w
 ("600/minute", "10 per 15 minutes") and read from settings at each call, so tests and operators can change it.
 
 Redis not answering is not a reason to turn every caller away with a 500, nor to let every caller through
-unnoticed: it raises ServiceUnavailable, a 503 with Retry-After."""
+unnoticed: it raises ServiceUnavailable, a 503 with Retry-After. A connection dropped by a Redis restart is not
+"not answering": the storages retry it once on a fresh connection (accounts/redis_connections.py)."""
 
 import asyncio
 import math
@@ -20,6 +21,7 @@ from limits.errors import StorageError
 from limits.storage import RedisStorage
 from limits.strategies import SlidingWindowCounterRateLimiter
 
+from accounts import redis_connections
 from accounts.errors import RateLimited, ServiceUnavailable
 
 KEY_PREFIX = "factory:rate"
@@ -36,7 +38,7 @@ def _item(limit: str) -> RateLimitItem:
 @lru_cache(maxsize=4)
 def _sync_limiter(redis_url: str) -> SlidingWindowCounterRateLimiter:
     storage = RedisStorage(redis_url, key_prefix=KEY_PREFIX, wrap_exceptions=True, socket_timeout=2,
-                           socket_connect_timeout=2)
+                           socket_connect_timeout=2, **redis_connections.options())
     return SlidingWindowCounterRateLimiter(storage)
 
 
@@ -47,7 +49,8 @@ def _async_limiter() -> AsyncSlidingWindow:
     held = _async_limiters.get(loop)
     if held is None or held[0] != url:
         storage = AsyncRedisStorage(f"async+{url}", implementation="redispy", key_prefix=KEY_PREFIX,
-                                    wrap_exceptions=True, socket_timeout=2, socket_connect_timeout=2)
+                                    wrap_exceptions=True, socket_timeout=2, socket_connect_timeout=2,
+                                    **redis_connections.async_options())
         held = (url, AsyncSlidingWindow(storage))
         _async_limiters[loop] = held
     return held[1]

@@ -15,6 +15,8 @@ import redis
 import redis.asyncio as aredis
 from django.conf import settings
 
+from accounts import redis_connections
+
 STREAM_TTL_S = 3600
 STREAM_MAX_EVENTS = 5000
 ENDING = {"done", "error", "cancelled", "plan"}
@@ -26,7 +28,7 @@ def _key(run_public_id) -> str:
 
 @cache
 def _client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL)
+    return redis.Redis.from_url(settings.REDIS_URL, **redis_connections.options())
 
 
 def publish(run_public_id, event: str, data: dict) -> None:
@@ -47,7 +49,8 @@ def publish_many(run_public_id, batch: list[tuple[str, dict]]) -> None:
 async def follow(run_public_id, *, after: str = "0", block_ms: int = 15_000) -> AsyncIterator[tuple[str, str, dict]]:
     """(stream id, event, data) from after `after`, waiting for new ones, until an ending event; a quiet stream
     yields ("", "ping", {}) every `block_ms` so that the caller can keep its connection alive."""
-    client = aredis.Redis.from_url(settings.REDIS_URL, socket_timeout=block_ms / 1000 + 10)
+    client = aredis.Redis.from_url(settings.REDIS_URL, socket_timeout=block_ms / 1000 + 10,
+                                   **redis_connections.async_options())
     try:
         last = after
         while True:

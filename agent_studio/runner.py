@@ -23,7 +23,7 @@ from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
 from accounts.services import Actor
-from agent_studio import events, graphs, memory
+from agent_studio import cancel_watch, events, graphs, memory
 from agent_studio.graphs import PlanUnreadable
 from agent_studio.models import AgentRun, RunStatus, StepKind
 from agent_studio.strategies import GatewayError, ToolReplyInvalid
@@ -152,16 +152,16 @@ def execute(run_pk: int, *, owner: str, resume=None, extra_tools: list | None = 
     def elapsed() -> float:
         return (time.perf_counter() - started) * 1000
 
-    recorder = Recorder(run, owner=owner)
-    context = RunContext(actor=Actor(user=run.created_by), workspace_id=run.agent.workspace_id,
-                         agent_id=run.agent_id, agent_name=run.agent.name, thread=run.thread,
-                         settings=run.version.settings, recorder=recorder, citations=list(run.citations),
-                         extra_tools=list(extra_tools or []), extra_prompt=extra_prompt)
-    if run.attempts > MAX_ATTEMPTS:
-        _fail(run, owner, recorder, f"The run was interrupted {MAX_ATTEMPTS} times (its worker stopped); giving up.",
-              elapsed())
-        return
-    with _leases.kept(run.pk, owner):
+    with _leases.kept(run.pk, owner), cancel_watch.watched(AgentRun, run.pk) as cancellation:
+        recorder = Recorder(run, owner=owner, cancellation=cancellation)
+        if run.attempts > MAX_ATTEMPTS:
+            _fail(run, owner, recorder,
+                  f"The run was interrupted {MAX_ATTEMPTS} times (its worker stopped); giving up.", elapsed())
+            return
+        context = RunContext(actor=Actor(user=run.created_by), workspace_id=run.agent.workspace_id,
+                             agent_id=run.agent_id, agent_name=run.agent.name, thread=run.thread,
+                             settings=run.version.settings, recorder=recorder, citations=list(run.citations),
+                             extra_tools=list(extra_tools or []), extra_prompt=extra_prompt)
         _run_graph(run, owner, recorder, context, resume, elapsed)
 
 
@@ -184,19 +184,25 @@ def _run_graph(run: AgentRun, owner: str, recorder: Recorder, context: RunContex
             raise RunLimitReached("The agent ended without an answer (its last step was a tool call).")
         recorder.record(StepKind.ANSWER, "answer", {"text": answer})
         _finish(run, owner, RunStatus.DONE, answer=answer, citations=context.citations, elapsed_ms=elapsed())
-    except RunCancelled as exc:
-        recorder.record(StepKind.ERROR, "cancelled", {"message": str(exc)}, ok=False)
-        _finish(run, owner, RunStatus.CANCELLED, error=str(exc), citations=context.citations, elapsed_ms=elapsed())
-    except EXPECTED_FAILURES as exc:
-        _fail(run, owner, recorder, str(exc), elapsed(), context.citations)
-    except GraphRecursionError:
-        _fail(run, owner, recorder, "The agent went round in circles past its step limit.", elapsed(),
-              context.citations)
-    except GatewayError as exc:
-        _fail(run, owner, recorder, f"A model call failed: {exc}", elapsed(), context.citations)
-    except Exception as exc:  # anything else still ends the run with its reason, never a run left running
-        logger.exception("Agent run %s failed", run.public_id)
-        _fail(run, owner, recorder, f"{type(exc).__name__}: {exc}", elapsed(), context.citations)
+    except Exception as exc:  # whatever it is, the run ends with its reason, never a run left running
+        if isinstance(exc, RunCancelled) or recorder.cancellation.cancelled:  # a call cut short fails its own way
+            message = "The run was cancelled."
+            recorder.record(StepKind.ERROR, "cancelled", {"message": message}, ok=False)
+            _finish(run, owner, RunStatus.CANCELLED, error=message, citations=context.citations,
+                    elapsed_ms=elapsed())
+            return
+        _fail(run, owner, recorder, _failure(run, exc), elapsed(), context.citations)
+
+
+def _failure(run: AgentRun, exc: Exception) -> str:
+    if isinstance(exc, EXPECTED_FAILURES):
+        return str(exc)
+    if isinstance(exc, GraphRecursionError):
+        return "The agent went round in circles past its step limit."
+    if isinstance(exc, GatewayError):
+        return f"A model call failed: {exc}"
+    logger.exception("Agent run %s failed", run.public_id)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _fail(run: AgentRun, owner: str, recorder: Recorder, message: str, elapsed_ms: float,

@@ -18,7 +18,9 @@ import re
 import time
 import uuid
 from collections.abc import Sequence
+from functools import cache
 
+import httpx
 from django.conf import settings
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
@@ -27,6 +29,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_openai import ChatOpenAI
 from openai import APIError as GatewayError
 
+from accounts.cancellation import CancellableTransport
 from accounts.services import service_token
 from agent_studio.models import ToolStrategy
 
@@ -41,13 +44,19 @@ class ToolReplyInvalid(Exception):
     """The model's reply could not be read as a tool call or an answer, even when asked again."""
 
 
+@cache
+def _gateway_client() -> httpx.Client:
+    # A cancelled run shuts its model call's connection: the call ends at once, and the gateway frees the slot.
+    return httpx.Client(transport=CancellableTransport())
+
+
 def gateway_model(*, workspace_id: int, model: str, temperature: float, max_tokens: int,
                   timeout_s: float) -> ChatOpenAI:
     """A chat model on the platform's own gateway, with the workspace's service token: routed, failed over and
     measured (TTFT/TPOT) like any request. A streamed call asks for its usage too, so its tokens are counted."""
     return ChatOpenAI(base_url=settings.GATEWAY_URL, api_key=service_token(workspace_id=workspace_id), model=model,
                       temperature=temperature, max_tokens=max_tokens, max_retries=0, timeout=timeout_s,
-                      stream_usage=True, tags=[GATEWAY_TAG])
+                      stream_usage=True, tags=[GATEWAY_TAG], http_client=_gateway_client())
 
 
 class _PromptedToolCaller(BaseChatModel):

@@ -15,6 +15,7 @@ from django.db.models import F
 from django.utils import timezone
 from langchain_core.callbacks import BaseCallbackHandler
 
+from accounts.cancellation import Cancellation
 from agent_studio import events
 from agent_studio.models import AgentRun, RunStep, StepKind
 from agent_studio.strategies import ANSWER_TAG, GATEWAY_TAG
@@ -53,8 +54,8 @@ def step_payload(step: RunStep) -> dict:
 class Recorder(BaseCallbackHandler):
     raise_error = True  # a cancelled run or a spent limit must stop the graph, not be logged and ignored
 
-    def __init__(self, run: AgentRun, *, owner: str):
-        self.run_pk, self.public_id, self.owner = run.pk, run.public_id, owner
+    def __init__(self, run: AgentRun, *, owner: str, cancellation: Cancellation):
+        self.run_pk, self.public_id, self.owner, self.cancellation = run.pk, run.public_id, owner, cancellation
         self.limits = run.version.settings["limits"]
         self.lock = threading.Lock()
         self.index = run.steps.count()
@@ -67,13 +68,16 @@ class Recorder(BaseCallbackHandler):
     # ---- limits ----
 
     def check(self, *, strict: bool = False) -> None:
-        """Before each model and tool call: the run's time, and whether it was cancelled (a database read: before
-        a model call at most every CANCEL_CHECK_S, before a tool call, which may act on the world, always)."""
+        """Before each model and tool call: the run's time, and whether it was cancelled (its Cancellation, and a
+        database read: before a model call at most every CANCEL_CHECK_S, before a tool call, which may act on the
+        world, always)."""
         now = time.monotonic()
-        if strict or now - self.cancel_checked >= CANCEL_CHECK_S:
+        if not self.cancellation.cancelled and (strict or now - self.cancel_checked >= CANCEL_CHECK_S):
             self.cancel_checked = now
             if AgentRun.objects.filter(pk=self.run_pk, cancel_requested=True).exists():
-                raise RunCancelled("The run was cancelled.")
+                self.cancellation.cancel()
+        if self.cancellation.cancelled:
+            raise RunCancelled("The run was cancelled.")
         if now > self.deadline:
             raise RunLimitReached(f"The run took longer than its limit of {self.limits['timeout_s']} s.")
 

@@ -25,6 +25,7 @@ from celery.signals import task_postrun, task_prerun
 from django.conf import settings
 from django.utils.translation import gettext as _
 
+from accounts import redis_connections
 from accounts.errors import RateLimited
 
 INGEST, INTERACTIVE, DEFAULT = "ingest", "interactive", "default"
@@ -52,7 +53,7 @@ class Place:
 
 @cache
 def broker() -> redis.Redis:
-    return redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=5)
+    return redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=5, **redis_connections.options())
 
 
 def send(task: str, args: list, *, queue: str, workspace_id: int | None):

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from accounts import redis_connections
 from accounts.once import made_once
 from enhancement.training import LOGGERS_QUIET_ON_CPU
 
@@ -197,6 +198,7 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": "factory",
+        "OPTIONS": redis_connections.options(),
     }
 }
 

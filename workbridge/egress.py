@@ -1,4 +1,4 @@
-"""The one way the platform calls a URL a user gave it (DESIGN.md §7, "Egress and secrets"): external model
+"""The one way the platform calls a URL a user gave it (DESIGN.md §5, "Egress and secrets"): external model
 endpoints today; tools, OpenAPI specs and MCP servers as Work Bridge grows.
 
 A URL passes only if every address its host resolves to is public, or its host or address is on the allowlist (the
@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import httpx
+
+from accounts.cancellation import CancellableTransport
 
 SCHEMES = {"http", "https"}
 MAX_REDIRECTS = 5
@@ -250,8 +252,10 @@ _client: httpx.Client | None = None
 def _sync_client() -> httpx.Client:
     global _client
     if _client is None:
-        # No environment proxies: a proxy would connect to the name, undoing the pinning.
-        _client = httpx.Client(trust_env=False, follow_redirects=False)
+        # No environment proxies: a proxy would connect to the name, undoing the pinning. A run's cancel shuts the
+        # request's connection (a tool or HTTP node waiting on a slow server stops at once).
+        _client = httpx.Client(trust_env=False, follow_redirects=False,
+                               transport=CancellableTransport(trust_env=False))
     return _client
 
 

@@ -36,6 +36,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from accounts import cancellation
+
 BWRAP = "bwrap"
 UNSAFE_DEV = "unsafe-dev"
 HOME = "/home/sandbox"
@@ -308,12 +310,13 @@ def run_python(code: str, arguments: dict, *, timeout_s: float, max_output_bytes
         reader.start()
     timed_out = False
     try:
-        try:
-            process.stdin.write(json.dumps({"code": code, "args": arguments}).encode())
-            process.stdin.close()
-        except BrokenPipeError:
-            pass
-        process.wait(timeout=timeout_s)
+        with cancellation.stopping(lambda: _stop_when_cancelled(process)):
+            try:
+                process.stdin.write(json.dumps({"code": code, "args": arguments}).encode())
+                process.stdin.close()
+            except BrokenPipeError:
+                pass
+            process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
     finally:
@@ -326,16 +329,29 @@ def run_python(code: str, arguments: dict, *, timeout_s: float, max_output_bytes
     stdout, stderr = readers["stdout"].text(), readers["stderr"].text()
     error, output = _outcome(readers["result"], process.returncode, timed_out, timeout_s, limits,
                              max_output_bytes)
+    if error and cancellation.cancelled():
+        error = "The run was cancelled; its code was stopped."
     return RunResult(output=output, error=error, stdout=stdout, stderr=stderr, elapsed_ms=elapsed_ms)
 
 
 def _kill(process: subprocess.Popen) -> None:
     """The whole sandbox: bubblewrap's process group (its init dies with it, and the PID namespace with that)."""
+    _kill_group(process.pid)
+    process.wait()
+
+
+def _kill_group(pid: int) -> None:
     try:
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    process.wait()
+
+
+def _stop_when_cancelled(process: subprocess.Popen) -> None:
+    """The run was cancelled (from another thread): the sandbox is killed now, unless its process was reaped
+    meanwhile; then `_kill` cleans up as ever."""
+    if process.returncode is None:
+        _kill_group(process.pid)
 
 
 def _outcome(result: _CappedReader, returncode: int, timed_out: bool, timeout_s: float, limits: Limits,

@@ -23,8 +23,9 @@ from django.utils import timezone
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
+from accounts.cancellation import Cancellation
 from accounts.services import Actor
-from agent_studio import events, log_messages
+from agent_studio import cancel_watch, events, log_messages
 from agent_studio.models import RunStatus
 from agent_studio.runner import LeaseKeeper
 from agent_studio.tracing import RunCancelled
@@ -108,8 +109,8 @@ class RunEvents:
 class Execution:
     """One attempt at a run: the graph's LangGraph nodes, and what they record."""
 
-    def __init__(self, run: WorkflowRun, owner: str, live: RunEvents):
-        self.run, self.owner, self.live = run, owner, live
+    def __init__(self, run: WorkflowRun, owner: str, live: RunEvents, cancellation: Cancellation):
+        self.run, self.owner, self.live, self.cancellation = run, owner, live, cancellation
         self.graph = run.version.graph
         self.incoming: dict[str, list[dict]] = {node["id"]: [] for node in self.graph["nodes"]}
         for edge in self.graph["edges"]:
@@ -122,11 +123,15 @@ class Execution:
         self.lock = threading.Lock()
 
     def check(self) -> None:
+        """Between nodes: the cancel flag, read here too (at most every CANCEL_CHECK_S) so that a run cancelled
+        before it started runs no node."""
         now = time.monotonic()
-        if now - self.cancel_checked >= CANCEL_CHECK_S:
+        if not self.cancellation.cancelled and now - self.cancel_checked >= CANCEL_CHECK_S:
             self.cancel_checked = now
             if WorkflowRun.objects.filter(pk=self.run.pk, cancel_requested=True).exists():
-                raise RunCancelled(log_messages.RUN_CANCELLED())
+                self.cancellation.cancel()  # nodes running meanwhile on parallel branches stop too
+        if self.cancellation.cancelled:
+            raise RunCancelled(log_messages.RUN_CANCELLED())
 
     def _live(self, edge: dict, state: State) -> bool:
         source = edge["from"]
@@ -186,7 +191,7 @@ class Execution:
         outputs, error = None, ""
         for attempt in range(tries):
             if attempt:
-                time.sleep(policy["backoff_s"] * 2 ** (attempt - 1))
+                self.cancellation.wait(policy["backoff_s"] * 2 ** (attempt - 1))
                 self.check()
             context.shown = {}
             try:
@@ -195,6 +200,7 @@ class Execution:
                 error = ""
                 break
             except nodes.NodeError as exc:
+                self.check()  # a node cut short by the run's cancel did not fail: the run was cancelled
                 error = str(exc)
         status = NodeStatus.DONE
         if error and policy["policy"] == "default":
@@ -312,17 +318,17 @@ def execute(run_pk: int, *, owner: str) -> None:
         _finish(run, owner, RunStatus.FAILED,
                 error=log_messages.RUN_INTERRUPTED(attempts=MAX_ATTEMPTS))
         return
-    with _leases.kept(run.pk, owner):
-        _run(run, owner, started)
+    with _leases.kept(run.pk, owner), cancel_watch.watched(WorkflowRun, run.pk) as cancellation:
+        _run(run, owner, started, cancellation)
 
 
-def _run(run: WorkflowRun, owner: str, started: float) -> None:
+def _run(run: WorkflowRun, owner: str, started: float, cancellation: Cancellation) -> None:
     def elapsed() -> float:
         return (time.perf_counter() - started) * 1000
 
     try:
         with RunEvents(run.public_id) as live:
-            execution = Execution(run, owner, live)
+            execution = Execution(run, owner, live, cancellation)
             execution.check()
             state = compiled(run.version).invoke(
                 {"outputs": {}, "settled": {}},
@@ -340,5 +346,8 @@ def _run(run: WorkflowRun, owner: str, started: float) -> None:
     except NodeFailed as exc:
         _finish(run, owner, RunStatus.FAILED, error=str(exc), elapsed_ms=elapsed())
     except Exception as exc:  # anything else still ends the run with its reason, never a run left running
+        if cancellation.cancelled:  # what a cancel cut short may fail in its own way
+            _finish(run, owner, RunStatus.CANCELLED, error=log_messages.RUN_CANCELLED(), elapsed_ms=elapsed())
+            return
         logger.exception("Workflow run %s failed", run.public_id)
         _finish(run, owner, RunStatus.FAILED, error=f"{type(exc).__name__}: {exc}", elapsed_ms=elapsed())

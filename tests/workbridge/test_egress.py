@@ -183,6 +183,8 @@ def test_an_unreachable_host_is_a_refusal_with_the_reason(dns):
 # Modules that may open HTTP connections themselves, and why; everything else goes through workbridge.egress.
 DIRECT_HTTP = {
     "workbridge/egress.py": "the egress guard itself",
+    "accounts/cancellation.py": "the transport egress and the gateway's clients send through, so that a cancel "
+                                "shuts a request's connection; it calls no URL itself",
     "serving/gateway.py": "engines the platform started; external endpoints through egress.pinned",
     "serving/engines/process.py": "health of engine processes the platform started, on loopback",
     "serving/engines/llamacpp.py": "a local llama-server's /props, /metrics and /slots",
