@@ -25,7 +25,8 @@ for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep
 
 export REDIS_URL="redis://127.0.0.1:$port/0" FACTORY_DATA_DIR="$scratch/data" FACTORY_NODE_NAME=test-web
 status=0
-.venv/bin/python -m pytest "$@" || status=$?
+# The 20 slowest tests close the run, so that what makes the suite slow is seen on every CI run.
+.venv/bin/python -m pytest --durations=20 "$@" || status=$?
 if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then
   # The test worker's, web server's and engines' logs are removed with the scratch dir: show their ends, which say
   # why a live test's answer failed.

@@ -1,4 +1,4 @@
-"""Serving one gateway request through a model group (DESIGN.md §4, Router).
+"""Serving one gateway request through a model group (DESIGN.md §4, Model groups).
 
 - route: the difficulty score decides before generation; the chosen member's answer is relayed as any deployment's
   (streamed live).
