@@ -13,6 +13,7 @@ from accounts.permissions import WorkspaceScopedMixin
 from agent_studio import selectors, services, streaming
 from agent_studio.models import Agent, AgentEvalRun, AgentRun, AgentThread, AgentVersion, Scenario
 from agent_studio.runner import run_payload
+from agent_studio.runs import streaming as run_streaming
 from agent_studio.strategies import probe
 from cluster import queues
 from cluster.api import QueuePlaceSerializer
@@ -236,7 +237,7 @@ class RunViewSet(_InWorkspace, viewsets.GenericViewSet):
     def events(self, request, public_id=None):
         """Server-sent events: status, step…, then plan (awaiting approval), done, error or cancelled."""
         run = self.get_object()
-        return streaming.response(streaming.sse(run, after=request.query_params.get("after", "0")))
+        return run_streaming.response(streaming.sse(run, after=request.query_params.get("after", "0")))
 
     @extend_schema(request=PlanSerializer, responses={202: dict})
     @action(detail=True, methods=["post"])

@@ -19,17 +19,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from agent_studio import probes, runner
-from agent_studio.models import (
-    AgentEvalRun,
-    AgentRun,
-    AgentThread,
-    EvalStatus,
-    RunStatus,
-    RunStep,
-    Scenario,
-    StepKind,
-    ThreadSource,
-)
+from agent_studio.models import AgentEvalRun, AgentRun, AgentThread, RunStep, Scenario, StepKind, ThreadSource
+from agent_studio.runs import leases
+from agent_studio.runs.fields import EvalStatus, RunStatus
 from agent_studio.strategies import gateway_model
 from serving.metrics import percentile
 
@@ -45,7 +37,7 @@ def _execute(evaluation: AgentEvalRun, text: str, *, history: list | None = None
     run = AgentRun.objects.create(workspace_id=evaluation.agent.workspace_id, agent=evaluation.agent,
                                   version=evaluation.version, thread=thread, caller=f"eval:{evaluation.pk}",
                                   input=text, prior_messages=history or [], created_by=evaluation.created_by)
-    owner = runner.owner_id(f"eval-{evaluation.pk}-{run.pk}")
+    owner = leases.owner_id(f"eval-{evaluation.pk}-{run.pk}")
     extras = {"extra_tools": probe.tools if probe else [], "extra_prompt": probe.extra_prompt if probe else ""}
     runner.execute(run.pk, owner=owner, **extras)
     run.refresh_from_db()

@@ -1,5 +1,5 @@
-"""Running one AgentRun, in a Celery worker: claim it (a lease only this process and task holds), build its graph,
-run it to an answer, a pause for plan approval, or a recorded failure, and publish each step live.
+"""Running one AgentRun, in a Celery worker: claim it (agent_studio/runs/leases.py), build its graph, run it to an
+answer, a pause for plan approval, or a recorded failure, and publish each step live.
 
 The conversation's checkpoint is the run's memory of where it is: a run whose worker died is claimed again when its
 lease runs out (agent_studio.tasks.resume_stalled_runs) and continues from its last checkpoint, so tool calls that
@@ -7,25 +7,19 @@ completed are not made again. A run is claimed at most MAX_ATTEMPTS times.
 """
 
 import logging
-import os
-import socket
-import threading
 import time
-from contextlib import contextmanager
-from datetime import timedelta
 
-from django.conf import settings
-from django.db import connection
-from django.db.models import F, Q
 from django.utils import timezone
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
 from accounts.services import Actor
-from agent_studio import cancel_watch, events, graphs, memory
+from agent_studio import events, graphs, memory
 from agent_studio.graphs import PlanUnreadable
-from agent_studio.models import AgentRun, RunStatus, StepKind
+from agent_studio.models import AgentRun, StepKind
+from agent_studio.runs import cancel, leases
+from agent_studio.runs.fields import RunStatus
 from agent_studio.strategies import GatewayError, ToolReplyInvalid
 from agent_studio.toolkit import BindingMissing, RunContext
 from agent_studio.tracing import Recorder, RunCancelled, RunLimitReached
@@ -36,11 +30,6 @@ FINISHED = object()
 EXPECTED_FAILURES = (RunLimitReached, ToolReplyInvalid, PlanUnreadable, BindingMissing)
 
 
-def owner_id(task_id: str | None) -> str:
-    """Unique per process and per task: two pool processes of one worker never share a lease."""
-    return f"{socket.gethostname()}:{os.getpid()}:{task_id or 'inline'}"
-
-
 def run_payload(run: AgentRun) -> dict:
     return {"run_id": str(run.public_id), "status": run.status, "answer": run.answer, "error": run.error,
             "plan": run.plan, "citations": run.citations,
@@ -48,58 +37,6 @@ def run_payload(run: AgentRun) -> dict:
             "usage": {"model_calls": run.model_calls, "tool_calls": run.tool_calls,
                       "input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
             "latency_ms": run.latency_ms}
-
-
-def _claim(run_pk: int, owner: str) -> AgentRun | None:
-    now = timezone.now()
-    claimed = AgentRun.objects.filter(pk=run_pk, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).filter(
-        Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner)).update(
-        status=RunStatus.RUNNING, lease_owner=owner, lease_until=now + timedelta(seconds=settings.AGENT_RUN_LEASE_S),
-        attempts=F("attempts") + 1)
-    if not claimed:
-        return None
-    run = AgentRun.objects.select_related("agent", "version", "thread", "created_by").get(pk=run_pk)
-    events.publish(run.public_id, "status", {"status": RunStatus.RUNNING, "attempt": run.attempts})
-    return run
-
-
-class LeaseKeeper:
-    """Renews the leases of the runs (rows of `model`) this process works on, however long one model or tool call
-    takes; a process that dies stops renewing, and its runs are taken over once their leases run out. One thread
-    per process, not per run: starting and joining a thread for every run cost more than a whole step on a busy
-    machine."""
-
-    def __init__(self, model):
-        self._model = model
-        self._runs: dict[int, str] = {}
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    @contextmanager
-    def kept(self, run_pk: int, owner: str):
-        with self._lock:
-            self._runs[run_pk] = owner
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._renew_forever, name="agent-run-leases", daemon=True)
-                self._thread.start()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._runs.pop(run_pk, None)
-
-    def _renew_forever(self) -> None:
-        while True:
-            time.sleep(settings.AGENT_RUN_LEASE_S / 3)
-            with self._lock:
-                held = dict(self._runs)
-            for run_pk, owner in held.items():
-                self._model.objects.filter(pk=run_pk, lease_owner=owner, status=RunStatus.RUNNING).update(
-                    lease_until=timezone.now() + timedelta(seconds=settings.AGENT_RUN_LEASE_S))
-            connection.close()
-
-
-_leases = LeaseKeeper(AgentRun)
 
 
 def _finish(run: AgentRun, owner: str, status: str, *, answer: str = "", error: str = "",
@@ -144,7 +81,7 @@ def _graph_input(graph, config: dict, run: AgentRun, resume):
 def execute(run_pk: int, *, owner: str, resume=None, extra_tools: list | None = None, extra_prompt: str = "") -> None:
     """Run, resume or continue the run. `extra_tools` and `extra_prompt` are an evaluation probe's, for this run
     only."""
-    run = _claim(run_pk, owner)
+    run = leases.claim(AgentRun, run_pk, owner, related=("agent", "version", "thread", "created_by"))
     if run is None:
         return
     started = time.perf_counter()
@@ -152,7 +89,7 @@ def execute(run_pk: int, *, owner: str, resume=None, extra_tools: list | None = 
     def elapsed() -> float:
         return (time.perf_counter() - started) * 1000
 
-    with _leases.kept(run.pk, owner), cancel_watch.watched(AgentRun, run.pk) as cancellation:
+    with leases.kept(AgentRun, run.pk, owner), cancel.watched(AgentRun, run.pk) as cancellation:
         recorder = Recorder(run, owner=owner, cancellation=cancellation)
         if run.attempts > MAX_ATTEMPTS:
             _fail(run, owner, recorder,

@@ -15,19 +15,16 @@ from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from agent_studio import config, events, memory
 from agent_studio.models import (
-    FINAL_RUN_STATES,
     Agent,
     AgentEvalRun,
     AgentRun,
     AgentThread,
     AgentVersion,
-    EvalRunFields,
-    EvalStatus,
-    RunStatus,
     Scenario,
     ThreadSource,
-    Workflow,
 )
+from agent_studio.runs import evaluations
+from agent_studio.runs.fields import FINAL_RUN_STATES, EvalStatus, RunStatus
 from assets.models import AssetKind
 from assets.services import forget_asset, payload_checksum, register_asset
 from cluster import queues
@@ -35,14 +32,16 @@ from cluster import queues
 MAX_INPUT_CHARS = 8000
 MAX_END_USER_CHARS = 128
 SCENARIO_CHECK_KINDS = {"contains", "not_contains", "regex", "json_field", "judge"}
+# The tasks of agent_studio/tasks.py, sent by name: that module runs what these services queue.
+EXECUTE_TASK = "agent_studio.tasks.execute_run"
+EVALUATE_TASK = "agent_studio.tasks.run_evaluation"
 # What becomes of an agent's runs when it is deleted.
 RUN_CHOICES = ("keep", "delete")
 
 
 def _dispatch_run(run: AgentRun, resume=None) -> None:
-    from agent_studio.tasks import execute_run
-
-    transaction.on_commit(lambda: execute_run.apply_async(args=[run.pk, resume], queue=settings.AGENT_QUEUE))
+    transaction.on_commit(lambda: queues.send(EXECUTE_TASK, [run.pk, resume], queue=settings.AGENT_QUEUE,
+                                              workspace_id=run.workspace_id))
 
 
 @transaction.atomic
@@ -325,44 +324,14 @@ def start_evaluation(*, actor: Actor, agent: Agent, version_number: int | None =
         raise ValidationFailed("Add a scenario first, or include the safety probes.",
                                fields={"scenarios": ["None yet."]})
     queues.check_job_limit(agent.workspace_id)
-    from agent_studio.tasks import run_evaluation
-
-    return queue_evaluation(AgentEvalRun, run_evaluation.name, workspace_id=agent.workspace_id, agent=agent,
+    return evaluations.queue(AgentEvalRun, EVALUATE_TASK, workspace_id=agent.workspace_id, agent=agent,
                             version=agent_version(agent, version_number), include_safety=bool(include_safety),
                             created_by=actor.user)
 
 
 def cancel_evaluation(*, actor: Actor, evaluation: AgentEvalRun) -> AgentEvalRun:
-    from agent_studio.tasks import run_evaluation
-
-    return stop_evaluation(actor=actor, evaluation=evaluation, subject=evaluation.agent,
-                           task_name=run_evaluation.name, audit_action="agent.evaluation.cancel")
-
-
-def queue_evaluation(model: type[EvalRunFields], task_name: str, *, workspace_id: int,
-                     **fields) -> EvalRunFields:
-    """Create an evaluation (an agent's or a workflow's) and send it to the interactive line once it is committed,
-    to the task `task_name`."""
-    evaluation = model.objects.create(**fields)
-    transaction.on_commit(lambda: queues.send(task_name, [evaluation.pk], queue=queues.INTERACTIVE,
-                                              workspace_id=workspace_id))
-    return evaluation
-
-
-def stop_evaluation(*, actor: Actor, evaluation: EvalRunFields, subject: Agent | Workflow, task_name: str,
-                    audit_action: str) -> EvalRunFields:
-    """Stop an evaluation of `subject` (an agent or a workflow): a queued one leaves the line at once, a running
-    one stops before its next scenario or probe; the results so far are kept."""
-    require_role(actor=actor, workspace=subject.workspace, role=Role.DEVELOPER)
-    if not type(evaluation).objects.filter(pk=evaluation.pk, status__in=[EvalStatus.QUEUED, EvalStatus.RUNNING]) \
-            .update(status=EvalStatus.CANCELLED, finished_at=timezone.now()):
-        raise Conflict(_("Evaluation %(id)s is %(status)s; only a queued or running one can be cancelled.")
-                       % {"id": evaluation.pk, "status": evaluation.status})
-    queues.withdraw(queues.INTERACTIVE, task_name, [evaluation.pk])
-    record_audit(actor=actor, workspace=subject.workspace, action=audit_action, target=subject,
-                 detail={"evaluation": evaluation.pk})
-    evaluation.refresh_from_db()
-    return evaluation
+    return evaluations.stop(actor=actor, evaluation=evaluation, subject=evaluation.agent, task_name=EVALUATE_TASK,
+                             audit_action="agent.evaluation.cancel")
 
 
 def active_evaluations(workspace_id: int) -> int:
@@ -375,8 +344,6 @@ def evaluation_place(line: queues.Line, evaluation: AgentEvalRun) -> queues.Plac
     """Where a queued evaluation stands in the interactive line."""
     if evaluation.status != EvalStatus.QUEUED:
         return None
-    from agent_studio.tasks import run_evaluation
-
-    return line.place(run_evaluation.name, [evaluation.pk], workspace_id=evaluation.agent.workspace_id,
+    return line.place(EVALUATE_TASK, [evaluation.pk], workspace_id=evaluation.agent.workspace_id,
                       default_s=300.0, reason=_("waiting for the interactive worker (evaluations, tuning, "
                                                 "calibration)"))

@@ -3,16 +3,15 @@ from django.conf import settings
 from django.utils import timezone
 
 from agent_studio import evaluation, runner
-from agent_studio.models import AgentRun, RunStatus
-
-# Workflow runs' tasks, found by the worker through this module.
-from agent_studio.workflows.tasks import execute_workflow_run, resume_stalled_workflow_runs  # noqa: F401
+from agent_studio.models import AgentRun
+from agent_studio.runs import leases
+from agent_studio.runs.fields import RunStatus
 
 
 @shared_task(bind=True, acks_late=True)
 def execute_run(self, run_id: int, resume=None) -> None:
     """Run (or continue) one agent run; a second delivery of the same run finds it leased or finished."""
-    runner.execute(run_id, owner=runner.owner_id(self.request.id), resume=resume)
+    runner.execute(run_id, owner=leases.owner_id(self.request.id), resume=resume)
 
 
 @shared_task

@@ -91,7 +91,7 @@ class Recorder(BaseCallbackHandler):
                 step = RunStep.objects.create(run_id=self.run_pk, index=self.index, kind=kind, name=name[:128],
                                               detail=detail, ok=ok, latency_ms=latency_ms,
                                               input_tokens=input_tokens, output_tokens=output_tokens)
-                counters = {"lease_until": timezone.now() + timedelta(seconds=settings.AGENT_RUN_LEASE_S),
+                counters = {"lease_until": timezone.now() + timedelta(seconds=settings.RUN_LEASE_S),
                             "model_calls": self.model_calls, "tool_calls": self.tool_calls}
                 if input_tokens or output_tokens:
                     counters |= {"input_tokens": F("input_tokens") + (input_tokens or 0),

@@ -13,7 +13,8 @@ from django.views.decorators.http import require_POST
 from accounts.errors import ValidationFailed
 from accounts.gui import gui_actor, workspace_page
 from agent_studio import config, demo, probes, selectors, services
-from agent_studio.models import AgentTemplate, EvalStatus, ToolStrategy, VariableScope
+from agent_studio.models import AgentTemplate, ToolStrategy, VariableScope
+from agent_studio.runs.fields import EvalStatus
 from agent_studio.strategies import probe
 from cluster import queues
 from rag_studio.models import KnowledgeBase

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from accounts.once import made_once
+from accounts.atomic_files import made_once
 
 KEY_FILENAME = "instance_key.pem"
 PUBLIC_KEY_BYTES = 32

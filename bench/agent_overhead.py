@@ -29,7 +29,8 @@ from serving.metrics import percentile
 
 from accounts.services import SYSTEM
 from agent_studio import graphs, memory, runner, services
-from agent_studio.models import AgentRun, AgentThread, RunStatus
+from agent_studio.models import AgentRun, AgentThread
+from agent_studio.runs.fields import RunStatus
 from agent_studio.strategies import GATEWAY_TAG
 from agent_studio.toolkit import RunContext
 from agent_studio.tracing import Recorder

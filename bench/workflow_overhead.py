@@ -25,7 +25,7 @@ from serving.metrics import percentile
 # isort: split
 
 from accounts.services import SYSTEM
-from agent_studio.models import RunStatus
+from agent_studio.runs.fields import RunStatus
 from agent_studio.workflows import nodes, runner, services as workflow_services
 from agent_studio.workflows.models import WorkflowRun
 from cluster import inventory

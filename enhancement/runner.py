@@ -24,6 +24,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
+from accounts.atomic_files import write_json_atomic
 from accounts.errors import ApplicationError
 from accounts.services import service_token
 from cluster.models import Job, JobState
@@ -31,7 +32,6 @@ from enhancement import files, log_messages as log
 from enhancement.formats import parse_jsonl
 from enhancement.models import DistillMode, EnhancementJob, JobKind, MetricSample, Stage
 from enhancement.training import data
-from enhancement.training.run import write_json_atomic
 from serving.engines import process
 from serving.models import Model, ModelKind
 from serving.services import register_produced_model

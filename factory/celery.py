@@ -26,7 +26,9 @@ from cluster import queues  # noqa: E402
 
 app = Celery("factory")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+# Each app's tasks module, and those of the subsystems that are packages inside an app (workflows).
 app.autodiscover_tasks()
+app.autodiscover_tasks(["agent_studio.workflows"])
 
 HARD_LIMIT_AFTER_SOFT_S = 60
 

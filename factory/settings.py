@@ -44,7 +44,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from accounts import redis_connections
-from accounts.once import made_once
+from accounts.atomic_files import made_once
 from enhancement.training import LOGGERS_QUIET_ON_CPU
 
 # Before torch is first imported by any process of the platform (and inherited by the engines it starts): OpenMP
@@ -377,9 +377,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ROUTES = {"rag_studio.tasks.*": {"queue": "ingest"}}
-# An agent run whose worker has not renewed its lease for this long (its steps renew it) is taken over by another
+# An agent or workflow run whose worker has not renewed its lease for this long is taken over by another
 # worker from its last checkpoint; beat looks for such runs every AGENT_STALLED_CHECK_INTERVAL_S.
-AGENT_RUN_LEASE_S = float(os.environ.get("FACTORY_AGENT_LEASE_S", "120"))
+RUN_LEASE_S = float(os.environ.get("FACTORY_RUN_LEASE_S", "120"))
 AGENT_STALLED_CHECK_INTERVAL_S = float(os.environ.get("FACTORY_AGENT_STALLED_CHECK_S", "30"))
 # The Celery queue agent runs go to (evaluations are interactive work: cluster/queues.py); a pool may give them
 # workers of their own.

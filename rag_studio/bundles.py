@@ -52,8 +52,8 @@ from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from assets.bundles import Bundle, BundleRejected, ImportOutcome, bundle_importer, read_bundle, write_bundle
 from assets.models import Asset, AssetKind
+from cluster import leases
 from rag_studio import files, selectors, services
-from rag_studio.leases import lease_until
 from rag_studio.models import Chunk, Document, DocumentEvent, DocumentStatus, Finding, KnowledgeBase, RagConfig, Stage
 from rag_studio.pipeline import ingestion
 from rag_studio.pipeline.parsing import ParseError, file_kind
@@ -406,7 +406,8 @@ def _import_documents(bundle: Bundle, kb: KnowledgeBase, plan: _Plan, staged: di
         if ingested:
             document.status, document.stage, document.progress = (
                 DocumentStatus.PROCESSING, Stage.EMBED, ingestion.PROGRESS_AT[Stage.EMBED])
-            document.lease_owner, document.lease_until, document.attempts = owner, lease_until(), 1
+            document.lease_owner, document.attempts = owner, 1
+            document.lease_until = leases.lease_until(settings.RAG_INGEST_LEASE_S)
             document.chunk_set = uuid.uuid4().hex
             document.page_count, document.char_count, document.chunk_count = (
                 ingested["page_count"], ingested["char_count"], ingested["chunk_count"])

@@ -15,7 +15,7 @@ from rag_studio import selectors
 from rag_studio.embedding import check_local_model
 from rag_studio.models import Document, DocumentStatus, EmbeddingModelSource, KnowledgeBase, Stage
 from serving.models import Model, RoleHint
-from serving.presets import MINILM, MULTILINGUAL_E5
+from serving.preset_names import MINILM, MULTILINGUAL_E5
 from serving.selectors import models_visible_to
 
 # Share of Chinese text (selectors.chinese_share) from which a base counts as mixed: below it, Chinese is an

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from accounts.once import made_once
+from accounts.atomic_files import made_once
 
 
 def kb_dir(kb_id: int) -> Path:

@@ -4,8 +4,8 @@ queues and the beat schedule are set in factory/celery.py."""
 from celery import shared_task
 from celery.signals import worker_ready
 
+from cluster.leases import owner_name
 from rag_studio.evals import adaptive, evaluation, jobs, tuning
-from rag_studio.leases import owner_name
 from rag_studio.models import JobStatus
 from rag_studio.pipeline import ingestion
 

@@ -14,7 +14,8 @@ from asgiref.sync import sync_to_async
 
 from accounts.errors import NotFound
 from agent_studio import events, services as agent_services, streaming
-from agent_studio.models import AgentRun, RunStatus, ThreadSource
+from agent_studio.models import AgentRun, ThreadSource
+from agent_studio.runs.fields import RunStatus
 from runtime.answering import Call
 from runtime.models import Trace, TraceStatus
 from serving.models import Deployment

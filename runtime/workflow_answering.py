@@ -17,7 +17,7 @@ from django.utils.translation import gettext as _
 
 from accounts.errors import ValidationFailed
 from agent_studio import events
-from agent_studio.models import RunStatus
+from agent_studio.runs.fields import RunStatus
 from agent_studio.workflows import services as workflow_services, streaming
 from agent_studio.workflows.models import WorkflowRun
 from agent_studio.workflows.nodes import as_text

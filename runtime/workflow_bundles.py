@@ -31,6 +31,7 @@ from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from agent_studio.models import Agent
 from agent_studio.workflows import services as workflow_services
+from agent_studio.workflows.kinds import KINDS
 from agent_studio.workflows.models import Workflow
 from assets.bundles import Bundle, BundleRejected, ImportOutcome, bundle_importer, write_bundle
 from assets.models import Asset, AssetKind
@@ -45,25 +46,22 @@ WORKFLOW_APP_BUNDLE = "workflow_app"
 PORTABLE_BINDINGS = {Binding.PYTHON, Binding.HTTP}
 TOOL_FIELDS = ("name", "description", "binding", "parameters", "config", "output_schema", "timeout_s",
                "max_output_bytes")
-# Where each kind of node names its asset, by setting; an iteration's body is a node of its own.
-ASSET_SETTINGS = {"tool": ("tool", "tool"), "knowledge": ("knowledge_base", "knowledge_base"),
-                  "agent": ("agent", "agent")}
 
 
-def _settings_of(graph: dict):
-    """(kind, settings) of every node, an iteration's body included."""
+def _asset_settings(graph: dict):
+    """(asset, settings) of every node that uses a workspace asset, an iteration's body included: the setting that
+    holds the asset's id is named as the asset (agent_studio/workflows/kinds.py)."""
     for node in graph["nodes"]:
-        yield node["kind"], node["settings"]
-        if node["kind"] == "iteration":
-            yield node["settings"]["do"]["kind"], node["settings"]["do"]["settings"]
+        for one in [node, node["settings"]["do"]] if node["kind"] == "iteration" else [node]:
+            asset = KINDS[one["kind"]].asset
+            if asset:
+                yield asset, one["settings"]
 
 
 def used_assets(graph: dict) -> dict[str, set[int]]:
     used = {"tool": set(), "knowledge_base": set(), "agent": set()}
-    for kind, node_settings in _settings_of(graph):
-        if kind in ASSET_SETTINGS:
-            what, key = ASSET_SETTINGS[kind]
-            used[what].add(node_settings[key])
+    for asset, node_settings in _asset_settings(graph):
+        used[asset].add(node_settings[asset])
     return used
 
 
@@ -129,10 +127,8 @@ def _targets(workspace: Workspace, bundle: Bundle) -> tuple[dict, list[dict], li
 
 
 def _remapped(graph: dict, mapping: dict) -> dict:
-    for kind, node_settings in _settings_of(graph):
-        if kind in ASSET_SETTINGS:
-            what, key = ASSET_SETTINGS[kind]
-            node_settings[key] = mapping[what].get(node_settings[key], node_settings[key])
+    for asset, node_settings in _asset_settings(graph):
+        node_settings[asset] = mapping[asset].get(node_settings[asset], node_settings[asset])
     return graph
 
 

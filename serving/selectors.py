@@ -7,6 +7,7 @@ from cluster.models import Job, JobState
 from serving.engines.base import CHAT, engine
 from serving.metrics import percentile
 from serving.models import (
+    START_REPLICA,
     Deployment,
     GroupMember,
     GroupRequest,
@@ -16,6 +17,7 @@ from serving.models import (
     RequestRecord,
     ServingState,
 )
+from serving.preset_names import COMPLETION_ONLY, RECOMMENDED_CHAT
 
 
 def own_or_shared(workspace) -> Q:
@@ -58,8 +60,6 @@ def chat_models(*, workspace) -> list[Deployment | ModelGroup]:
     """Everything a studio may answer with: the chat deployments and the model groups (whose members chat) this
     workspace can use, by name, as the gateway takes them in `model`. The recommended instruction-tuned model comes
     first, so that forms preselect it; base (completion-only) models come last."""
-    from serving.presets import COMPLETION_ONLY, RECOMMENDED_CHAT  # presets build on services, which read this module
-
     found = [d for d in deployments_visible_to(workspace=workspace) if _chats(d)]
     found += [g for g in groups_visible_to(workspace=workspace) if _group_chats(g)]
     return sorted(found, key=lambda item: (item.name != RECOMMENDED_CHAT, is_completion_only(item, COMPLETION_ONLY),
@@ -172,8 +172,6 @@ def engine_stats(*, deployment: Deployment) -> dict[int, dict]:
 
 def queued_start(replica: Replica) -> Job | None:
     """The replica's start job while it waits in its node's line."""
-    from serving.services import START_REPLICA  # services reads these selectors
-
     if replica.state not in (ServingState.PENDING, ServingState.STARTING):
         return None
     return Job.objects.filter(kind=START_REPLICA, payload__replica_id=replica.pk,

@@ -28,6 +28,9 @@ from serving.engines import process
 from serving.engines.base import EngineRefused, Listen, auth_headers, engine
 from serving.gguf_info import InvalidModelFile, read_gguf
 from serving.models import (
+    START_REPLICA,
+    STOP_ENGINE,
+    STOP_REPLICA,
     Deployment,
     Engine,
     Model,
@@ -42,9 +45,6 @@ from workbridge import egress, vault
 from workbridge.selectors import allowlist_for
 
 logger = logging.getLogger(__name__)
-START_REPLICA, STOP_REPLICA = "serving.start_replica", "serving.stop_replica"
-# Stops an engine process by its pid on its node, for a replica whose row is gone (its deployment was deleted).
-STOP_ENGINE = "serving.stop_engine"
 # A crashed replica is restarted after 2, 4, 8 ... seconds, at most this long.
 MAX_RESTART_BACKOFF_S = 60
 LIVE_STATES = (ServingState.STARTING, ServingState.READY)

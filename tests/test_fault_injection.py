@@ -245,12 +245,16 @@ def _engines_serving(name: str) -> list[int]:
             if "llama-server" in " ".join(engine.info["cmdline"] or []) and name in (engine.info["cmdline"] or [])]
 
 
+def _smollm2_on_a_node_of_its_own(node: str, name: str) -> Deployment:
+    """A SmolLM2 deployment of one replica on node `node`, which no worker serves until the test starts one."""
+    return serving_services.create_deployment(
+        actor=SYSTEM, workspace=None, model=Deployment.objects.get(name=SMOLLM2).model, name=name,
+        replicas=[(register_node(name=node, resources=inventory.probe()), 1.0)])
+
+
 def test_a_start_that_fails_after_its_engine_launched_stops_that_engine_and_says_why(platform, web_port, live_db,
                                                                                      workers):
-    node = register_node(name="bad-key-node", resources=inventory.probe())
-    deployment = serving_services.create_deployment(
-        actor=SYSTEM, workspace=None, model=Deployment.objects.get(name=SMOLLM2).model, name="bad-key-chat",
-        replicas=[(node, 1.0)])
+    deployment = _smollm2_on_a_node_of_its_own("bad-key-node", "bad-key-chat")
     # A node whose secrets key is no key: it launches the engine, then cannot store the engine's own key.
     workers("bad-key", "node.bad-key-node", web_port=web_port, node="bad-key-node",
             env={"FACTORY_SECRETS_KEY": "not-a-fernet-key"})
@@ -273,10 +277,7 @@ def test_a_replica_whose_engine_key_no_longer_decrypts_is_restarted_with_a_new_o
                                                                                   workers):
     from serving.tasks import check_local_replicas
 
-    node = register_node(name="lost-key-node", resources=inventory.probe())
-    deployment = serving_services.create_deployment(
-        actor=SYSTEM, workspace=None, model=Deployment.objects.get(name=SMOLLM2).model, name="lost-key-chat",
-        replicas=[(node, 1.0)])
+    deployment = _smollm2_on_a_node_of_its_own("lost-key-node", "lost-key-chat")
     # The worker that starts the replica holds a key no other process has (two processes that each made their own
     # on a fresh data dir): the replica's engine key is stored encrypted with it.
     stray = workers("stray-key", "node.lost-key-node", web_port=web_port, node="lost-key-node",

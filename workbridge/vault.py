@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext
 
-from accounts.once import made_once
+from accounts.atomic_files import made_once
 
 # Stored values carry this prefix, so that a value written before encryption reads back as the text it is.
 PREFIX = "fernet:"
@@ -51,7 +51,7 @@ def unreadable(value) -> bool:
 
 def generated_key() -> bytes:
     """The installation's own key, made once in the data dir when FACTORY_SECRETS_KEY is not set (bootstrap makes it
-    before any worker starts; accounts/once.py keeps processes that still race from holding different keys)."""
+    before any worker starts; accounts/atomic_files.py keeps processes that still race from holding different keys)."""
     return made_once(settings.DATA_DIR / "secrets.key", Fernet.generate_key).strip()
 
 

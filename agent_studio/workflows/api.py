@@ -11,8 +11,8 @@ from rest_framework.response import Response
 from accounts.errors import NotFound
 from accounts.log_messages import as_text
 from accounts.permissions import WorkspaceScopedMixin
-from agent_studio import streaming as agent_streaming
 from agent_studio.api import list_or_create
+from agent_studio.runs import streaming as run_streaming
 from agent_studio.workflows import catalog, selectors, services, streaming
 from agent_studio.workflows.models import Workflow, WorkflowEvalRun, WorkflowRun, WorkflowScenario, WorkflowVersion
 from agent_studio.workflows.runner import run_payload
@@ -245,7 +245,7 @@ class WorkflowRunViewSet(WorkspaceScopedMixin, viewsets.GenericViewSet):
     def events(self, request, public_id=None):
         """Server-sent events: status, node (each node's start and record)…, then done, error or cancelled."""
         run = self.get_object()
-        return agent_streaming.response(streaming.sse(run, after=request.query_params.get("after", "0")))
+        return run_streaming.response(streaming.sse(run, after=request.query_params.get("after", "0")))
 
     @extend_schema(request=None, responses=dict)
     @action(detail=True, methods=["post"])

@@ -17,19 +17,18 @@ from django.db.models import F
 from django.utils import timezone
 
 from agent_studio import evaluation as agent_evaluation, probes
-from agent_studio.models import EvalStatus, RunStatus
+from agent_studio.runs.fields import EvalStatus, RunStatus
 from agent_studio.workflows import runner
+from agent_studio.workflows.kinds import KINDS
 from agent_studio.workflows.models import NodeRun, NodeStatus, WorkflowEvalRun, WorkflowRun, WorkflowScenario
 from agent_studio.workflows.services import chat_input
 
 logger = logging.getLogger(__name__)
-MODEL_KINDS = {"llm", "classifier"}
-TOOL_KINDS = {"tool", "http", "agent"}
 
 
 def judge_model(graph: dict) -> str:
     """The model a judge check asks when it names none: the workflow's first model."""
-    return next((node["settings"]["model"] for node in graph["nodes"] if node["kind"] in MODEL_KINDS), "")
+    return next((node["settings"]["model"] for node in graph["nodes"] if KINDS[node["kind"]].calls_model), "")
 
 
 def _execute(evaluation: WorkflowEvalRun, inputs: dict) -> WorkflowRun:
@@ -45,8 +44,9 @@ def _execute(evaluation: WorkflowEvalRun, inputs: dict) -> WorkflowRun:
 def _performance(run: WorkflowRun, rows: list[NodeRun]) -> dict:
     ran = [row for row in rows if row.status != NodeStatus.SKIPPED]
     return {"latency_ms": run.latency_ms or 0.0, "steps": len(ran),
-            "model_calls": sum(row.kind in MODEL_KINDS for row in ran),
-            "tool_calls": sum(row.kind in TOOL_KINDS for row in ran), "tokens": run.input_tokens + run.output_tokens}
+            "model_calls": sum(KINDS[row.kind].calls_model for row in ran),
+            "tool_calls": sum(KINDS[row.kind].calls_tool for row in ran),
+            "tokens": run.input_tokens + run.output_tokens}
 
 
 def score_scenario(evaluation: WorkflowEvalRun, scenario: WorkflowScenario) -> dict:

@@ -1,12 +1,13 @@
 """Workflows: a versioned graph of typed nodes (agent_studio/workflows/graph.py documents it), its runs, and each
-node's record in a run. Imported by agent_studio.models, so these are agent_studio's models."""
+node's record in a run. Imported by agent_studio.models, so these are agent_studio's models (a models package's
+way)."""
 
 from django.conf import settings as conf
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from accounts.models import Workspace
-from agent_studio.models import EvalRunFields, LeasedRunFields
+from agent_studio.runs.fields import EvalRunFields, LeasedRunFields
 
 
 class Workflow(models.Model):

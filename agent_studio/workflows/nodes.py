@@ -1,10 +1,12 @@
 """What each kind of node does, given the values of the nodes before it: every outside effect goes through the
 platform's own path (models through the gateway, knowledge through rag_studio's retrieval, tools through Work
 Bridge's invoke, code in Work Bridge's sandbox, URLs through the egress guard). A node that cannot do its work
-raises NodeError with the reason; the runner applies the node's error policy."""
+raises NodeError with the reason; the runner applies the node's error policy. Each kind's record (kinds.py) names
+its function here."""
 
 import json
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -17,9 +19,11 @@ from langchain_core.messages import AIMessageChunk, HumanMessage, SystemMessage
 from accounts.errors import ApplicationError
 from accounts.services import Actor
 from agent_studio import log_messages, runner as agent_runner
-from agent_studio.models import Agent, AgentRun, AgentThread, RunStatus, ThreadSource
+from agent_studio.models import Agent, AgentRun, AgentThread, ThreadSource
+from agent_studio.runs import leases
+from agent_studio.runs.fields import RunStatus
 from agent_studio.strategies import GatewayError, gateway_model
-from agent_studio.workflows.graph import ITEM, REFERENCE, VARIABLE
+from agent_studio.workflows.checks import ELSE, ITEM, REFERENCE, parsed
 from rag_studio.models import KnowledgeBase
 from rag_studio.search.retrieval import retrieve
 from workbridge import egress, sandbox
@@ -53,6 +57,10 @@ class Context:
     on_token: object = None
 
 
+# What a kind of node does: its outputs, from the run's context and its checked settings.
+Runner = Callable[[Context, dict], dict]
+
+
 def lookup(values: dict, node: str, name: str, path: list[str]):
     where = ".".join([node, name, *path])
     if node not in values:
@@ -72,8 +80,7 @@ def lookup(values: dict, node: str, name: str, path: list[str]):
 
 
 def variable(values: dict, text: str):
-    node, name, path = VARIABLE.fullmatch(text).groups()
-    return lookup(values, node, name, [part for part in path.split(".") if part])
+    return lookup(values, *parsed(text))
 
 
 def as_text(value) -> str:
@@ -228,7 +235,7 @@ def condition(context: Context, settings: dict) -> dict:
         results = [_holds(rule, context.values) for rule in case["rules"]]
         if all(results) if case["match"] == "all" else any(results):
             return {"output": case["branch"]}
-    return {"output": "else"}
+    return {"output": ELSE}
 
 
 @lru_cache(maxsize=512)
@@ -266,7 +273,8 @@ def http(context: Context, settings: dict) -> dict:
     return {"output": output, "status": answer.status_code}
 
 
-def iteration(context: Context, settings: dict) -> dict:
+def iteration(context: Context, settings: dict, run_item: Runner) -> dict:
+    """`run_item` is the body's kind's function, run on each item."""
     items = variable(context.values, settings["items"])
     if not isinstance(items, list):
         raise NodeError(log_messages.NOT_A_LIST(items=settings["items"], type=type(items).__name__))
@@ -279,7 +287,7 @@ def iteration(context: Context, settings: dict) -> dict:
         context.check()
         inner = Context(actor=context.actor, workspace_id=context.workspace_id, caller=context.caller,
                         values={**context.values, ITEM: {"value": item, "index": index}}, check=context.check)
-        results.append(KINDS[body["kind"]](inner, body["settings"])["output"])
+        results.append(run_item(inner, body["settings"])["output"])
         context.input_tokens += inner.input_tokens
         context.output_tokens += inner.output_tokens
     context.shown = {"items": len(items)}
@@ -310,7 +318,7 @@ def agent(context: Context, settings: dict) -> dict:
     thread = AgentThread.objects.create(agent=found, end_user=context.caller, source=ThreadSource.DEBUG)
     run = AgentRun.objects.create(workspace_id=context.workspace_id, agent=found, version=found.versions.first(),
                                   thread=thread, caller=context.caller, input=text, created_by=context.actor.user)
-    agent_runner.execute(run.pk, owner=agent_runner.owner_id(f"workflow-node-{run.public_id}"))
+    agent_runner.execute(run.pk, owner=leases.owner_id(f"workflow-node-{run.public_id}"))
     run.refresh_from_db()
     context.input_tokens += run.input_tokens
     context.output_tokens += run.output_tokens
@@ -322,8 +330,3 @@ def agent(context: Context, settings: dict) -> dict:
 
 def answer(context: Context, settings: dict) -> dict:
     return {"output": render(settings["answer"], context.values)}
-
-
-KINDS = {"llm": llm, "classifier": classifier, "knowledge": knowledge, "tool": tool, "code": code,
-         "condition": condition, "template": template, "http": http, "iteration": iteration,
-         "aggregator": aggregator, "agent": agent, "answer": answer}

@@ -14,30 +14,27 @@ import logging
 import queue
 import threading
 import time
-from datetime import timedelta
 from typing import Annotated, TypedDict
 
-from django.conf import settings
-from django.db.models import F, Q, Sum
+from django.db.models import Sum
 from django.utils import timezone
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
 from accounts.cancellation import Cancellation
 from accounts.services import Actor
-from agent_studio import cancel_watch, events, log_messages
-from agent_studio.models import RunStatus
-from agent_studio.runner import LeaseKeeper
+from agent_studio import events, log_messages
+from agent_studio.runs import cancel, leases
+from agent_studio.runs.fields import RunStatus
 from agent_studio.tracing import RunCancelled
-from agent_studio.workflows import nodes
-from agent_studio.workflows.graph import REFERENCE
+from agent_studio.workflows import kinds, nodes
+from agent_studio.workflows.checks import REFERENCE
 from agent_studio.workflows.models import NodeRun, NodeStatus, WorkflowRun
 
 logger = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 CANCEL_CHECK_S = 0.5
 DETAIL_CHARS = 4000
-_leases = LeaseKeeper(WorkflowRun)
 
 
 class NodeFailed(Exception):
@@ -196,7 +193,7 @@ class Execution:
             context.shown = {}
             try:
                 outputs = (dict(self.run.inputs) if node["kind"] == "start"
-                           else nodes.KINDS[node["kind"]](context, node["settings"]))
+                           else kinds.KINDS[node["kind"]].run(context, node["settings"]))
                 error = ""
                 break
             except nodes.NodeError as exc:
@@ -279,19 +276,6 @@ def _clip_outputs(outputs: dict) -> dict:
     return outputs if len(nodes.as_text(outputs)) <= 200_000 else {key: _clip(value) for key, value in outputs.items()}
 
 
-def _claim(run_pk: int, owner: str) -> WorkflowRun | None:
-    now = timezone.now()
-    claimed = WorkflowRun.objects.filter(pk=run_pk, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).filter(
-        Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner)).update(
-        status=RunStatus.RUNNING, lease_owner=owner, lease_until=now + timedelta(seconds=settings.AGENT_RUN_LEASE_S),
-        attempts=F("attempts") + 1)
-    if not claimed:
-        return None
-    run = WorkflowRun.objects.select_related("version", "created_by").get(pk=run_pk)
-    events.publish(run.public_id, "status", {"status": RunStatus.RUNNING, "attempt": run.attempts})
-    return run
-
-
 def _finish(run: WorkflowRun, owner: str, status: str, *, answer: str = "", outputs: dict | None = None,
             error: str = "", elapsed_ms: float = 0.0) -> None:
     # The run's tokens are its nodes' (rows a failed attempt left were replaced): one sum here rather than an
@@ -310,7 +294,7 @@ def _finish(run: WorkflowRun, owner: str, status: str, *, answer: str = "", outp
 
 
 def execute(run_pk: int, *, owner: str) -> None:
-    run = _claim(run_pk, owner)
+    run = leases.claim(WorkflowRun, run_pk, owner, related=("version", "created_by"))
     if run is None:
         return
     started = time.perf_counter()
@@ -318,7 +302,7 @@ def execute(run_pk: int, *, owner: str) -> None:
         _finish(run, owner, RunStatus.FAILED,
                 error=log_messages.RUN_INTERRUPTED(attempts=MAX_ATTEMPTS))
         return
-    with _leases.kept(run.pk, owner), cancel_watch.watched(WorkflowRun, run.pk) as cancellation:
+    with leases.kept(WorkflowRun, run.pk, owner), cancel.watched(WorkflowRun, run.pk) as cancellation:
         _run(run, owner, started, cancellation)
 
 

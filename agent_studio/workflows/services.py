@@ -13,8 +13,9 @@ from accounts.errors import Conflict, ValidationFailed
 from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from agent_studio import events
-from agent_studio.models import FINAL_RUN_STATES, EvalStatus, RunStatus
-from agent_studio.services import check_answer_checks, queue_evaluation, stop_evaluation
+from agent_studio.runs import evaluations
+from agent_studio.runs.fields import FINAL_RUN_STATES, EvalStatus, RunStatus
+from agent_studio.services import check_answer_checks
 from agent_studio.workflows.graph import check_graph
 from agent_studio.workflows.models import Workflow, WorkflowEvalRun, WorkflowRun, WorkflowScenario, WorkflowVersion
 from assets.models import AssetKind
@@ -271,7 +272,7 @@ def start_evaluation(*, actor: Actor, workflow: Workflow, version_number: int | 
         raise ValidationFailed("Add a scenario first (a workflow that is not chat-shaped has no safety probes).",
                                fields={"scenarios": ["None yet."]})
     queues.check_job_limit(workflow.workspace_id)
-    evaluation = queue_evaluation(WorkflowEvalRun, EVALUATE_TASK, workspace_id=workflow.workspace_id,
+    evaluation = evaluations.queue(WorkflowEvalRun, EVALUATE_TASK, workspace_id=workflow.workspace_id,
                                   workflow=workflow, version=version, include_safety=bool(include_safety),
                                   created_by=actor.user)
     record_audit(actor=actor, workspace=workflow.workspace, action="workflow.evaluation.start", target=workflow,
@@ -280,7 +281,7 @@ def start_evaluation(*, actor: Actor, workflow: Workflow, version_number: int | 
 
 
 def cancel_evaluation(*, actor: Actor, evaluation: WorkflowEvalRun) -> WorkflowEvalRun:
-    return stop_evaluation(actor=actor, evaluation=evaluation, subject=evaluation.workflow, task_name=EVALUATE_TASK,
+    return evaluations.stop(actor=actor, evaluation=evaluation, subject=evaluation.workflow, task_name=EVALUATE_TASK,
                            audit_action="workflow.evaluation.cancel")
 
 

@@ -1,8 +1,8 @@
 from celery import shared_task
 from django.utils import timezone
 
-from agent_studio.models import RunStatus
-from agent_studio.runner import owner_id
+from agent_studio.runs.fields import RunStatus
+from agent_studio.runs.leases import owner_id
 from agent_studio.workflows import evaluation, runner
 from agent_studio.workflows.models import WorkflowRun
 from cluster import queues

@@ -12,7 +12,8 @@ from accounts.errors import ApplicationError, in_request_language
 from accounts.gui import gui_actor, has_role, workspace_page
 from accounts.models import Role
 from agent_studio import selectors as agent_selectors
-from agent_studio.workflows import catalog, graph, selectors, services
+from agent_studio.workflows import catalog, graph, kinds, selectors, services
+from agent_studio.workflows.checks import ELSE
 from rag_studio.models import KnowledgeBase
 from serving.selectors import chat_model_names
 from workbridge.models import Tool
@@ -102,12 +103,12 @@ def workflow_delete(request, workflow_id: int):
 def workflow_canvas(request, workflow_id: int):
     workflow = _workflow(request, workflow_id)
     workspace = request.workspace
-    # What the side panel's pickers offer, and what the canvas needs to know of each kind of node.
+    # What the canvas needs to know of each kind of node, in the palette's order, and what the side panel's pickers
+    # offer.
     catalogue = {
-        "kinds": {kind: {"outputs": sorted(outputs)} for kind, outputs in graph.OUTPUTS.items()},
-        "iterable": sorted(graph.ITERABLE), "rule_ops": sorted(graph.RULE_OPS),
-        "input_types": sorted(graph.INPUT_TYPES), "http_methods": sorted(graph.HTTP_METHODS),
-        "policies": sorted(graph.POLICIES), "else": graph.ELSE,
+        "kinds": {name: kind.canvas() for name, kind in kinds.KINDS.items()},
+        "rule_ops": sorted(kinds.RULE_OPS), "input_types": sorted(graph.INPUT_TYPES),
+        "http_methods": sorted(kinds.HTTP_METHODS), "policies": sorted(graph.POLICIES), "else": ELSE,
         "models": chat_model_names(workspace=workspace),
         "knowledge_bases": [{"id": kb.pk, "name": kb.name} for kb in KnowledgeBase.objects.filter(workspace=workspace)],
         "tools": [{"id": tool.pk, "name": tool.name, "parameters": sorted(tool.parameters.get("properties", {}))}

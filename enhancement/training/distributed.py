@@ -1,6 +1,6 @@
 """The training stage as data-parallel workers on Ray Train: a `TorchTrainer` whose workers each run the same HF
-Trainer as a single-process job (`run.fit`), joined by torch.distributed (gloo on CPU, nccl on GPU) that Ray sets
-up; rank 0 writes the checkpoints, metrics and the trained weights into the run directory.
+Trainer as a single-process job (`run.fit`, through `run.ray_worker`), joined by torch.distributed (gloo on CPU,
+nccl on GPU) that Ray sets up; rank 0 writes the checkpoints, metrics and the trained weights into the run directory.
 
 The Ray cluster is the one at RAY_ADDRESS (Ray's own variable, from the worker's environment) when set; otherwise
 a local Ray cluster is started inside the job's process, on its node, and goes with it. A job whose plan spans
@@ -17,6 +17,7 @@ import os
 import shutil
 import socket
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from enhancement.training.bases import base_location
@@ -28,23 +29,18 @@ class RayMissing(RuntimeError):
     pass
 
 
-def _train_loop(config: dict) -> None:
+def rank_and_place() -> tuple[int, str]:
+    """This Ray Train worker's rank, and where it runs (said in the job's log)."""
+    import ray
     import ray.train
 
-    from enhancement.training.run import Run, fit
-
     rank = ray.train.get_context().get_world_rank()
-    print(f"Rank {rank} runs on Ray node {ray.get_runtime_context().get_node_id()} ({socket.gethostname()})",
-          flush=True)
-    run = Run(Path(config["run_dir"]), writer=rank == 0)
-    if config["threads"]:
-        import torch
-
-        torch.set_num_threads(config["threads"])
-    fit(run, Path(config["resume"]) if config["resume"] else None)
+    return rank, f"Rank {rank} runs on Ray node {ray.get_runtime_context().get_node_id()} ({socket.gethostname()})"
 
 
-def train_on_ray(run, resume: Path | None) -> None:
+def train_on_ray(run, resume: Path | None, worker_loop: Callable[[dict], None]) -> None:
+    """Run `worker_loop` (run.py's, which fits the model: passed in, since run.py is what calls this) on each
+    data-parallel worker."""
     try:
         import ray
         from ray.train import RunConfig, ScalingConfig
@@ -85,7 +81,7 @@ def train_on_ray(run, resume: Path | None) -> None:
     run.status("train", f"Training on {workers} data-parallel workers ({'nccl' if cuda else 'gloo'}) on {where}")
     try:
         trainer = TorchTrainer(
-            _train_loop,
+            worker_loop,
             train_loop_config={"run_dir": str(run.dir), "resume": str(resume) if resume else "",
                                "threads": 0 if cuda else threads},
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=cuda,

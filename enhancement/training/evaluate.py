@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from accounts.atomic_files import write_json_atomic
 from enhancement.training import data
 from enhancement.training.bases import tokenizer_source
 from enhancement.training.export import size_on_disk
@@ -179,8 +180,6 @@ def _figures(path: str, nll: float, count: int, prefill_tokens: int, prefill_s: 
 
 
 def evaluate(run, outputs: list[dict]) -> dict:
-    from enhancement.training.run import write_json_atomic
-
     target = run.dir / "report.json"
     if target.exists():
         return json.loads(target.read_text())

@@ -39,6 +39,7 @@ import threading
 import time
 from pathlib import Path
 
+from accounts.atomic_files import write_json_atomic
 from enhancement.training import LOGGERS_QUIET_ON_CPU, batches, data
 from enhancement.training.bases import base_location, load_base
 
@@ -51,18 +52,6 @@ PROGRESS_EVERY_S = 1.0
 
 class NoTrainingData(ValueError):
     pass
-
-
-def write_json_atomic(path: Path, value, *, durable: bool = True) -> None:
-    """`value` at `path`, whole or not at all; `durable` waits for the disk too (a progress report, rewritten every
-    second, need not: a crash loses at most its latest version, never a whole file)."""
-    partial = path.with_name(f".{path.name}.partial")
-    with partial.open("w", encoding="utf-8") as out:
-        json.dump(value, out, ensure_ascii=False)
-        if durable:
-            out.flush()
-            os.fsync(out.fileno())
-    os.replace(partial, path)
 
 
 class Run:
@@ -325,9 +314,23 @@ def train(run: Run) -> None:
     if int(run.hyper.get("workers", 1)) > 1:
         from enhancement.training import distributed
 
-        distributed.train_on_ray(run, resume)
+        distributed.train_on_ray(run, resume, ray_worker)
     else:
         fit(run, resume)
+
+
+def ray_worker(config: dict) -> None:
+    """One data-parallel worker of a run on Ray (distributed.train_on_ray); rank 0 writes."""
+    from enhancement.training import distributed
+
+    rank, place = distributed.rank_and_place()
+    print(place, flush=True)
+    run = Run(Path(config["run_dir"]), writer=rank == 0)
+    if config["threads"]:
+        import torch
+
+        torch.set_num_threads(config["threads"])
+    fit(run, Path(config["resume"]) if config["resume"] else None)
 
 
 def fit(run: Run, resume: Path | None) -> None:
@@ -532,4 +535,8 @@ def failed(run: Run, reason: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    # Run as the importable module, so that what Ray sends its workers (ray_worker) is named by its module rather
+    # than pickled whole out of __main__.
+    from enhancement.training import run as importable
+
+    sys.exit(importable.main(sys.argv))

@@ -15,8 +15,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from cluster import queues
-from rag_studio.leases import LeaseKeeper, lease_until
+from cluster import leases, queues
 from rag_studio.models import EvalRun, EvalSet, JobStatus, RetrievalTuning
 
 GENERATE_TASK, RUN_TASK, TUNE_TASK = ("rag_studio.tasks.generate_eval_set", "rag_studio.tasks.run_eval",
@@ -87,7 +86,7 @@ def claim(model, pk: int, owner: str):
     claimed = model.objects.filter(
         Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner),
         pk=pk, status__in=[JobStatus.QUEUED, JobStatus.RUNNING],
-    ).update(status=JobStatus.RUNNING, lease_owner=owner, lease_until=lease_until(settings.RAG_EVAL_LEASE_S),
+    ).update(status=JobStatus.RUNNING, lease_owner=owner, lease_until=leases.lease_until(settings.RAG_EVAL_LEASE_S),
              attempts=F("attempts") + 1)
     if not claimed:
         return None
@@ -125,7 +124,8 @@ def run_held(model, pk: int, owner: str, work, *, failure: str = "") -> str:
     row = claim(model, pk, owner)
     if row is None:
         return model.objects.filter(pk=pk).values_list("status", flat=True).first() or "deleted"
-    with LeaseKeeper(model.objects.filter(status=JobStatus.RUNNING), owner, lease_s=settings.RAG_EVAL_LEASE_S):
+    running = model.objects.filter(status=JobStatus.RUNNING, lease_owner=owner)
+    with leases.kept(running, lease_s=settings.RAG_EVAL_LEASE_S):
         try:
             outcome = work(row)
         except SoftTimeLimitExceeded:

@@ -33,12 +33,11 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from cluster import queues
+from cluster import leases, queues
 from rag_studio import files, log_messages as log, selectors
 from rag_studio.embedding import Embedder, EmbeddingFailed
 from rag_studio.embedding_choice import choose_before_embedding
 from rag_studio.evals import jobs
-from rag_studio.leases import LeaseKeeper, lease_until
 from rag_studio.models import (
     Chunk,
     Document,
@@ -78,7 +77,7 @@ class DocumentFailed(Exception):
 
 
 def _lease_until():
-    return lease_until(settings.RAG_INGEST_LEASE_S)
+    return leases.lease_until(settings.RAG_INGEST_LEASE_S)
 
 
 def claim(document_id: int, worker: str) -> tuple[Document | None, str]:
@@ -148,7 +147,7 @@ def ingest(document_id: int, worker: str, *, group: int | None = None) -> str:
     if previous_owner:
         _event(document, worker, log.RESUMED(stage=document.stage, worker=previous_owner))
     held = Document.objects.filter(status=DocumentStatus.PROCESSING)
-    with LeaseKeeper(held, worker, lease_s=settings.RAG_INGEST_LEASE_S):
+    with leases.kept(held.filter(lease_owner=worker), lease_s=settings.RAG_INGEST_LEASE_S):
         group = [document, *_claim_companions(document, worker, (group or settings.RAG_INGEST_GROUP_DOCS) - 1)]
         started = time.monotonic()
         try:
@@ -504,7 +503,7 @@ def index_with_vectors(documents: list[tuple[Document, np.ndarray]], worker: str
             _save_vectors(_batch_path(document, start // size), vectors[start:start + size])
         if _advanced(document, worker, stage=Stage.INDEX, progress=PROGRESS_AT[Stage.INDEX]):
             held.append(document)
-    with LeaseKeeper(Document.objects.filter(status=DocumentStatus.PROCESSING), worker,
+    with leases.kept(Document.objects.filter(status=DocumentStatus.PROCESSING, lease_owner=worker),
                      lease_s=settings.RAG_INGEST_LEASE_S):
         _guarded(held, worker, index_documents)
 

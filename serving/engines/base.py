@@ -95,6 +95,5 @@ def register_engine(adapter_class: type[EngineAdapter]) -> type[EngineAdapter]:
 
 
 def engine(name: str) -> EngineAdapter:
-    from serving.engines import embedding, external, llamacpp, vllm  # noqa: F401  each registers itself
-
+    """The adapter of engine `name`; each adapter module registers itself as the serving app loads."""
     return _engines[name]

@@ -25,7 +25,7 @@ import httpx
 from django.conf import settings as django_settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from accounts.once import made_once
+from accounts.atomic_files import made_once
 from serving.engines.base import (
     CHAT,
     COMPLETION,

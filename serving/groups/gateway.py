@@ -23,6 +23,7 @@ from serving import metrics, toolcalls
 from serving.engines.base import CHAT, EMBEDDING
 from serving.gateway import (
     ENDPOINTS,
+    MODEL_GROUP,
     Caller,
     Exchange,
     GatewayError,
@@ -30,6 +31,7 @@ from serving.gateway import (
     Reply,
     check_usable,
     constrained_tools,
+    group_servers,
     in_background,
     json_reply,
     open_upstream,
@@ -88,6 +90,7 @@ async def _serve_member(group: GroupTarget, member: str, note: GroupNote, *, end
                                   timing=timing, request_id=request_id, note=note)
 
 
+@group_servers.registering(MODEL_GROUP)
 async def serve_group(group: GroupTarget, *, endpoint: str, body: dict, caller: Caller,
                       timing: metrics.RequestTiming, request_id: str) -> Reply:
     kwargs = {"endpoint": endpoint, "body": body, "caller": caller, "timing": timing, "request_id": request_id}

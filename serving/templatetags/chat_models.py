@@ -5,7 +5,7 @@ from django import template
 from django.utils.translation import gettext as _
 
 from serving.models import Deployment, ModelGroup
-from serving.presets import COMPLETION_ONLY, RECOMMENDED_CHAT
+from serving.preset_names import COMPLETION_ONLY, RECOMMENDED_CHAT
 from serving.selectors import is_completion_only
 
 register = template.Library()

@@ -14,16 +14,10 @@
   const API = "/api/workflows/";
   const NODE_ID = /^[A-Za-z][A-Za-z0-9_]{0,63}$/;
   const RESERVED = new Set(["item", "outputs", "settled"]);
-  const KIND_LABELS = {
-    start: gettext("Start"), llm: gettext("LLM"), classifier: gettext("Question classifier"),
-    knowledge: gettext("Knowledge retrieval"), tool: gettext("Tool"), code: gettext("Code"),
-    condition: gettext("Condition"), template: gettext("Template"), http: gettext("HTTP request"),
-    iteration: gettext("Iteration"), aggregator: gettext("Variable aggregator"), agent: gettext("Agent"),
-    answer: gettext("Answer"),
-  };
   const STATUS_LABELS = {queued: gettext("Queued"), running: gettext("Running"), done: gettext("Done"),
                          failed: gettext("Failed"), skipped: gettext("Skipped"), cancelled: gettext("Cancelled")};
-  const kindLabel = (kind) => KIND_LABELS[kind] || kind;
+  // Each kind's label, outputs and flags come from its record on the server (agent_studio/workflows/kinds.py).
+  const kindLabel = (kind) => catalogue.kinds[kind]?.label || kind;
   const OP_LABELS = {eq: "=", ne: "≠", gt: ">", ge: "≥", lt: "<", le: "≤", contains: gettext("contains"),
                      not_contains: gettext("does not contain"), starts_with: gettext("starts with"),
                      ends_with: gettext("ends with"), empty: gettext("is empty"), not_empty: gettext("is not empty"),
@@ -596,7 +590,8 @@
       case "iteration": {
         s.do ||= {kind: "template", settings: {}};
         const kind = make("select", {disabled: !canEdit},
-                          ...catalogue.iterable.map((name) => make("option", {value: name, textContent: kindLabel(name)})));
+                          ...Object.keys(catalogue.kinds).filter((name) => catalogue.kinds[name].iterable).sort()
+                            .map((name) => make("option", {value: name, textContent: kindLabel(name)})));
         kind.value = s.do.kind;
         kind.addEventListener("change", () => { s.do = {kind: kind.value, settings: defaults(kind.value)}; changed(dfId); showNode(dfId); });
         return [field(gettext("List to go through"), textControl(node, dfId, "items", {refs: "bare"}),
@@ -654,7 +649,7 @@
     const upstream = upstreamOf(node.id);
     const groups = Object.values(nodes).filter((other) => upstream.has(other.id))
       .map((other) => [other.id, outputsOf(other).map((name) => `${other.id}.${name}`)]);
-    if (node.kind === "iteration") groups.push(["item", ["item.value", "item.index"]]);
+    if (catalogue.kinds[node.kind]?.loops) groups.push(["item", ["item.value", "item.index"]]);
     for (const [label, names] of groups) {
       if (!names.length) continue;
       picker.append(make("optgroup", {label}, ...names.map((name) => make("option", {value: name, textContent: `{{${name}}}`}))));

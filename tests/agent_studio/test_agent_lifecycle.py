@@ -8,16 +8,8 @@ from django.utils.html import escape
 
 from accounts.models import AuditEntry
 from agent_studio import demo, evaluation, memory, services
-from agent_studio.models import (
-    Agent,
-    AgentEvalRun,
-    AgentRun,
-    AgentTemplate,
-    AgentThread,
-    EvalStatus,
-    MemoryItem,
-    RunStep,
-)
+from agent_studio.models import Agent, AgentEvalRun, AgentRun, AgentTemplate, AgentThread, MemoryItem, RunStep
+from agent_studio.runs.fields import EvalStatus
 from agent_studio.templatetags.scenarios import CHECKS
 from cluster import queues
 from runtime import services as runtime_services

@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler
 import psutil
 import pytest
 
-from agent_studio.models import AgentRun, RunStatus
+from agent_studio.models import AgentRun
+from agent_studio.runs.fields import RunStatus
 from agent_studio.workflows.models import WorkflowRun
 from tests.agent_studio.conftest import AGENTS, MODEL, call, run_inline
 from tests.agent_studio.test_workflows import (

@@ -14,7 +14,8 @@ from django.contrib.auth import get_user_model
 
 from accounts.services import Actor, create_api_key, create_workspace
 from agent_studio import memory, services, tasks
-from agent_studio.models import AgentRun, AgentThread, RunStatus, RunStep, ThreadSource
+from agent_studio.models import AgentRun, AgentThread, RunStep, ThreadSource
+from agent_studio.runs.fields import RunStatus
 from serving.presets import SMOLLM2
 from tests.conftest import ROOT, WORKER_NODE, deploy_presets, platform_env, stop_engines_and_flush, wait_for
 from workbridge import services as workbridge
@@ -109,7 +110,7 @@ def test_a_worker_killed_mid_run_is_taken_over_and_the_run_continues_from_its_ch
     thread = AgentThread.objects.create(agent=agent, end_user="kill-test", source=ThreadSource.DEBUG)
     run = AgentRun.objects.create(workspace=agent.workspace, agent=agent, version=agent.versions.first(),
                                   thread=thread, caller="test", input=QUESTION, created_by=platform["actor"].user)
-    worker = _killable_worker("agent-kill-test", {**platform_env(web_port), "FACTORY_AGENT_LEASE_S": "4"})
+    worker = _killable_worker("agent-kill-test", {**platform_env(web_port), "FACTORY_RUN_LEASE_S": "4"})
     try:
         tasks.execute_run.apply_async(args=[run.pk, None], queue="agent-kill-test")
         wait_for(lambda: _checkpointed_tool_result(run), timeout=240, what="the tool's result in the checkpoint")

@@ -6,7 +6,8 @@ import pytest
 
 from accounts.services import SYSTEM
 from agent_studio import evaluation
-from agent_studio.models import AgentEvalRun, EvalStatus
+from agent_studio.models import AgentEvalRun
+from agent_studio.runs.fields import EvalStatus
 from agent_studio.store import DatabaseStore
 from rag_studio.embedding import Embedder
 from serving import presets

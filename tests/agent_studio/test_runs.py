@@ -12,7 +12,8 @@ from django.db import connection
 from django.test import Client
 from langchain_core.messages import AIMessage
 
-from agent_studio.models import Agent, AgentRun, RunStatus, RunStep, VariableValue
+from agent_studio.models import Agent, AgentRun, RunStep, VariableValue
+from agent_studio.runs.fields import RunStatus
 from factory.asgi import application
 from runtime import services as runtime_services
 from tests.agent_studio.conftest import AGENTS, MODEL, call, run_inline

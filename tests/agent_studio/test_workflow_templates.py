@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from agent_studio.models import EvalStatus
+from agent_studio.runs.fields import EvalStatus
 from agent_studio.workflows import evaluation, nodes
 from agent_studio.workflows.models import WorkflowEvalRun, WorkflowScenario
 from tests.agent_studio.conftest import MODEL, Script, ScriptedModel

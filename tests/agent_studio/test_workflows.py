@@ -8,7 +8,9 @@ from django.utils import timezone
 from langchain_core.messages import AIMessage
 
 from accounts.cancellation import Cancellation
-from agent_studio.models import AgentRun, RunStatus
+from agent_studio.models import AgentRun
+from agent_studio.runs import leases
+from agent_studio.runs.fields import RunStatus
 from agent_studio.workflows import nodes, runner
 from agent_studio.workflows.models import NodeRun, WorkflowRun
 from tests.agent_studio.conftest import MODEL, Script, ScriptedModel
@@ -319,7 +321,7 @@ def test_a_run_whose_worker_died_goes_on_elsewhere_without_running_its_finished_
     run = WorkflowRun.objects.get(public_id=response.json()["run_id"])
     # The first worker ran start and count, then died before the answer: its rows stay, its lease runs out.
     with runner.RunEvents(run.public_id) as live:
-        first = runner.Execution(runner._claim(run.pk, "dead-worker"), "dead-worker", live, Cancellation())
+        first = runner.Execution(leases.claim(WorkflowRun, run.pk, "dead-worker"), "dead-worker", live, Cancellation())
         state = {"outputs": {}, "settled": {}}
         for node in first.graph["nodes"][:2]:
             update = first.step(node, state)

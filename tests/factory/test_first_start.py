@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.presets import DEPLOYED_AT_SETUP
+from serving.preset_names import DEPLOYED_AT_SETUP
 from tests.conftest import ROOT, free_port
 
 pytestmark = pytest.mark.timeout(900)

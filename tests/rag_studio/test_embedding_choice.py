@@ -13,7 +13,7 @@ from rag_studio.models import Document, DocumentStatus, KnowledgeBase, Stage
 from rag_studio.pipeline import ingestion
 from rag_studio.pipeline.ingestion import ingest
 from rag_studio.search.retrieval import retrieve
-from serving.presets import MINILM, MULTILINGUAL_E5
+from serving.preset_names import MINILM, MULTILINGUAL_E5
 from tests.rag_studio.conftest import SAMPLES, sample
 
 HANDOVER = "huadong-shift-handover.txt"

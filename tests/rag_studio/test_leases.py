@@ -10,8 +10,8 @@ import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 from django.utils import timezone
 
+from cluster.leases import owner_name
 from rag_studio import files, services
-from rag_studio.leases import owner_name
 from rag_studio.models import Document, DocumentStatus, Stage
 from rag_studio.pipeline import ingestion
 from rag_studio.pipeline.ingestion import ingest

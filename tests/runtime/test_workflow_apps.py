@@ -19,7 +19,7 @@ from django.db import connection
 from django.test import Client
 from openai import AsyncOpenAI
 
-from agent_studio.models import RunStatus
+from agent_studio.runs.fields import RunStatus
 from agent_studio.workflows import nodes, runner
 from agent_studio.workflows.models import NodeRun, Workflow, WorkflowRun, WorkflowScenario
 from factory.asgi import application
