@@ -155,12 +155,12 @@ def test_a_job_across_two_nodes_trains_one_data_parallel_worker_per_node_on_ray(
 def test_a_job_across_nodes_without_a_ray_cluster_fails_with_what_to_start(monkeypatch):
     from types import SimpleNamespace
 
-    from enhancement.training import distributed
+    from enhancement.training import distributed, run as training_run
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     run = SimpleNamespace(hyper={"workers": 2}, spec={"plan_nodes": ["node-a", "node-b"]})
     with pytest.raises(distributed.RayMissing, match="set RAY_ADDRESS in the environment of node-a's worker"):
-        distributed.train_on_ray(run, None)
+        distributed.train_on_ray(run, None, training_run.ray_worker)
 
 
 def test_the_new_job_page_plans_across_the_ticked_nodes_and_queues_one_worker_per_node(client, smollm2, this_node):
