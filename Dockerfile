@@ -10,6 +10,7 @@ FROM python:3.11-slim-bookworm
 
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential cmake ninja-build git curl redis-tools bubblewrap gettext \
+      libgl1 libglib2.0-0 \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app

@@ -278,6 +278,19 @@ SANDBOX_PROCESSES = int(os.environ.get("FACTORY_SANDBOX_PROCESSES", "32"))
 RAG_UPLOAD_MAX_BYTES = int(os.environ.get("FACTORY_RAG_UPLOAD_MAX_BYTES", str(50 * 1024 * 1024)))
 # The most a DOCX/XLSX may unpack to (their readers hold it all in memory): an archive declaring more is refused.
 RAG_MAX_UNPACKED_BYTES = int(os.environ.get("FACTORY_RAG_MAX_UNPACKED_BYTES", str(256 * 1024 * 1024)))
+# OCR of scanned pages and images (rag_studio/pipeline/ocr/): a document with more pages to read than
+# RAG_OCR_MAX_PAGES, or an image (a frame) larger than RAG_OCR_MAX_PIXELS, fails at the parse stage with the limit (a
+# PDF page is rendered smaller instead: an A3 page at 600 dpi is 70 megapixels); a page still being read after
+# RAG_OCR_PAGE_TIMEOUT_S fails the document, keeping the pages before it. A document reads pages for at most
+# RAG_OCR_TURN_S, then goes back in line with what it read, so that a long scan never holds a worker while others
+# wait. Pages read with less confidence than RAG_OCR_LOW_CONFIDENCE are flagged; the models run on RAG_OCR_THREADS
+# threads in each ingestion process.
+RAG_OCR_MAX_PAGES = int(os.environ.get("FACTORY_RAG_OCR_MAX_PAGES", "1000"))
+RAG_OCR_MAX_PIXELS = int(os.environ.get("FACTORY_RAG_OCR_MAX_PIXELS", str(100_000_000)))
+RAG_OCR_PAGE_TIMEOUT_S = float(os.environ.get("FACTORY_RAG_OCR_PAGE_TIMEOUT_S", "120"))
+RAG_OCR_TURN_S = float(os.environ.get("FACTORY_RAG_OCR_TURN_S", "30"))
+RAG_OCR_LOW_CONFIDENCE = float(os.environ.get("FACTORY_RAG_OCR_LOW_CONFIDENCE", "0.8"))
+RAG_OCR_THREADS = int(os.environ.get("FACTORY_RAG_OCR_THREADS", "1"))
 # Work that stops without finishing (its worker died, or a time limit stopped it) is taken over this many times,
 # then fails with the reason; each task kind's soft time limit (the hard one is a minute later; factory/celery.py).
 RAG_INGEST_MAX_ATTEMPTS = int(os.environ.get("FACTORY_RAG_INGEST_MAX_ATTEMPTS", "3"))

@@ -1,3 +1,4 @@
+from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
@@ -22,6 +23,7 @@ from rag_studio.models import (
     EvalSet,
     Finding,
     KnowledgeBase,
+    OcrPage,
     RagConfig,
     RagConfigVersion,
     RagTemplate,
@@ -30,6 +32,7 @@ from rag_studio.models import (
     TuningTrial,
 )
 from rag_studio.pipeline import line
+from rag_studio.pipeline.ocr import validate_ocr
 from rag_studio.search.retrieval import retrieve
 
 
@@ -48,12 +51,16 @@ class KnowledgeBaseSerializer(serializers.ModelSerializer):
     embedding_model_mismatch = serializers.SerializerMethodField(
         help_text="Set when the model does not read the knowledge base's text (an English-only model on Chinese "
                   "text), with what to do; null otherwise")
+    ocr = serializers.SerializerMethodField(
+        help_text="OCR of scanned pages and images: mode (auto, always, never) and languages (auto: Chinese and "
+                  "English; en: English only)")
 
     class Meta:
         model = KnowledgeBase
         fields = ["id", "name", "description", "embedding_model", "embedding_deployment", "embedding_dimensions",
                   "embedding_model_source", "embedding_model_reason", "embedding_model_mismatch",
-                  "chunking", "screening", "retrieval", "keyword_terms", "language", "index_key", "building_key",
+                  "chunking", "screening", "ocr", "retrieval", "keyword_terms", "language", "index_key",
+                  "building_key",
                   "needs_reindex", "index_backend", "index_search", "document_count", "indexed_count", "created_at",
                   "updated_at"]
         read_only_fields = ["language", "embedding_model_source", "index_backend"]
@@ -73,6 +80,9 @@ class KnowledgeBaseSerializer(serializers.ModelSerializer):
     def get_embedding_model_mismatch(self, obj) -> str | None:
         return self._fit(obj).mismatch or None
 
+    def get_ocr(self, obj) -> dict:
+        return validate_ocr(obj.ocr)
+
 
 class KnowledgeBaseWriteSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=96, required=False)
@@ -81,6 +91,10 @@ class KnowledgeBaseWriteSerializer(serializers.Serializer):
     embedding_deployment = serializers.CharField(required=False, allow_blank=True)
     chunking = serializers.JSONField(required=False)
     screening = serializers.JSONField(required=False)
+    ocr = serializers.JSONField(
+        required=False, help_text='OCR of scans and images, e.g. {"mode": "auto", "languages": "auto"}: mode auto '
+                                  '(pages without a usable text layer), always or never; languages auto (Chinese and '
+                                  'English) or en. Applies to documents ingested after the change')
     retrieval = serializers.JSONField(required=False)
     keyword_terms = serializers.JSONField(
         required=False, help_text="Domain terms keyword search keeps whole, e.g. [\"数据湖仓\", \"kube-proxy\"]; a "
@@ -96,8 +110,8 @@ class DocumentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Document
         fields = ["id", "knowledge_base", "filename", "kind", "size_bytes", "sha256", "status", "stage", "progress",
-                  "queue", "error_code", "error", "page_count", "char_count", "chunk_count", "attempts",
-                  "created_at", "indexed_at"]
+                  "queue", "error_code", "error", "page_count", "ocr_page_count", "ocr_pages_done", "char_count",
+                  "chunk_count", "attempts", "created_at", "indexed_at"]
 
     @extend_schema_field(QueuePlaceSerializer(allow_null=True))
     def get_queue(self, document) -> dict | None:
@@ -132,6 +146,18 @@ class FindingSerializer(serializers.ModelSerializer):
         fields = ["category", "kind", "action", "page", "start", "end", "preview"]
 
 
+class OcrPageSerializer(serializers.ModelSerializer):
+    low_confidence = serializers.SerializerMethodField(
+        help_text="Read with less confidence than FACTORY_RAG_OCR_LOW_CONFIDENCE: check this page's text")
+
+    class Meta:
+        model = OcrPage
+        fields = ["page", "confidence", "low_confidence", "rotation", "skew", "lines", "seconds"]
+
+    def get_low_confidence(self, page) -> bool:
+        return page.confidence is not None and page.confidence < settings.RAG_OCR_LOW_CONFIDENCE
+
+
 class DocumentEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = DocumentEvent
@@ -140,10 +166,11 @@ class DocumentEventSerializer(serializers.ModelSerializer):
 
 class DocumentDetailSerializer(DocumentSerializer):
     findings = FindingSerializer(many=True, read_only=True)
+    ocr_pages = OcrPageSerializer(many=True, read_only=True)
     events = DocumentEventSerializer(many=True, read_only=True)
 
     class Meta(DocumentSerializer.Meta):
-        fields = DocumentSerializer.Meta.fields + ["findings", "events"]
+        fields = DocumentSerializer.Meta.fields + ["findings", "ocr_pages", "events"]
 
 
 class UploadOutcomeSerializer(serializers.Serializer):
@@ -244,8 +271,12 @@ class KnowledgeBaseViewSet(WorkspaceScopedMixin, viewsets.GenericViewSet, mixins
 
 
 def _retrieval_body(result) -> dict:
+    """Each hit also says whether its page was read by OCR with low confidence (`low_confidence_ocr`)."""
+    unsure = selectors.low_confidence_ocr(pages={(hit.document_id, hit.page) for hit in result.hits})
     return {"query": result.query, "settings": result.settings, "timings_ms": result.timings_ms,
-            "rerank_unparseable": result.rerank_unparseable, "hits": [hit.as_dict() for hit in result.hits]}
+            "rerank_unparseable": result.rerank_unparseable,
+            "hits": [{**hit.as_dict(), "low_confidence_ocr": (hit.document_id, hit.page) in unsure}
+                     for hit in result.hits]}
 
 
 class DocumentViewSet(WorkspaceScopedMixin, mixins.RetrieveModelMixin, mixins.ListModelMixin,
@@ -253,7 +284,7 @@ class DocumentViewSet(WorkspaceScopedMixin, mixins.RetrieveModelMixin, mixins.Li
     serializer_class = DocumentDetailSerializer
 
     def get_queryset(self):
-        return selectors.documents(workspace=self.workspace).prefetch_related("findings", "events")
+        return selectors.documents(workspace=self.workspace).prefetch_related("findings", "ocr_pages", "events")
 
     def get_object(self) -> Document:
         return selectors.scoped(self.get_queryset(), self.kwargs["pk"], "Document")
@@ -261,6 +292,13 @@ class DocumentViewSet(WorkspaceScopedMixin, mixins.RetrieveModelMixin, mixins.Li
     def destroy(self, request, pk=None):
         services.delete_document(actor=self.actor, document=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses=DocumentDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Stop a queued or processing document (its OCR, say) at its next step; a retry goes on from there."""
+        return Response(DocumentDetailSerializer(services.cancel_document(actor=self.actor,
+                                                                          document=self.get_object())).data)
 
     @extend_schema(request=None, responses=DocumentDetailSerializer)
     @action(detail=True, methods=["post"])

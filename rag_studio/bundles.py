@@ -130,7 +130,7 @@ def _kb_settings(kb: KnowledgeBase) -> dict:
     return {"description": kb.description, "embedding_model": kb.embedding_model.name,
             "embedding_dimensions": kb.embedding_dimensions,
             "embedding_deployment": kb.embedding_deployment.name if kb.embedding_deployment else "",
-            "chunking": kb.chunking, "screening": kb.screening, "retrieval": kb.retrieval,
+            "chunking": kb.chunking, "screening": kb.screening, "ocr": kb.ocr, "retrieval": kb.retrieval,
             "keyword_terms": kb.keyword_terms}
 
 
@@ -235,8 +235,8 @@ def import_verified_bundle(*, actor: Actor, workspace: Workspace, bundle: Bundle
                 actor=actor, workspace=workspace, name=_free_name(workspace.knowledge_bases, plan.kb_name),
                 description=plan.kb_settings.get("description", ""), embedding_model=embedding_model,
                 embedding_deployment=embedding_deployment, chunking=plan.kb_settings.get("chunking"),
-                screening=plan.kb_settings.get("screening"), retrieval=plan.kb_settings.get("retrieval"),
-                keyword_terms=plan.kb_settings.get("keyword_terms"))
+                screening=plan.kb_settings.get("screening"), ocr=plan.kb_settings.get("ocr"),
+                retrieval=plan.kb_settings.get("retrieval"), keyword_terms=plan.kb_settings.get("keyword_terms"))
             kb_dir = files.kb_dir(kb.pk)
             restore = _can_restore(kb, plan.index, notes)
             documents = _import_documents(bundle, kb, plan, staged, restore, owner)

@@ -15,3 +15,8 @@ EMBEDDING_RESUMES = LogMessage("Embedding resumes at batch %(batch)s of %(batche
                                "were already saved")
 EMBEDDING_AGAIN = LogMessage("Saved vectors were missing or did not match the chunks; embedding again")
 INDEXED = LogMessage("Indexed %(count)s chunk(s)")
+OCR_READ = LogMessage("OCR read %(count)s page(s) without a usable text layer")
+OCR_LOW_CONFIDENCE = LogMessage("Low-confidence OCR on page(s) %(pages)s")
+OCR_TURN = LogMessage("OCR read %(done)s of %(pages)s page(s) in this turn; back in line so that other documents "
+                      "get a worker")
+CANCELLED = LogMessage("Cancelled by %(user)s")

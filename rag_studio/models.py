@@ -35,6 +35,9 @@ class KnowledgeBase(models.Model):
                                             "their share of Chinese text, and the model it replaced")
     chunking = models.JSONField(default=dict)
     screening = models.JSONField(default=dict)
+    ocr = models.JSONField(default=dict, blank=True,
+                           help_text="OCR of scans and images: {mode, languages} (pipeline/ocr validate_ocr); {} means "
+                                     "the defaults")
     retrieval = models.JSONField(default=dict)
     index_key = models.CharField(max_length=64)
     indexed_with = models.JSONField(default=dict, help_text="The embedding model and chunking of the live index")
@@ -70,6 +73,7 @@ class DocumentStatus(models.TextChoices):
 
 class Stage(models.TextChoices):
     PARSE = "parse", _("Parse")
+    OCR = "ocr", _("OCR")
     CLEAN = "clean", _("Clean")
     SCREEN = "screen", _("Screen")
     CHUNK = "chunk", _("Chunk")
@@ -93,6 +97,8 @@ class Document(models.Model):
     error_code = models.CharField(max_length=32, blank=True)
     error = models.TextField(blank=True)
     page_count = models.PositiveIntegerField(default=0)
+    ocr_page_count = models.PositiveIntegerField(default=0, help_text="Pages read by OCR (scanned, or images)")
+    ocr_pages_done = models.PositiveIntegerField(default=0, help_text="Of those, the pages read so far")
     char_count = models.PositiveIntegerField(default=0)
     chunk_count = models.PositiveIntegerField(default=0)
     attempts = models.PositiveSmallIntegerField(default=0)
@@ -124,6 +130,23 @@ class DocumentEvent(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
+
+
+class OcrPage(models.Model):
+    """A page whose text OCR read, and how sure the recogniser was of it (over its characters; null for a page
+    where no text was found)."""
+
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="ocr_pages")
+    page = models.PositiveIntegerField()
+    confidence = models.FloatField(null=True, blank=True)
+    rotation = models.PositiveSmallIntegerField(default=0, help_text="Degrees the page was turned to be read")
+    skew = models.FloatField(default=0, help_text="Degrees its lines sloped")
+    lines = models.PositiveIntegerField(default=0)
+    seconds = models.FloatField(default=0)
+
+    class Meta:
+        ordering = ["document_id", "page"]
+        constraints = [models.UniqueConstraint(fields=["document", "page"], name="unique_ocr_page")]
 
 
 class Finding(models.Model):

@@ -1,6 +1,7 @@
 import re
 
-from django.db.models import Count, Q
+from django.conf import settings
+from django.db.models import BooleanField, Count, ExpressionWrapper, Q
 
 from accounts.errors import NotFound
 from accounts.models import Workspace
@@ -10,6 +11,7 @@ from rag_studio.models import (
     EvalRun,
     EvalSet,
     KnowledgeBase,
+    OcrPage,
     RagConfig,
     RagConfigVersion,
     RetrievalTuning,
@@ -62,12 +64,27 @@ def document_progress(*, kb: KnowledgeBase) -> list[dict]:
     """What the GUI polls: each document's status, stage and progress, and a queued one's place in line."""
     documents = list(kb.documents.annotate(finding_count=Count("findings")).values(
         "id", "filename", "kind", "size_bytes", "status", "stage", "progress", "error", "error_code",
-        "chunk_count", "page_count", "finding_count"))
+        "chunk_count", "page_count", "ocr_page_count", "ocr_pages_done", "finding_count"))
     snapshot = line.Snapshot() if any(d["status"] == DocumentStatus.QUEUED for d in documents) else None
     for document in documents:
         place = snapshot and snapshot.place(document["id"], kb.workspace_id)
         document["queue"] = place.as_dict() if place else None
     return documents
+
+
+def ocr_pages(*, document: Document):
+    """The pages of the document OCR read, each with `low_confidence`: read with less confidence than
+    RAG_OCR_LOW_CONFIDENCE."""
+    return document.ocr_pages.annotate(low_confidence=ExpressionWrapper(
+        Q(confidence__lt=settings.RAG_OCR_LOW_CONFIDENCE), output_field=BooleanField()))
+
+
+def low_confidence_ocr(*, pages) -> set[tuple[int, int]]:
+    """Of `pages`, (document id, page) pairs, those OCR read with less confidence than RAG_OCR_LOW_CONFIDENCE:
+    hit testing flags hits from them."""
+    documents = {document for document, page in pages if page}
+    unsure = OcrPage.objects.filter(document_id__in=documents, confidence__lt=settings.RAG_OCR_LOW_CONFIDENCE)
+    return set(unsure.values_list("document_id", "page")) & set(pages)
 
 
 # Chinese characters, against Latin letters, in a knowledge base's text.

@@ -32,6 +32,7 @@ from rag_studio.models import (
 )
 from rag_studio.pipeline import ingestion, storage
 from rag_studio.pipeline.chunking import DEFAULT_CHUNKING, validate_chunking
+from rag_studio.pipeline.ocr import DEFAULT_OCR, validate_ocr
 from rag_studio.pipeline.parsing import ParseError, file_kind
 from rag_studio.pipeline.screening import DEFAULT_POLICY, validate_policy
 from rag_studio.rag import RagPipeline
@@ -90,7 +91,7 @@ def _next_index_key(kb: KnowledgeBase) -> str:
 @transaction.atomic
 def create_knowledge_base(*, actor: Actor, workspace: Workspace, name: str, description: str = "",
                           embedding_model: str = "", embedding_deployment: str = "", chunking: dict | None = None,
-                          screening: dict | None = None, retrieval: dict | None = None,
+                          screening: dict | None = None, ocr: dict | None = None, retrieval: dict | None = None,
                           keyword_terms: list[str] | None = None) -> KnowledgeBase:
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
     name = name.strip()
@@ -112,6 +113,7 @@ def create_knowledge_base(*, actor: Actor, workspace: Workspace, name: str, desc
         embedding_deployment=deployment, embedding_dimensions=_dimensions(model), embedding_model_source=source,
         chunking=_validated(validate_chunking, "chunking", chunking or dict(DEFAULT_CHUNKING)),
         screening=_validated(validate_policy, "screening", screening or dict(DEFAULT_POLICY)),
+        ocr=_validated(validate_ocr, "ocr", ocr or dict(DEFAULT_OCR)),
         retrieval=_validated(validate_retrieval, "retrieval", retrieval or {}),
         keyword_terms=_validated(validate_domain_terms, "keyword_terms", keyword_terms or []),
         index_key=_index_key(model, 1),
@@ -136,6 +138,8 @@ def register_kb_asset(kb: KnowledgeBase, *, actor: Actor | None = None) -> Asset
                "screening": kb.screening, "retrieval": kb.retrieval, "documents": documents}
     if kb.keyword_terms:  # absent without terms, so bases without them keep their asset version
         payload["keyword_terms"] = kb.keyword_terms
+    if validate_ocr(kb.ocr) != DEFAULT_OCR:  # likewise
+        payload["ocr"] = kb.ocr
     return register_asset(workspace=kb.workspace, kind=AssetKind.KNOWLEDGE_BASE, ref_id=kb.pk, name=kb.name,
                           payload=payload, actor=actor,
                           summary={"embedding_model": kb.embedding_model.name, "documents": len(documents)})
@@ -171,7 +175,7 @@ def update_knowledge_base(*, actor: Actor, kb: KnowledgeBase, reindex: bool = Fa
         if "embedding_deployment" in changes:
             name = changes["embedding_deployment"]
             kb.embedding_deployment = _embedding_deployment(kb.workspace, kb.embedding_model, name) if name else None
-        for field, validate in (("chunking", validate_chunking), ("screening", validate_policy),
+        for field, validate in (("chunking", validate_chunking), ("screening", validate_policy), ("ocr", validate_ocr),
                                 ("retrieval", validate_retrieval), ("keyword_terms", validate_domain_terms)):
             if changes.get(field) is not None:
                 setattr(kb, field, _validated(validate, field, changes[field]))
@@ -336,6 +340,31 @@ def retry_document(*, actor: Actor, document: Document) -> Document:
         DocumentEvent.objects.create(document=document, stage=document.stage, message=log.RETRY_REQUESTED())
         record_audit(actor=actor, workspace=kb.workspace, action="rag.document.retry", target=document)
         transaction.on_commit(lambda: ingestion.dispatch_ingest([document.pk]))
+    document.refresh_from_db()
+    return document
+
+
+# Stored in English, as workers store reasons; the pages show it in the reader's language.
+CANCELLED_REASON = "Cancelled; retry to go on from where it stopped."
+
+
+def cancel_document(*, actor: Actor, document: Document) -> Document:
+    """Stop a queued or processing document's ingestion: it fails as cancelled, and the worker that has it stops at
+    its next step (an OCR page, an embedding call), since each renews its lease only while the document is still
+    processing. What it saved (OCR pages read, vectors) stays, so a retry goes on from there."""
+    kb = document.knowledge_base
+    require_role(actor=actor, workspace=kb.workspace, role=Role.DEVELOPER)
+    with transaction.atomic():
+        cancelled = Document.objects.filter(
+            pk=document.pk, status__in=[DocumentStatus.QUEUED, DocumentStatus.PROCESSING]).update(
+            status=DocumentStatus.FAILED, error_code="cancelled", error=CANCELLED_REASON, lease_owner="",
+            lease_until=None, updated_at=timezone.now())
+        if not cancelled:
+            raise Conflict(gettext("'%(document)s' is %(status)s; only queued or processing documents can be "
+                                   "cancelled.") % {"document": document.filename, "status": gettext(document.status)})
+        DocumentEvent.objects.create(document=document, stage=document.stage,
+                                     message=log.CANCELLED(user=actor.user.get_username() if actor.user else "-"))
+        record_audit(actor=actor, workspace=kb.workspace, action="rag.document.cancel", target=document)
     document.refresh_from_db()
     return document
 

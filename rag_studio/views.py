@@ -28,6 +28,7 @@ from rag_studio.models import (
     TuningObjective,
 )
 from rag_studio.pipeline.chunking import CHUNK_MODES
+from rag_studio.pipeline.ocr import validate_ocr
 from rag_studio.pipeline.screening import ACTIONS, CATEGORIES
 from rag_studio.rag import DEFAULT_PROMPTS
 from rag_studio.search.fusion import NORMALISATIONS
@@ -39,7 +40,7 @@ from rag_studio.search.retrieval_config import (
     is_default,
 )
 from serving.models import RoleHint
-from serving.presets import MULTILINGUAL_E5
+from serving.preset_names import MULTILINGUAL_E5
 from serving.selectors import chat_models, models_visible_to
 
 
@@ -147,6 +148,7 @@ def kb_page(request, kb_id):
         "kb": kb, "documents": selectors.document_progress(kb=kb), "needs_reindex": selectors.needs_reindex(kb),
         "index_search": selectors.index_search(kb),
         "policy": [(category, kb.screening.get(category)) for category in CATEGORIES],
+        "ocr": validate_ocr(kb.ocr),
         "chinese_suggestion": _chinese_suggestion(kb),
         "embedding_choice": _embedding_choice(kb),
         "tuned": selectors.tuned_settings_in_use(kb),
@@ -224,6 +226,7 @@ def kb_settings(request, kb_id):
         embedding_model=post.get("embedding_model", ""), embedding_deployment=post.get("embedding_deployment", ""),
         chunking=_chunking_from(post), retrieval=_retrieval_from(post),
         keyword_terms=post["keyword_terms"].splitlines() if "keyword_terms" in post else None,
+        ocr={"mode": post["ocr_mode"], "languages": post.get("ocr_languages", "auto")} if "ocr_mode" in post else None,
         screening={category: post.get(f"screen_{category}", "flag") for category in CATEGORIES})
     if stale and post.get("reindex") != "on":
         messages.info(request, _("Saved. The index was built with other settings: re-index to apply them."))
@@ -246,6 +249,7 @@ def hit_test(request, kb_id):
         if candidate is not None:
             compared = retrieve(kb, query, candidate["retrieval"])
             _cross_ranks(result.hits, compared.hits)
+        _flag_low_confidence_ocr([*result.hits, *(compared.hits if compared else [])])
     return render(request, "rag/hit_test.html", {
         "kb": kb, "query": query, "result": result, "compared": compared, "candidate": candidate,
         "result_summary": retrieval_summary({"retrieval": settings}) if result else "", "settings": settings,
@@ -272,6 +276,13 @@ def _cross_ranks(left, right) -> None:
             hit.other_rank = other.get(hit.chunk_id)
 
 
+def _flag_low_confidence_ocr(hits) -> None:
+    """Hits from a page OCR read with low confidence say so ("low-confidence OCR, page 12")."""
+    unsure = selectors.low_confidence_ocr(pages={(hit.document_id, hit.page) for hit in hits})
+    for hit in hits:
+        hit.low_confidence_ocr = (hit.document_id, hit.page) in unsure
+
+
 def _document(request, document_id):
     return selectors.scoped(selectors.documents(workspace=request.workspace), document_id, "Document")
 
@@ -279,8 +290,10 @@ def _document(request, document_id):
 @workspace_page
 def document_page(request, document_id):
     document = _document(request, document_id)
+    ocr_pages = list(selectors.ocr_pages(document=document))
     return render(request, "rag/document.html", {
         "document": document, "findings": document.findings.all(), "events": document.events.all(),
+        "ocr_pages": ocr_pages, "unsure_pages": [page.page for page in ocr_pages if page.low_confidence],
         "chunks": document.chunks.select_related("parent")[:200]})
 
 
@@ -295,6 +308,10 @@ def document_action(request, document_id):
     elif request.POST.get("action") == "retry":
         services.retry_document(actor=gui_actor(request), document=document)
         messages.success(request, _("Queued '%(name)s' again.") % {"name": document.filename})
+    elif request.POST.get("action") == "cancel":
+        services.cancel_document(actor=gui_actor(request), document=document)
+        messages.success(request, _("Cancelled '%(name)s'; retry it to go on from where it stopped.")
+                         % {"name": document.filename})
     return redirect("rag-kb", kb_id=kb_id)
 
 

@@ -65,7 +65,7 @@ echo "==> Debian packages"
 # What the platform installs (scripts/system-deps.sh, less the test browser), Python's venv module (a package of
 # its own on Debian) and their dependencies, less the packages every Debian install has (priority required or
 # important).
-wanted=(redis-server bubblewrap "python$python_version-venv")
+wanted=(redis-server bubblewrap libgl1 libglib2.0-0 "python$python_version-venv")
 mapfile -t packages < <(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
   --no-replaces --no-enhances "${wanted[@]}" | grep -E '^[a-z0-9]' | sort -u)
 # Of alternatives (libsystemd0 or libelogind0), the one this machine chose: only packages installed here are kept.

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 source scripts/procs.lib.sh
 
 scripts/install.sh
-scripts/system-deps.sh redis bwrap gettext
+scripts/system-deps.sh redis bwrap gettext opencv
 mkdir -p .run logs
 export FACTORY_DATA_DIR=${FACTORY_DATA_DIR:-$PWD/data}
 export FACTORY_HOST=${FACTORY_HOST:-127.0.0.1} FACTORY_PORT=${FACTORY_PORT:-8000}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a command needs, only when missing: redis-server, chromium, bubblewrap (the python
 # tools' sandbox), gettext (msgfmt, which compiles the GUI's translations), npm (vendors the GUI's
-# browser libraries once, scripts/vendor-js.sh).
+# browser libraries once, scripts/vendor-js.sh), the libraries OpenCV's cv2 loads (RapidOCR's, for OCR: libGL and
+# GLib), and a Chinese font (the OCR tests and bench.ocr render Chinese pages with it).
 set -euo pipefail
 missing=()
 for want in "$@"; do
@@ -11,6 +12,11 @@ for want in "$@"; do
     bwrap) command -v bwrap >/dev/null || missing+=(bubblewrap) ;;
     gettext) command -v msgfmt >/dev/null || missing+=(gettext) ;;
     npm) command -v npm >/dev/null || missing+=(npm) ;;
+    opencv)
+      for package in libgl1 libglib2.0-0; do
+        [[ "$(dpkg-query -W -f '${Status}' "$package" 2>/dev/null)" == *"ok installed" ]] || missing+=("$package")
+      done ;;
+    cjk-font) [ -f /usr/share/fonts/truetype/wqy/wqy-zenhei.ttc ] || missing+=(fonts-wqy-zenhei) ;;
     *) echo "unknown system dependency: $want" >&2; exit 2 ;;
   esac
 done

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install.sh
-scripts/system-deps.sh redis chromium bwrap gettext
+scripts/system-deps.sh redis chromium bwrap gettext opencv cjk-font
 scripts/compile-messages.sh
 echo "==> ruff (configured in pyproject.toml)"
 .venv/bin/ruff check .

@@ -21,8 +21,8 @@ LABELS = {
     # what a deployment serves
     "chat": _("chat"), "completion": _("completion"), "embeddings": _("embeddings"),
     # ingestion stages
-    "parse": _("parse"), "clean": _("clean"), "screen": _("screen"), "chunk": _("chunk"), "embed": _("embed"),
-    "index": _("index"),
+    "parse": _("parse"), "ocr": _("OCR"), "clean": _("clean"), "screen": _("screen"), "chunk": _("chunk"),
+    "embed": _("embed"), "index": _("index"),
     # retrieval's timings (hit testing)
     "hydrate": _("reading chunks"), "fuse": _("fusion"), "rerank": _("rerank"), "total": _("total"),
     # chunking modes, retrieval modes, fusion and rerank kinds

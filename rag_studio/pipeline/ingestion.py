@@ -1,16 +1,17 @@
-"""The ingestion pipeline: parse → clean → screen → chunk → embed → index.
+"""The ingestion pipeline: parse → OCR → clean → screen → chunk → embed → index.
 
 A worker takes documents in the fair order of the ingestion line (rag_studio/pipeline/line.py), and with each
-the knowledge base's other queued documents, up to a group's size: they go through the first four stages one by
-one, then are embedded together, in model calls that mix their chunks (sorted by length, so batches are full and
-hold little padding; per-document batches of a few chunks ran at about half the model's rate), and indexed in one
-write (each write copies the whole index).
+the knowledge base's other queued documents, up to a group's size: they go through the first five stages one by
+one (OCR only reads the pages parse marked: scans and images), then are embedded together, in model calls that
+mix their chunks (sorted by length, so batches are full and hold little padding; per-document batches of a few
+chunks ran at about half the model's rate), and indexed in one write (each write copies the whole index).
 
 Each stage writes its output (a file of its own in the document's work dir, or rows) before the document's `stage`
 moves on, and the embed stage saves each batch of vectors as it goes. A worker holds a document through a lease
 (`leases`): its owner name is unique to the process and the task, and a thread renews it while the worker runs, so
 a long call never outlasts it. When a worker dies the lease runs out and another continues from the recorded stage
-and batch; after RAG_INGEST_MAX_ATTEMPTS such takeovers the document fails with the reason.
+and batch (and OCR page); after RAG_INGEST_MAX_ATTEMPTS such takeovers the document fails with the reason. OCR, the
+one stage that can run for minutes, takes turns: after RAG_OCR_TURN_S a document goes back in line.
 
 A worker that lost its lease (it froze past it, or its task was redelivered) must not harm the one that holds the
 document now: rows are replaced only in a transaction that first checks the lease, and saved vectors are named
@@ -22,7 +23,7 @@ entry, so however often the last stage runs, each chunk is in the index exactly 
 import logging
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 from celery.exceptions import SoftTimeLimitExceeded
@@ -45,11 +46,14 @@ from rag_studio.models import (
     DocumentStatus,
     Finding,
     KnowledgeBase,
+    OcrPage,
     Stage,
 )
 from rag_studio.pipeline import line
 from rag_studio.pipeline.chunking import chunk_pages
 from rag_studio.pipeline.cleaning import clean_pages
+from rag_studio.pipeline.ocr import validate_ocr
+from rag_studio.pipeline.ocr.scans import ScannedPages
 from rag_studio.pipeline.parsing import ParsedPage, ParseError, parse_document
 from rag_studio.pipeline.screening import screen_text
 from rag_studio.pipeline.storage import DISK_FULL
@@ -57,9 +61,10 @@ from rag_studio.search.index_store import IndexElsewhere, IndexStore
 from rag_studio.search.stores import store_for
 
 logger = logging.getLogger(__name__)
-ORDER = [Stage.PARSE, Stage.CLEAN, Stage.SCREEN, Stage.CHUNK, Stage.EMBED, Stage.INDEX, Stage.DONE]
-# Progress shown when each stage starts; embedding takes most of the time, so it spans most of the bar.
-PROGRESS_AT = {Stage.PARSE: 0, Stage.CLEAN: 10, Stage.SCREEN: 15, Stage.CHUNK: 20, Stage.EMBED: 25,
+ORDER = [Stage.PARSE, Stage.OCR, Stage.CLEAN, Stage.SCREEN, Stage.CHUNK, Stage.EMBED, Stage.INDEX, Stage.DONE]
+# Progress shown when each stage starts; embedding takes most of the time, so it spans most of the bar. OCR moves
+# it page by page (the document also says which page: "OCR page 14 of 60").
+PROGRESS_AT = {Stage.PARSE: 0, Stage.OCR: 2, Stage.CLEAN: 10, Stage.SCREEN: 15, Stage.CHUNK: 20, Stage.EMBED: 25,
                Stage.INDEX: 92, Stage.DONE: 100}
 # Batches' worth of chunks per embedding call: enough for the model to fill its batches with chunks of
 # similar length, few enough that progress moves every few seconds.
@@ -68,6 +73,10 @@ EMBED_CALL_BATCHES = 16
 
 class LeaseLost(Exception):
     """Another worker owns the document now (or it was deleted or re-queued): stop without touching it."""
+
+
+class TurnEnded(Exception):
+    """The document used up its turn (RAG_OCR_TURN_S of OCR) and waits in line again, keeping what it read."""
 
 
 class DocumentFailed(Exception):
@@ -199,7 +208,7 @@ def _guarded(documents: list[Document], worker: str, step) -> bool:
     try:
         step(documents, worker)
         return True
-    except LeaseLost:
+    except (LeaseLost, TurnEnded):
         return False
     except SoftTimeLimitExceeded:
         raise
@@ -292,13 +301,68 @@ def _save_pages(document: Document, stage: str, pages: list[ParsedPage]) -> None
 def run_parse(document: Document, worker: str) -> None:
     kb = document.knowledge_base
     _store_to_write(kb)  # refused before any work when this worker could never index the document
-    pages = parse_document(files.upload_path(kb.pk, document.sha256), document.filename)
+    pages = parse_document(files.upload_path(kb.pk, document.sha256), document.filename,
+                           ocr_mode=validate_ocr(kb.ocr)["mode"])
     _save_pages(document, Stage.PARSE, pages)
-    _advance(document, worker, page_count=len(pages))
+    _advance(document, worker, page_count=len(pages), ocr_page_count=sum(page.needs_ocr for page in pages),
+             ocr_pages_done=0)
+
+
+def run_ocr(document: Document, worker: str) -> None:
+    """Read the pages parse marked for OCR, one at a time, each saved as it is read (ocr/scans.py), so that a
+    document taken over, retried after a cancel, or back from the line goes on from its next page. Each page
+    renews the lease first, so a cancelled or deleted document stops there. After RAG_OCR_TURN_S the document
+    goes back in line, so that a long scan never holds a worker while other documents wait."""
+    pages = _load_pages(document, Stage.PARSE)
+    scanned = [page.page for page in pages if page.needs_ocr]
+    kb = document.knowledge_base
+    turn_ends = time.monotonic() + settings.RAG_OCR_TURN_S
+    span = PROGRESS_AT[Stage.CLEAN] - PROGRESS_AT[Stage.OCR]
+    readings, read_in_turn = {}, 0
+    with ScannedPages(files.upload_path(kb.pk, document.sha256), document.kind, validate_ocr(kb.ocr),
+                      files.work_dir(document.pk)) as scans:
+        for done, number in enumerate(scanned):
+            readings[number] = scans.saved(number)
+            if readings[number] is None:
+                if read_in_turn and time.monotonic() > turn_ends:  # every turn reads at least a page
+                    _back_in_line(document, worker, done=done, pages=len(scanned))
+                _advance(document, worker, ocr_pages_done=done,
+                         progress=PROGRESS_AT[Stage.OCR] + span * done // len(scanned))
+                readings[number] = scans.read(number)
+                read_in_turn += 1
+    with transaction.atomic():
+        _owned(document, worker)
+        document.ocr_pages.all().delete()
+        OcrPage.objects.bulk_create([
+            OcrPage(document=document, page=number, confidence=reading.confidence, rotation=reading.rotation,
+                    skew=reading.skew, lines=reading.lines, seconds=reading.seconds)
+            for number, reading in readings.items()])
+    read = [replace(page, text=readings[page.page].text, needs_ocr=False) if page.needs_ocr else page
+            for page in pages]
+    if scanned and not any(page.text.strip() for page in read):
+        raise DocumentFailed("no_text", f"OCR found no text on the {len(scanned)} scanned page(s).")
+    if scanned:
+        unsure = [number for number, reading in readings.items()
+                  if reading.confidence is not None and reading.confidence < settings.RAG_OCR_LOW_CONFIDENCE]
+        _event(document, worker, log.OCR_READ(count=len(scanned)))
+        if unsure:
+            _event(document, worker, log.OCR_LOW_CONFIDENCE(pages=", ".join(map(str, unsure))))
+    _save_pages(document, Stage.OCR, read)
+    _advance(document, worker, ocr_pages_done=len(scanned))
+
+
+def _back_in_line(document: Document, worker: str, *, done: int, pages: int) -> None:
+    """End the document's turn: it waits in line as a queued document again (its attempts start over: it is
+    making progress) and continues at the OCR stage when its turn comes."""
+    _advance(document, worker, status=DocumentStatus.QUEUED, lease_owner="", lease_until=None, attempts=0,
+             dispatched_at=timezone.now(), ocr_pages_done=done,
+             progress=PROGRESS_AT[Stage.OCR] + (PROGRESS_AT[Stage.CLEAN] - PROGRESS_AT[Stage.OCR]) * done // pages)
+    _event(document, worker, log.OCR_TURN(done=done, pages=pages))
+    raise TurnEnded()
 
 
 def run_clean(document: Document, worker: str) -> None:
-    pages = clean_pages(_load_pages(document, Stage.PARSE))
+    pages = clean_pages(_load_pages(document, Stage.OCR))
     if not pages:
         raise DocumentFailed("no_text", "Nothing was left after cleaning: the document has no readable text.")
     _save_pages(document, Stage.CLEAN, pages)
@@ -593,5 +657,6 @@ def resume_stalled() -> list[int]:
 
 
 # Run per document, then per group of documents.
-STAGES = {Stage.PARSE: run_parse, Stage.CLEAN: run_clean, Stage.SCREEN: run_screen, Stage.CHUNK: run_chunk}
+STAGES = {Stage.PARSE: run_parse, Stage.OCR: run_ocr, Stage.CLEAN: run_clean, Stage.SCREEN: run_screen,
+          Stage.CHUNK: run_chunk}
 GROUP_STAGES = {Stage.EMBED: embed_documents, Stage.INDEX: index_documents}

@@ -1,16 +1,22 @@
-"""Turns an uploaded file into text for ingestion: one ParsedPage per PDF page, one per XLSX sheet, one otherwise.
+"""Turns an uploaded file into text for ingestion: one ParsedPage per PDF page, per image frame (a TIFF's pages), per
+XLSX sheet, and one otherwise.
 
 Structure that a chunker can use survives as Markdown: DOCX and HTML headings become "#" lines, table rows become
 " | "-joined cells, and CSV/XLSX rows become "column: value; ..." lines that make sense on their own.
+
+Pages OCR has to read (`needs_ocr`: a PDF page without a usable text layer, every image frame) are only marked
+here, after the knowledge base's OCR mode; the OCR stage reads them (rag_studio/pipeline/ocr/).
 """
 
 import csv
 import io
 import re
+import unicodedata
+import warnings
 import zipfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime, time
 from pathlib import Path
 
@@ -23,19 +29,23 @@ from django.conf import settings
 from docx.table import Table
 from docx.text.paragraph import Paragraph
 from openpyxl.worksheet._reader import WorkSheetParser
+from PIL import Image
 from pypdf import PasswordType, PdfReader
+
+from rag_studio.pipeline.ocr import OCR_MODES
 
 
 @dataclass(frozen=True)
 class ParsedPage:
     text: str
-    page: int | None  # 1-based page number for PDF; None for formats without pages
+    page: int | None  # 1-based page number for PDF and image frames; None for formats without pages
+    needs_ocr: bool = False  # its text is to come from OCR: a scanned page, or a text layer of garbage
 
 
 class ParseError(Exception):
     """A file that cannot be ingested. `code` is machine-readable; str(exc) and `.reason` are sentences a user can
     read. Codes: unsupported_type, empty_file, encrypted_pdf, corrupt_file, wrong_encoding, no_text,
-    archive_bomb."""
+    archive_bomb, ocr_off, too_many_pages, image_too_large, ocr_timeout."""
 
     def __init__(self, code: str, reason: str):
         super().__init__(reason)
@@ -53,9 +63,27 @@ KIND_BY_EXTENSION = {
     ".txt": "text",
     ".csv": "csv",
     ".xlsx": "xlsx",
+    ".png": "image",
+    ".jpg": "image",
+    ".jpeg": "image",
+    ".tif": "image",
+    ".tiff": "image",
+    ".webp": "image",
+    ".bmp": "image",
 }
 SUPPORTED_EXTENSIONS = set(KIND_BY_EXTENSION)
-SUPPORTED_TYPES_SENTENCE = "upload PDF, DOCX, HTML, Markdown, TXT, CSV or XLSX"
+SUPPORTED_TYPES_SENTENCE = "upload PDF, DOCX, HTML, Markdown, TXT, CSV, XLSX or an image (PNG, JPEG, TIFF, WebP, BMP)"
+# The formats Pillow may open an image as, whatever its name says: its other readers include EPS, which runs
+# Ghostscript.
+IMAGE_FORMATS = ("PNG", "JPEG", "TIFF", "WEBP", "BMP")
+OCR_KINDS = ("pdf", "image")
+# A PDF text layer shorter than this (in letters and digits) is read by OCR instead: a scan whose only text is a
+# stamped page number, say. Nothing is lost when the page really holds so little: OCR reads it as well.
+MIN_TEXT_LAYER_CHARS = 20
+# A text layer is garbage (fonts without a Unicode map extract as private-use or control characters) when more
+# than this share of it is such characters, or less than MIN_LETTER_SHARE is letters and digits.
+MAX_BROKEN_SHARE = 0.1
+MIN_LETTER_SHARE = 0.5
 
 # A guess from charset-normalizer is only taken when at most this share of the decoded text looks like mojibake.
 MAX_ENCODING_CHAOS = 0.1
@@ -87,15 +115,42 @@ def file_kind(filename: str) -> str:
     return KIND_BY_EXTENSION[extension]
 
 
-def parse_document(path: Path, filename: str) -> list[ParsedPage]:
+def parse_document(path: Path, filename: str, *, ocr_mode: str = "auto") -> list[ParsedPage]:
+    """The file's pages; with `ocr_mode` (a knowledge base's OCR mode: auto, always or never), those OCR is to read
+    are marked `needs_ocr`."""
     kind = file_kind(filename)
     if path.stat().st_size == 0:
         raise ParseError("empty_file", "The file is empty (0 bytes).")
     if kind in ARCHIVE_KINDS:
         check_archive(path, kind)
-    pages = PARSERS[kind](path)
-    if not any(page.text.strip() for page in pages):
+    pages = _marked_for_ocr(PARSERS[kind](path), kind, ocr_mode)
+    if not any(page.text.strip() or page.needs_ocr for page in pages):
+        if kind == "pdf":
+            raise ParseError("no_text", "The PDF has no text layer (it is a scan), and OCR is off for this "
+                                        "knowledge base; turn OCR on in its settings, then retry the document.")
         raise ParseError("no_text", "The file contains no text to ingest.")
+    return pages
+
+
+def _marked_for_ocr(pages: list[ParsedPage], kind: str, mode: str) -> list[ParsedPage]:
+    """Which pages OCR reads: in auto mode those the parser marked (every image frame, PDF pages without a usable
+    text layer), in always mode every page of a PDF or image, in never mode none."""
+    if mode not in OCR_MODES:
+        raise ValueError(f"Unknown OCR mode {mode!r}")
+    if kind not in OCR_KINDS:
+        return pages
+    if mode == "never":
+        if kind == "image":
+            raise ParseError("ocr_off", "Images are read by OCR, which is off for this knowledge base; turn OCR "
+                                        "on in its settings, then retry the document.")
+        return [replace(page, needs_ocr=False) for page in pages]
+    if mode == "always":
+        pages = [replace(page, needs_ocr=True) for page in pages]
+    scanned, limit = sum(page.needs_ocr for page in pages), settings.RAG_OCR_MAX_PAGES
+    if scanned > limit:
+        raise ParseError("too_many_pages", f"{scanned:,} pages of the {'PDF' if kind == 'pdf' else 'image'} "
+                                           f"need OCR; OCR reads at most {limit:,} pages of a document "
+                                           f"(FACTORY_RAG_OCR_MAX_PAGES). Split it and upload the parts.")
     return pages
 
 
@@ -153,9 +208,65 @@ def _parse_pdf(path: Path) -> list[ParsedPage]:
             raise ParseError("encrypted_pdf",
                              "The PDF is password-protected; remove the password and upload it again.")
         texts = [page.extract_text() for page in reader.pages]
-    if not any(text.strip() for text in texts):
-        raise ParseError("no_text", "The PDF has no text layer; scanned PDFs need OCR, which is not supported yet.")
-    return [ParsedPage(text, number) for number, text in enumerate(texts, start=1)]
+    return [ParsedPage(text, number, needs_ocr=not usable_text_layer(text))
+            for number, text in enumerate(texts, start=1)]
+
+
+def usable_text_layer(text: str) -> bool:
+    """Whether a PDF page's extracted text is worth keeping rather than reading the page by OCR."""
+    characters = [character for character in text if not character.isspace()]
+    letters = sum(unicodedata.category(character)[0] in "LN" for character in characters)
+    if letters < MIN_TEXT_LAYER_CHARS:
+        return False
+    broken = sum(unicodedata.category(character) in ("Co", "Cn", "Cc", "Cs") or character == "\ufffd"
+                 for character in characters)
+    return broken <= MAX_BROKEN_SHARE * len(characters) and letters >= MIN_LETTER_SHARE * len(characters)
+
+
+# --- Images ---
+
+def open_image(path: Path) -> Image.Image:
+    """The image, its header read (frames are decoded when used), in one of IMAGE_FORMATS. Pillow's own guard
+    against decompression bombs (twice its default of about 89 megapixels) stays in place; RAG_OCR_MAX_PIXELS is
+    checked on each frame's size (`check_image`)."""
+    Image.init()  # registers every reader (Pillow loads only the commonest by itself); `formats` picks among them
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the limit that counts is ours
+        try:
+            return Image.open(path, formats=IMAGE_FORMATS)
+        except Image.DecompressionBombError:
+            raise ParseError("image_too_large", f"The image has over {_megapixels(2 * Image.MAX_IMAGE_PIXELS)}; "
+                                                f"the limit is {_megapixels(settings.RAG_OCR_MAX_PIXELS)} "
+                                                f"(FACTORY_RAG_OCR_MAX_PIXELS).")
+
+
+def check_image(image: Image.Image, page: int, pages: int) -> None:
+    width, height = image.size
+    if width * height > settings.RAG_OCR_MAX_PIXELS:
+        where = f"Page {page} of the image is" if pages > 1 else "The image is"
+        raise ParseError("image_too_large", f"{where} {width:,} × {height:,} pixels "
+                                            f"({_megapixels(width * height)}); the limit is "
+                                            f"{_megapixels(settings.RAG_OCR_MAX_PIXELS)} (FACTORY_RAG_OCR_MAX_PIXELS).")
+
+
+def _megapixels(pixels: float) -> str:
+    return f"{pixels / 1e6:,.{0 if pixels >= 1e7 else 1}f} megapixels"
+
+
+def _parse_image(path: Path) -> list[ParsedPage]:
+    """One page per frame, each to be read by OCR; the frames' count and sizes are checked here, before any is
+    decoded."""
+    with _reading("The file is not a PNG, JPEG, TIFF, WebP or BMP image, or it is damaged; export it again."), \
+            open_image(path) as image:
+        pages = getattr(image, "n_frames", 1)
+        if pages > settings.RAG_OCR_MAX_PAGES:
+            raise ParseError("too_many_pages", f"The image has {pages:,} pages; OCR reads at most "
+                                               f"{settings.RAG_OCR_MAX_PAGES:,} pages of a document "
+                                               f"(FACTORY_RAG_OCR_MAX_PAGES). Split it and upload the parts.")
+        for page in range(1, pages + 1):
+            image.seek(page - 1)
+            check_image(image, page, pages)
+    return [ParsedPage("", page, needs_ocr=True) for page in range(1, pages + 1)]
 
 
 # --- DOCX ---
@@ -383,6 +494,7 @@ def _looks_binary(text: str) -> bool:
 
 PARSERS = {
     "pdf": _parse_pdf,
+    "image": _parse_image,
     "docx": _parse_docx,
     "html": _parse_html,
     "markdown": _parse_plain_text,

@@ -49,7 +49,8 @@ if (uploadForm) {
 // Document states and stages as words in the page's language; the badge's class keeps the value.
 const STATE_LABELS = {
   uploaded: gettext("uploaded"), queued: gettext("queued"), processing: gettext("processing"),
-  indexed: gettext("indexed"), failed: gettext("failed"), parse: gettext("parse"), clean: gettext("clean"),
+  indexed: gettext("indexed"), failed: gettext("failed"), parse: gettext("parse"), ocr: gettext("OCR"),
+  clean: gettext("clean"),
   screen: gettext("screen"), chunk: gettext("chunk"), embed: gettext("embed"), index: gettext("index"),
 };
 const stateLabel = (value) => STATE_LABELS[value] || value;
@@ -78,6 +79,10 @@ async function refreshDocuments(reloadOnNew = false) {
     const badge = row.querySelector('[data-field="status"]');
     badge.textContent = stateLabel(d.status); badge.className = `badge ${d.status}`;
     row.querySelector('[data-field="stage"]').textContent = stateLabel(d.stage);
+    row.querySelector('[data-field="ocr"]').textContent = d.stage === "ocr" && d.ocr_pages_done < d.ocr_page_count
+      ? interpolate(gettext("OCR page %(page)s of %(pages)s"), { page: d.ocr_pages_done + 1, pages: d.ocr_page_count },
+                    true) : "";
+    row.querySelector('[data-field="cancel"]').hidden = !["queued", "processing"].includes(d.status);
     row.querySelector('[data-field="error"]').textContent = d.error;
     row.querySelector('[data-field="queue"]').textContent = placeText(d.queue);
     row.querySelector('[data-field="progress"]').value = d.progress;

@@ -201,7 +201,7 @@ def test_file_kind_by_extension():
     assert file_kind("page.htm") == "html"
     assert file_kind("notes.markdown") == "markdown"
     assert {file_kind(f"x{extension}") for extension in SUPPORTED_EXTENSIONS} == {
-        "pdf", "docx", "html", "markdown", "text", "csv", "xlsx"}
+        "pdf", "docx", "html", "markdown", "text", "csv", "xlsx", "image"}
 
 
 # --- Files that are refused ---
@@ -211,7 +211,8 @@ def test_unsupported_extension_says_what_to_upload_instead(tmp_path):
 
     assert error.code == "unsupported_type"
     assert str(error) == error.reason == (
-        ".exe files are not supported; upload PDF, DOCX, HTML, Markdown, TXT, CSV or XLSX.")
+        ".exe files are not supported; upload PDF, DOCX, HTML, Markdown, TXT, CSV, XLSX or an image (PNG, JPEG, "
+        "TIFF, WebP, BMP).")
 
 
 def test_empty_file(tmp_path):
@@ -261,16 +262,22 @@ def test_file_named_pdf_that_is_not_a_pdf_is_corrupt(tmp_path):
     assert (error.code, error.reason) == ("corrupt_file", "The file is named .pdf but is not a PDF document.")
 
 
-def test_pdf_without_a_text_layer_needs_ocr(tmp_path):
+def test_pdf_without_a_text_layer_is_left_to_ocr_or_refused_where_ocr_is_off(tmp_path):
     writer = PdfWriter()
     for _ in range(2):
         writer.add_blank_page(width=595, height=842)
     writer.write(tmp_path / "scan.pdf")
 
-    error = refusal(tmp_path / "scan.pdf")
+    assert parse(tmp_path / "scan.pdf") == [ParsedPage("", 1, needs_ocr=True), ParsedPage("", 2, needs_ocr=True)]
+    with pytest.raises(ParseError) as refused:
+        parse_document(tmp_path / "scan.pdf", "scan.pdf", ocr_mode="never")
+    assert refused.value.code == "no_text"
+    assert "OCR is off for this knowledge base; turn OCR on in its settings" in refused.value.reason
 
-    assert error.code == "no_text"
-    assert "scanned PDFs need OCR, which is not supported yet" in error.reason
+
+def test_a_pdf_with_a_text_layer_is_read_by_ocr_only_when_ocr_is_always_on():
+    assert not any(page.needs_ocr for page in parse(HANDBOOK))
+    assert all(page.needs_ocr and page.text for page in parse_document(HANDBOOK, "h.pdf", ocr_mode="always"))
 
 
 @pytest.mark.parametrize("name, content, expected", [

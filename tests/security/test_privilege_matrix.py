@@ -218,10 +218,10 @@ PRIVILEGES.update({key: ROWS for key in """
     model-group-share calibration-run-detail calibration-run-pick egress-rule-list egress-rule-detail
     tool-invocations secret-list secret-detail api-spec-detail mcp-server-delete spec-delete tool-delete
     knowledge-base-list knowledge-base-detail knowledge-base-hit-test knowledge-base-reindex rag-document-list
-    rag-document-detail rag-document-chunks rag-document-retry rag-config-list rag-config-detail rag-config-export
-    rag-config-run rag-config-versions eval-set-list eval-set-detail eval-set-items eval-run-list eval-run-detail
-    eval-run-results rag-tuning-list rag-tuning-detail rag-tuning-apply rag-tuning-cancel rag-tuning-resume
-    rag-tuning-rollback
+    rag-document-detail rag-document-chunks rag-document-retry rag-document-cancel rag-config-list rag-config-detail
+    rag-config-export rag-config-run rag-config-versions eval-set-list eval-set-detail eval-set-items eval-run-list
+    eval-run-detail eval-run-results rag-tuning-list rag-tuning-detail rag-tuning-apply rag-tuning-cancel
+    rag-tuning-resume rag-tuning-rollback
     eval-set-cancel eval-run-cancel calibration-run-cancel agent-evaluation-cancel
     enhancement-dataset-sample enhancement-dataset-detail enhancement-dataset-preview enhancement-job-detail
     enhancement-job-cancel enhancement-job-log enhancement-job-metrics enhancement-plan agent-run-detail
