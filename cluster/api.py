@@ -3,10 +3,14 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from accounts.permissions import WorkspaceScopedMixin
+from accounts.models import Workspace
+from accounts.permissions import WorkspaceRole, WorkspaceScopedMixin, request_actor, request_workspace
+from accounts.services import is_platform_admin, require_platform_admin
 from cluster import selectors, services
-from cluster.models import Device, Job, JobEvent, Node
+from cluster.models import Device, DeviceQuota, Job, JobEvent, Node
+from cluster.scheduling import selectors as pool_selectors, services as pool_services
 
 
 class DeviceSerializer(serializers.ModelSerializer):
@@ -93,3 +97,48 @@ class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         return Response(JobSerializer(services.cancel_job(actor=self.actor, job=self.get_object())).data)
+
+
+class PoolView(APIView):
+    """The shared pool: devices by node and state, queues with quota / in use / borrowed / lent, this workspace's
+    jobs with why each waits, and device-hours (a platform administrator sees every workspace)."""
+
+    permission_classes = [WorkspaceRole]
+
+    @extend_schema(responses={200: dict})
+    def get(self, request):
+        return Response(pool_selectors.pool_view(workspace=request_workspace(request),
+                                                 everything=is_platform_admin(request_actor(request))))
+
+
+class QuotaSerializer(serializers.ModelSerializer):
+    workspace = serializers.SlugRelatedField(slug_field="slug", queryset=Workspace.objects.all())
+    nominal = serializers.IntegerField()
+    borrowing_limit = serializers.IntegerField(allow_null=True, required=False, default=None)
+    lending_limit = serializers.IntegerField(allow_null=True, required=False, default=None)
+
+    class Meta:
+        model = DeviceQuota
+        fields = ["workspace", "device_kind", "nominal", "borrowing_limit", "lending_limit", "updated_at"]
+        read_only_fields = ["updated_at"]
+        validators = []  # a second POST for the same workspace and kind updates it
+
+
+class QuotaViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Each workspace's queue per device kind (platform administrators): POST sets one (creates or updates);
+    running work is never stopped by a change, only reclaimed at checkpoints when others need the devices."""
+
+    queryset = DeviceQuota.objects.select_related("workspace")
+    serializer_class = QuotaSerializer
+    permission_classes = [IsAuthenticated]
+
+    def get_queryset(self):
+        require_platform_admin(actor=request_actor(self.request), action="Reading the pool's quotas")
+        return super().get_queryset()
+
+    @extend_schema(request=QuotaSerializer, responses={200: QuotaSerializer})
+    def create(self, request):
+        data = QuotaSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        quota = pool_services.set_quota(actor=request_actor(request), **data.validated_data)
+        return Response(QuotaSerializer(quota).data)

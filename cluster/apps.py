@@ -6,3 +6,6 @@ class ClusterConfig(AppConfig):
 
     def ready(self) -> None:
         from cluster import bootstrap  # noqa: F401  registers the bootstrap step
+        from cluster.scheduling import metrics
+
+        metrics.install()

@@ -29,7 +29,7 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from cluster import log_messages as log, queues
-from cluster.models import Job, JobEvent, JobState, NodeStatus
+from cluster.models import Job, JobEvent, JobState, NodeStatus, Workload, WorkloadState
 
 logger = logging.getLogger(__name__)
 RUN_JOB_TASK = "cluster.tasks.run_job"
@@ -118,6 +118,10 @@ def _dispatches(job: Job) -> int:
     return 1 + job.events.filter(message__startswith=REDISPATCHED).count()
 
 
+def waiting_for_devices(job: Job) -> bool:
+    return Workload.objects.filter(job=job, state=WorkloadState.WAITING).exists()
+
+
 def sweep_overdue_jobs() -> dict[str, list[int]]:
     """Beat: send again or fail every queued or running job that nothing is working on."""
     now = timezone.now()
@@ -126,6 +130,8 @@ def sweep_overdue_jobs() -> dict[str, list[int]]:
     for job in Job.objects.select_related("node").filter(state=JobState.QUEUED, created_at__lt=queued_cutoff):
         if _last_dispatch(job) >= queued_cutoff:
             continue
+        if job.node.status == NodeStatus.HEALTHY and waiting_for_devices(job):
+            continue  # no message yet: the pool's scheduler sends it when it admits the job
         if job.node.status != NodeStatus.HEALTHY:
             reason = log.NODE_UNHEALTHY_WAITED(node=job.node.name,
                                                seconds=f"{settings.CLUSTER_JOB_QUEUED_DEADLINE_S:.0f}")

@@ -16,3 +16,12 @@ MESSAGE_LOST = LogMessage("Its message was not taken within %(seconds)s s on a h
 WORKER_SILENT = LogMessage("Its worker (%(worker)s) stopped its heartbeat for %(seconds)s s (killed, or "
                            "its machine lost)")
 GAVE_UP = LogMessage("%(reason)s; gave up after %(count)s dispatches.")
+# The pool's scheduler (cluster/scheduling/pool.py).
+ADMITTED = LogMessage("Admitted by the pool: %(devices)s")
+PREEMPTED = LogMessage("Preempted by job %(job)s (%(priority)s): checkpointing at the next step, then waiting "
+                       "for devices again")
+SHRINKING = LogMessage("Shrinking to %(devices)s devices for job %(job)s (%(priority)s) at the next checkpoint")
+GROWING = LogMessage("Growing to %(devices)s devices at the next checkpoint")
+RESTARTING = LogMessage("Checkpointed; restarting on %(devices)s devices")
+REQUEUED = LogMessage("Checkpointed and requeued; resumes when %(devices)s %(kind)s are free")
+WAITING_FOR_DEVICES = LogMessage("Waiting for %(devices)s %(kind)s from the pool (%(priority)s)")

@@ -1,6 +1,7 @@
 from django.db import models
 
 from accounts.models import Workspace
+from cluster.scheduling.policy import PRIORITY_CLASSES
 
 
 class NodeStatus(models.TextChoices):
@@ -89,3 +90,72 @@ class JobEvent(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
+
+
+# Training's classes, lowest first, as the policy orders them. Inference replicas have a class of their own: their
+# start and stop jobs never wait on the pool (they hold no training quota).
+PriorityClass = models.TextChoices("PriorityClass", [(name.upper(), name) for name in PRIORITY_CLASSES])
+
+
+class DeviceQuota(models.Model):
+    """A workspace's queue in the pool for one device kind: devices guaranteed (`nominal`), how many idle devices
+    beyond them it may borrow (null: any), and how many of its idle quota devices others may borrow (null: all)."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="device_quotas")
+    device_kind = models.CharField(max_length=128)
+    nominal = models.PositiveIntegerField(default=0)
+    borrowing_limit = models.PositiveIntegerField(null=True, blank=True)
+    lending_limit = models.PositiveIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["device_kind", "workspace"]
+        constraints = [models.UniqueConstraint(fields=["workspace", "device_kind"], name="one_quota_per_kind")]
+
+
+class WorkloadState(models.TextChoices):
+    WAITING = "waiting", "Waiting"
+    RUNNING = "running", "Running"
+    # Told to checkpoint at its next step boundary, then stop (preempted) or restart on another size.
+    STOPPING = "stopping", "Stopping"
+    FINISHED = "finished", "Finished"
+
+
+class Workload(models.Model):
+    """A job's claim on pool devices: `min_devices`..`max_devices` of one kind, placed all or nothing by the
+    pool's scheduler (cluster/scheduling/), which sends the job's message only once it is admitted."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="workload")
+    device_kind = models.CharField(max_length=128)
+    min_devices = models.PositiveIntegerField(default=1)
+    max_devices = models.PositiveIntegerField(default=1)
+    # Device counts it can run on (an elastic job's global batch divides by them); empty: any from min to max.
+    sizes = models.JSONField(default=list, blank=True)
+    spread = models.BooleanField(default=False)
+    # Nodes it may run on (its files are there); empty: any.
+    nodes = models.JSONField(default=list, blank=True)
+    priority = models.CharField(max_length=16, choices=PriorityClass.choices, default=PriorityClass.NORMAL)
+    state = models.CharField(max_length=16, choices=WorkloadState.choices, default=WorkloadState.WAITING)
+    allocation = models.JSONField(default=dict, blank=True)  # node name -> devices held
+    reason = models.TextField(blank=True)
+    submitted_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    # What a stopping workload keeps: empty when preempted (requeued), else the size it restarts on.
+    stop_keep = models.JSONField(default=dict, blank=True)
+    stopped_for = models.ForeignKey(Job, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # Still running past the grace period after the signal: its worker stops the process (losing the work since the
+    # last checkpoint).
+    kill_requested = models.BooleanField(default=False)
+    nominated = models.JSONField(default=list, blank=True)  # nodes where room is being made for it
+    preemptions = models.PositiveIntegerField(default=0)
+    device_seconds = models.FloatField(default=0.0)
+    accounted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["submitted_at", "id"]
+
+    @property
+    def devices(self) -> int:
+        return sum(self.allocation.values())

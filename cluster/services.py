@@ -12,7 +12,10 @@ from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from cluster import inventory, log_messages as log, queues
 from cluster.jobs import handler_for, job_handler, known_kinds, submittable_kinds
-from cluster.models import FINISHED_JOB_STATES, Device, Job, JobEvent, JobState, Node, NodeStatus
+from cluster.models import FINISHED_JOB_STATES, Device, Job, JobEvent, JobState, Node, NodeStatus, Workload
+from cluster.scheduling import pool
+from cluster.scheduling.pool import DeviceRequest, Preempted
+from cluster.scheduling.services import check_request
 
 logger = logging.getLogger(__name__)
 RUN_JOB_TASK = "cluster.tasks.run_job"
@@ -95,20 +98,30 @@ def _transition(job: Job, state: str, message: str = "", **fields) -> Job:
 
 
 def dispatch_job(*, actor: Actor, workspace: Workspace | None, kind: str, node: Node,
-                 payload: dict | None = None) -> Job:
-    """Queue a job on the node's own Celery queue. The message is sent only once the job row is committed."""
+                 payload: dict | None = None, request: DeviceRequest | None = None) -> Job:
+    """Queue a job on the node's own Celery queue. The message is sent only once the job row is committed. A job
+    with a device `request` (training) waits for the pool's scheduler to admit it first; one without (a replica's
+    start or stop, an inventory) goes straight to its node, as it never waits on training quota."""
     if handler_for(kind) is None:
         raise ValidationFailed(_("Unknown job kind '%(kind)s'. Known kinds: %(kinds)s.")
                                % {"kind": kind, "kinds": ', '.join(known_kinds())})
     if node.status != NodeStatus.HEALTHY:
         raise Conflict(_("Node '%(node)s' is unhealthy: its worker has not answered heartbeats.")
                        % {"node": node.name})
+    if request is not None:
+        check_request(actor=actor, workspace=workspace, request=request)
     with transaction.atomic():
         job = Job.objects.create(workspace=workspace, kind=kind, node=node, payload=payload or {})
-        JobEvent.objects.create(job=job, state=JobState.QUEUED, message=log.QUEUED_ON(queue=node.queue))
-        record_audit(actor=actor, workspace=workspace, action="job.dispatch", target=job,
-                     detail={"kind": kind, "node": node.name})
-        transaction.on_commit(lambda: _send(job))
+        detail = {"kind": kind, "node": node.name}
+        if request is None:
+            JobEvent.objects.create(job=job, state=JobState.QUEUED, message=log.QUEUED_ON(queue=node.queue))
+            transaction.on_commit(lambda: _send(job))
+        else:
+            JobEvent.objects.create(job=job, state=JobState.QUEUED, message=log.WAITING_FOR_DEVICES(
+                devices=request.min_devices, kind=request.device_kind, priority=request.priority))
+            pool.create_workload(job, request)
+            detail.update(priority=request.priority, devices=[request.min_devices, request.max_devices])
+        record_audit(actor=actor, workspace=workspace, action="job.dispatch", target=job, detail=detail)
     return job
 
 
@@ -137,6 +150,8 @@ def cancel_job(*, actor: Actor, job: Job) -> Job:
     if job.celery_task_id:
         current_app.control.revoke(job.celery_task_id)
     record_audit(actor=actor, workspace=job.workspace, action="job.cancel", target=job)
+    if Workload.objects.filter(job=job).exists():
+        transaction.on_commit(pool.schedule_now)  # its devices go to the next in line
     return _transition(job, JobState.CANCELLED, log.CANCELLED_BY_USER())
 
 
@@ -150,9 +165,14 @@ def job_line(node: Node) -> queues.Line:
 
 
 def job_place(line: queues.Line, job: Job) -> queues.Place | None:
-    """Where a queued job stands in its node's line (replica starts and stops, training, heartbeats)."""
+    """Where a queued job stands in its node's line (replica starts and stops, training, heartbeats); a job still
+    waiting for the pool's devices says why."""
     if job.state != JobState.QUEUED:
         return None
+    workload = Workload.objects.filter(job=job, state="waiting").only("reason").first()
+    if workload is not None:
+        return queues.Place(position=0, ahead_in_your_workspace=0, estimated_start_s=None,
+                            reason=workload.reason or _("waiting for the pool's scheduler"))
     return line.place(RUN_JOB_TASK, [job.pk], workspace_id=job.workspace_id, default_s=30.0,
                       reason=_("waiting for node %(node)s's worker") % {"node": job.node.name})
 
@@ -178,14 +198,23 @@ def run_job(*, job_id: int, worker: str) -> Job:
 
     try:
         result = handler_for(job.kind)(job, report)
+    except Preempted:
+        return pool.hand_back(job)
     except Exception as exc:
         logger.exception("Job %s (%s) failed", job.pk, job.kind)
         job.refresh_from_db()
-        return _transition(job, JobState.FAILED, str(exc), error=str(exc) or exc.__class__.__name__)
+        return _settled(_transition(job, JobState.FAILED, str(exc), error=str(exc) or exc.__class__.__name__))
     job.refresh_from_db()
     if job.state == JobState.CANCELLED:
-        return job
-    return _transition(job, JobState.SUCCEEDED, log.DONE(), progress=1.0, result=result or {})
+        return _settled(job)
+    return _settled(_transition(job, JobState.SUCCEEDED, log.DONE(), progress=1.0, result=result or {}))
+
+
+def _settled(job: Job) -> Job:
+    """A job that held pool devices has ended: the next in line gets them now, not at the next tick."""
+    if Workload.objects.filter(job=job).exists():
+        pool.schedule_now()
+    return job
 
 
 @job_handler("node.inventory", submittable=True)

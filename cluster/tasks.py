@@ -6,6 +6,7 @@ from django.conf import settings
 
 from cluster import deadlines, inventory, services
 from cluster.models import Node
+from cluster.scheduling import pool
 
 
 @shared_task(name="cluster.tasks.run_job", bind=True)
@@ -22,6 +23,12 @@ def run_job(self, job_id: int) -> str:
 @shared_task(name="cluster.tasks.sweep_overdue_jobs", ignore_result=True)
 def sweep_overdue_jobs() -> dict[str, list[int]]:
     return deadlines.sweep_overdue_jobs()
+
+
+@shared_task(name="cluster.tasks.schedule_pool", ignore_result=True)
+def schedule_pool() -> None:
+    """Beat's tick of the pool's scheduler (each submit and job end runs a pass too)."""
+    pool.schedule_now()
 
 
 @shared_task(name="cluster.tasks.heartbeat", ignore_result=True)

@@ -6,6 +6,8 @@ from cluster import api, views
 router = SimpleRouter()
 router.register("cluster/nodes", api.NodeViewSet, basename="node")
 router.register("cluster/jobs", api.JobViewSet, basename="job")
-api_urlpatterns = router.urls
+router.register("cluster/quotas", api.QuotaViewSet, basename="quota")
+api_urlpatterns = [*router.urls, path("cluster/pool/", api.PoolView.as_view(), name="pool")]
 
-urlpatterns = [path("cluster/", views.pool, name="cluster")]
+urlpatterns = [path("cluster/", views.pool, name="cluster"),
+               path("cluster/quotas", views.set_quota, name="cluster-set-quota")]

@@ -177,6 +177,8 @@ class FinetuneSerializer(serializers.Serializer):
                                           default=["q4_k_m"])
     keep_intermediates = serializers.BooleanField(default=False, help_text="Keep checkpoints, merged weights and "
                                                   "the f16 GGUF once the outputs are registered")
+    priority = serializers.CharField(default="normal", help_text="The pool's class: low, normal (developers), "
+                                                                 "high (admins), urgent (owners)")
 
 
 class QuantizeSerializer(serializers.Serializer):
@@ -254,7 +256,7 @@ class JobViewSet(WorkspaceScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
             base_model=_model_named(self.workspace, spec["base_model"]), dataset=dataset,
             node=_node_named(spec["node"]), method=spec["method"], hyperparameters=spec["hyperparameters"],
             quantizations=spec["quantizations"], more_nodes=[_node_named(name) for name in spec["more_nodes"]],
-            keep_intermediates=spec["keep_intermediates"])
+            keep_intermediates=spec["keep_intermediates"], priority=spec["priority"])
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=QuantizeSerializer, responses={201: JobSerializer})

@@ -23,6 +23,9 @@ RANGES = {
     "eval_steps": (50, 1, 1_000_000, int),
     # Data-parallel training processes; more than one run on Ray Train (enhancement/training/distributed.py).
     "workers": (1, 1, 64, int),
+    # An elastic job's fewest workers (0: `workers`, a fixed size): it starts on what the pool has free, at least
+    # this many, and grows or shrinks at checkpoints keeping the global batch (cluster/scheduling/).
+    "min_workers": (0, 0, 64, int),
 }
 
 
@@ -74,4 +77,7 @@ def checked(values: dict) -> dict:
         raise ValidationFailed(f"The batch size ({out['batch_size']}) must be a multiple of the workers "
                                f"({out['workers']}): each worker takes an equal share of every step.",
                                fields={"workers": ["Must divide batch_size."]})
+    if out["min_workers"] > out["workers"]:
+        raise ValidationFailed(f"min_workers ({out['min_workers']}) cannot exceed workers ({out['workers']}).",
+                               fields={"min_workers": [f"At most {out['workers']}."]})
     return out

@@ -28,10 +28,12 @@ from accounts.atomic_files import write_json_atomic
 from accounts.errors import ApplicationError
 from accounts.services import service_token
 from cluster.models import Job, JobState
+from cluster.scheduling import pool
 from enhancement import files, log_messages as log
 from enhancement.formats import parse_jsonl
 from enhancement.models import DistillMode, EnhancementJob, JobKind, MetricSample, Stage
 from enhancement.training import data
+from enhancement.training.run import STOP_FILE, STOPPED_FILE
 from serving.engines import process
 from serving.models import Model, ModelKind
 from serving.services import register_produced_model
@@ -206,11 +208,51 @@ def _cancelled(job: EnhancementJob) -> bool:
     return Job.objects.filter(pk=job.cluster_job_id, state=JobState.CANCELLED).exists()
 
 
+def fit_to_devices(directory: Path, devices: int) -> None:
+    """An elastic job restarts on the devices the pool gave it: that many data-parallel workers, with gradient
+    accumulation making up the same global batch, so its loss curve does not depend on the resizes."""
+    spec = json.loads((directory / "spec.json").read_text())
+    hyper = spec["hyperparameters"]
+    if int(hyper.get("min_workers") or hyper["workers"]) == int(hyper["workers"]) or hyper["workers"] == devices:
+        return
+    hyper["workers"] = devices
+    hyper["gradient_accumulation"] = hyper["batch_size"] // (devices * hyper["micro_batch_size"])
+    write_json_atomic(directory / "spec.json", spec)
+
+
+def last_checkpoint_at(directory: Path) -> float | None:
+    """When the newest complete checkpoint was finished (its trainer state is written last). Only read: the
+    process may be writing the next one now."""
+    times = []
+    for state in (directory / "checkpoints").glob("checkpoint-*/trainer_state.json"):
+        try:
+            times.append(state.stat().st_mtime)
+        except FileNotFoundError:
+            continue  # rotated away meanwhile (the trainer keeps the newest two)
+    return max(times, default=None)
+
+
+def _follow_the_pool(job: EnhancementJob, directory: Path, seen_checkpoint: list) -> None:
+    """Tell the process what the pool asks (checkpoint and stop; past the grace period, stop now), and tell the
+    pool when the job last checkpointed (its victims are chosen by the progress they would lose)."""
+    checkpointed = last_checkpoint_at(directory)
+    if checkpointed is not None and checkpointed != seen_checkpoint[0]:
+        seen_checkpoint[0] = checkpointed
+        pool.record_checkpoint(job.cluster_job_id, datetime.fromtimestamp(checkpointed, tz=dt_timezone.utc))
+    instruction = pool.stop_instruction(job.cluster_job_id)
+    if instruction and not (directory / STOP_FILE).exists():
+        (directory / STOP_FILE).touch()
+    if instruction == "kill":
+        process.terminate(job.pid)
+
+
 def supervise(job: EnhancementJob, report) -> dict:
     directory = run_dir(job)
     if (directory / "result.json").exists():
         return finish(job)
     if not is_running(job):
+        (directory / STOP_FILE).unlink(missing_ok=True)
+        (directory / STOPPED_FILE).unlink(missing_ok=True)
         directory.mkdir(parents=True, exist_ok=True)
         if job.kind == JobKind.DISTILL and job.compression["mode"] == DistillMode.SEQUENCE and \
                 not teacher_answers(job, directory, report):
@@ -219,12 +261,15 @@ def supervise(job: EnhancementJob, report) -> dict:
             write_json_atomic(directory / "spec.json", build_spec(job, directory))
         elif (directory / "lock").exists():
             report(0.0, log.CONTINUING())
+        fit_to_devices(directory, pool.devices_for(job.cluster_job_id))
         _launch(job, directory)
         # Until the process writes its first status it is loading (or converting) the base, not queued.
         EnhancementJob.objects.filter(pk=job.pk, stage=Stage.QUEUED).update(stage=Stage.PREPARE)
     reader = MetricsReader(directory / "metrics.jsonl")
+    seen_checkpoint: list = [None]
     while True:
         reader.ingest(job)
+        _follow_the_pool(job, directory, seen_checkpoint)
         status = read_status(job)
         if status:
             stage = status.get("stage", job.stage)
@@ -242,6 +287,8 @@ def supervise(job: EnhancementJob, report) -> dict:
     reader.ingest(job)
     if (directory / "result.json").exists():
         return finish(job)
+    if (directory / STOPPED_FILE).exists() or pool.stop_instruction(job.cluster_job_id) == "kill":
+        raise pool.Preempted(f"Job {job.pk} stopped at a checkpoint for the pool")
     try:
         reason = json.loads((directory / "error.json").read_text())["error"]
     except (OSError, ValueError, KeyError):

@@ -15,7 +15,8 @@ from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
 from assets.models import AssetKind
 from assets.services import register_asset
-from cluster.models import FINISHED_JOB_STATES, Node
+from cluster.models import FINISHED_JOB_STATES, Node, PriorityClass
+from cluster.scheduling.pool import DeviceRequest, node_kind
 from cluster.services import cancel_job as cancel_cluster_job, dispatch_job
 from enhancement import planner, runner, selectors
 from enhancement.files import SAMPLE_DATASET, dataset_path
@@ -197,9 +198,23 @@ def _check_quantizations(quantizations: list[str]) -> list[str]:
     return list(dict.fromkeys(quantizations))
 
 
-def _dispatch(*, actor: Actor, job: EnhancementJob) -> EnhancementJob:
+def device_request(job: EnhancementJob, priority: str) -> DeviceRequest:
+    """What the job asks of the pool: a device of its node's kind per data-parallel worker (one for a job without
+    workers); between `min_workers` and `workers` for an elastic one, on the counts that keep its global batch
+    whole (gradient accumulation makes up the rest: enhancement/runner.py resizes at a checkpoint)."""
+    hyper = job.hyperparameters or {}
+    workers = int(hyper.get("workers") or 1)
+    least = int(hyper.get("min_workers") or workers)
+    per_step, micro = int(hyper.get("batch_size") or 1), int(hyper.get("micro_batch_size") or 1)
+    nodes = tuple(job.plan.get("nodes", [])) if len(job.plan.get("nodes", [])) > 1 else (job.node.name,)
+    return DeviceRequest(device_kind=node_kind(job.node), min_devices=least, max_devices=workers,
+                         priority=priority, spread=len(nodes) > 1, nodes=nodes,
+                         sizes=tuple(n for n in range(least, workers + 1) if per_step % (n * micro) == 0))
+
+
+def _dispatch(*, actor: Actor, job: EnhancementJob, priority: str = PriorityClass.NORMAL) -> EnhancementJob:
     cluster_job = dispatch_job(actor=actor, workspace=job.workspace, kind=RUN_KIND, node=job.node,
-                               payload={"enhancement_job_id": job.pk})
+                               payload={"enhancement_job_id": job.pk}, request=device_request(job, priority))
     job.cluster_job = cluster_job
     job.save(update_fields=["cluster_job"])
     return job
@@ -281,20 +296,22 @@ def _planned_settings(*, base_model: Model, node: Node, method: str, hyperparame
     return hyper, plan
 
 
-def _create_job(*, actor: Actor, workspace: Workspace, kind: str, audit: dict, **fields) -> EnhancementJob:
+def _create_job(*, actor: Actor, workspace: Workspace, kind: str, audit: dict,
+                priority: str = PriorityClass.NORMAL, **fields) -> EnhancementJob:
     with transaction.atomic():
         job = EnhancementJob.objects.create(workspace=workspace, kind=kind, created_by=actor.user, **fields)
         record_audit(actor=actor, workspace=workspace, action=f"enhancement.{kind}", target=job, detail=audit)
-        _dispatch(actor=actor, job=job)
+        _dispatch(actor=actor, job=job, priority=priority)
     return job
 
 
 def create_finetune_job(*, actor: Actor, workspace: Workspace, name: str, base_model: Model, dataset: Dataset,
                         node: Node, method: str = Method.LORA, hyperparameters: dict | None = None,
                         quantizations: list[str] | None = None, more_nodes: list[Node] | None = None,
-                        keep_intermediates: bool = False) -> EnhancementJob:
+                        keep_intermediates: bool = False, priority: str = PriorityClass.NORMAL) -> EnhancementJob:
     """Check the settings, plan the layout on the devices of `node` (and `more_nodes`, to train across them on
-    a Ray cluster), and queue the job on the node's worker, which submits the training."""
+    a Ray cluster), and ask the pool for its devices in the `priority` class; once admitted, the node's worker
+    runs the training."""
     require_role(actor=actor, workspace=workspace, role=Role.DEVELOPER)
     _check_training(workspace=workspace, base_model=base_model, dataset=dataset, method=method)
     hyper, plan = _planned_settings(base_model=base_model, node=node, method=method, hyperparameters=hyperparameters,
@@ -303,7 +320,7 @@ def create_finetune_job(*, actor: Actor, workspace: Workspace, name: str, base_m
     return _create_job(actor=actor, workspace=workspace, kind=JobKind.FINETUNE, name=_unique_name(workspace, name),
                        keep_intermediates=keep_intermediates,
                        base_model=base_model, dataset=dataset, dataset_sha256=dataset.sha256, method=method,
-                       hyperparameters=hyper, quantizations=quantizations, plan=plan, node=node,
+                       hyperparameters=hyper, quantizations=quantizations, plan=plan, node=node, priority=priority,
                        audit={"base_model": base_model.name, "dataset": dataset.name, "method": method})
 
 

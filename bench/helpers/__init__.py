@@ -13,4 +13,5 @@ bench.<name>`, listed in bench/README.md).
   timed (run as a script).
 - gateway_api: the gateway's and apps' public API as OpenAPI (fuzz, spec_corpus).
 - mcp_time_server: a stdio MCP server for tool_overhead (run as a script).
+- pool_trace: a seeded synthetic trace of training jobs for the pool's scheduler (pool_sim).
 """

@@ -54,6 +54,44 @@ class NoTrainingData(ValueError):
     pass
 
 
+# The pool's signal (cluster/scheduling/): the job's worker writes this file; every rank sees it at a step's end
+# (a file crosses nodes, as the run directory must), saves a checkpoint and stops.
+STOP_FILE = "stop"
+# Written once the process has stopped at a checkpoint for the pool: the worker requeues the job, not fails it.
+STOPPED_FILE = "stopped.json"
+
+
+class StoppedAtCheckpoint(Exception):
+    """Training saved a checkpoint and stopped because the pool asked; a rerun resumes from it."""
+
+
+def stop_requested(run_dir: Path) -> bool:
+    return (run_dir / STOP_FILE).exists()
+
+
+def stop_callback(run_dir: Path):
+    """At each step's end, the pool's request to stop: saved as a checkpoint, then training stops. In a
+    distributed run the ranks agree (one collective a step), so none waits on the others' next step."""
+    from transformers import TrainerCallback
+
+    class StopAtCheckpoint(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            requested = stop_requested(run_dir)
+            if args.world_size > 1:
+                import torch
+                import torch.distributed as dist
+
+                flag = torch.tensor([int(requested)])
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                requested = bool(flag.item())
+            if requested:
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+
+    return StopAtCheckpoint()
+
+
 class Run:
     """A job's run directory and spec. Only the writer (the process itself, or rank 0 of a distributed run) writes
     status and metrics."""
@@ -317,6 +355,9 @@ def train(run: Run) -> None:
         distributed.train_on_ray(run, resume, ray_worker)
     else:
         fit(run, resume)
+    if stop_requested(run.dir) and not final_dir(run).exists():
+        checkpoint = latest_complete_checkpoint(checkpoints)
+        raise StoppedAtCheckpoint(f"Stopped at {checkpoint.name if checkpoint else 'the start'} for the pool")
 
 
 def ray_worker(config: dict) -> None:
@@ -393,10 +434,11 @@ def fit(run: Run, resume: Path | None) -> None:
         trainer_class = distilling_trainer(trainer_class, load_base(run.spec, key="teacher_path"),
                                            temperature=run.spec["kd"]["temperature"], alpha=run.spec["kd"]["alpha"])
     callbacks = [metrics_callback(run, steps_hint, tape, losses_on_tape=on_tape)] if run.writer else []
+    callbacks.append(stop_callback(run.dir))
     trainer = trainer_class(model=model, args=args, train_dataset=train_set, eval_dataset=validation_set or None,
                             data_collator=batches.Collator(tokenizer.pad_token_id), callbacks=callbacks)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    if not trainer.is_world_process_zero():
+    if not trainer.is_world_process_zero() or stop_requested(run.dir):
         return
     final = final_dir(run)
     partial = run.dir / f".{final.name}.partial"
@@ -522,6 +564,10 @@ def main(argv: list[str]) -> int:
     except (export.ExportFailed, data.TemplateMismatch, NoTrainingData, distributed.RayMissing,
             pruning.PruneRefused) as exc:
         return failed(run, str(exc))
+    except StoppedAtCheckpoint as exc:
+        write_json_atomic(run.dir / STOPPED_FILE, {"reason": str(exc)})
+        run.status("train", str(exc))
+        return 0
     write_json_atomic(run.dir / "result.json", {"outputs": outputs, "report": report})
     run.status("done", "Finished")
     return 0

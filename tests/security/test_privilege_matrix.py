@@ -238,7 +238,8 @@ PRIVILEGES.update({key: ROWS for key in """
     agent-evaluation-report agent-evaluation-export-gui apps app app-export-gui app-logs app-trace
     workflow-validate workflow-versions workflow-run-list workflow-run-detail workflow-run-events workflow-run-cancel
     workflow-scenarios workflow-delete-scenario workflow-evaluation-detail workflow-evaluation-cancel
-    workflows workflow workflow-delete app-monitoring-gui app-monitoring-data new-app-indexing""".split()})
+    workflows workflow workflow-delete app-monitoring-gui app-monitoring-data new-app-indexing
+    pool quota-list cluster-set-quota""".split()})
 
 
 def test_every_endpoint_is_in_the_privilege_matrix():

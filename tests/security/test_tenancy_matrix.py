@@ -59,6 +59,8 @@ MATRIX: dict[str, object] = {
     "audit-list": LIST,
     # cluster
     "node-list": PUBLIC, "node-detail": PUBLIC, "cluster": OWN,
+    # the pool: one's own jobs and queue (others' counted, never named); quotas by platform administrators only
+    "pool": OWN, "quota-list": PUBLIC, "cluster-set-quota": PUBLIC,
     "job-list": LIST, "job-detail": _pk("job"), "job-cancel": _pk("job"),
     # assets
     "assets": LIST, "assets-import": OWN, "api-asset-import": OWN, "api-instance-key": PUBLIC,
