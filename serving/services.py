@@ -619,11 +619,11 @@ def stop_local_replicas() -> int:
     """Stop every engine process on this node and record it (used by `make stop`, which then stops whatever engine
     `process.launch` recorded that the database did not know of)."""
     stopped = 0
-    for replica in Replica.objects.select_related("deployment").filter(node__name=settings.NODE_NAME,
-                                                                      pid__isnull=False):
+    for replica in Replica.objects.select_related("deployment").filter(node__name=settings.NODE_NAME).filter(
+            Q(pid__isnull=False) | Q(next_restart_at__isnull=False)):
         process.terminate(replica.pid)
-        _set_replica_state(replica, ServingState.STOPPED, log.STOPPED_WITH_PLATFORM(), pid=None)
-        stopped += 1
+        _set_replica_state(replica, ServingState.STOPPED, log.STOPPED_WITH_PLATFORM(), pid=None, next_restart_at=None)
+        stopped += bool(replica.pid)
     return stopped
 
 

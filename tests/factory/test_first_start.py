@@ -53,6 +53,12 @@ def _make(clone: Path, target: str, env: dict, timeout: float) -> subprocess.Com
                           text=True, timeout=timeout)
 
 
+def _manage_shell(clone: Path, env: dict, script: str) -> str:
+    done = subprocess.run([".venv/bin/python", "manage.py", "shell", "-c", script], cwd=clone, env=env,
+                          capture_output=True, text=True, timeout=120, check=True)
+    return done.stdout
+
+
 def _api_key(clone: Path, env: dict) -> str:
     script = ("from django.contrib.auth import get_user_model\n"
               "from accounts.models import Workspace\n"
@@ -60,9 +66,7 @@ def _api_key(clone: Path, env: dict) -> str:
               "user = get_user_model().objects.get(username='admin')\n"
               "workspace = Workspace.objects.filter(memberships__user=user).order_by('id').first()\n"
               "print(create_api_key(actor=Actor(user=user), workspace=workspace, name='first start').secret)\n")
-    done = subprocess.run([".venv/bin/python", "manage.py", "shell", "-c", script], cwd=clone, env=env,
-                          capture_output=True, text=True, timeout=120, check=True)
-    return done.stdout.strip().splitlines()[-1]
+    return _manage_shell(clone, env, script).strip().splitlines()[-1]
 
 
 def test_make_run_on_an_empty_data_dir_serves_every_preset_and_make_stop_leaves_nothing(tmp_path):
@@ -88,6 +92,13 @@ def test_make_run_on_an_empty_data_dir_serves_every_preset_and_make_stop_leaves_
             assert answer.status_code == 200, f"{model}: {answer.text}"
             assert answer.json()["choices"][0]["message"]["content"]
 
+        # A replica whose engine key no configured key decrypts (a key lost or changed) must not keep make stop
+        # from stopping everything.
+        _manage_shell(clone, env, "from cryptography.fernet import Fernet\n"
+                                  "from serving.models import Replica\n"
+                                  "foreign = 'fernet:' + Fernet(Fernet.generate_key()).encrypt(b'x').decode()\n"
+                                  "Replica.objects.filter(pk=Replica.objects.order_by('pk')[0].pk)"
+                                  ".update(api_key=foreign)\n")
         stopped = _make(clone, "stop", env, timeout=180)
         assert stopped.returncode == 0, f"make stop failed:\n{stopped.stdout}\n{stopped.stderr}"
         for name in ("web", "beat", "interactive", "worker", "node", "redis"):
