@@ -621,9 +621,9 @@ def stop_local_replicas() -> int:
     stopped = 0
     for replica in Replica.objects.select_related("deployment").filter(node__name=settings.NODE_NAME).filter(
             Q(pid__isnull=False) | Q(next_restart_at__isnull=False)):
+        stopped += bool(replica.pid)
         process.terminate(replica.pid)
         _set_replica_state(replica, ServingState.STOPPED, log.STOPPED_WITH_PLATFORM(), pid=None, next_restart_at=None)
-        stopped += bool(replica.pid)
     return stopped
 
 

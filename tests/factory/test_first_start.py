@@ -103,6 +103,7 @@ def test_make_run_on_an_empty_data_dir_serves_every_preset_and_make_stop_leaves_
         assert stopped.returncode == 0, f"make stop failed:\n{stopped.stdout}\n{stopped.stderr}"
         for name in ("web", "beat", "interactive", "worker", "node", "redis"):
             assert f"stopping {name}" in stopped.stdout
+        assert "engine process(es) of this node's replicas" in stopped.stdout
         assert _processes_of(data_dir) == []
     finally:
         for line in _processes_of(data_dir):
