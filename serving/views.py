@@ -14,6 +14,7 @@ from accounts.errors import ValidationFailed, error_body
 from accounts.gui import gui_actor, workspace_page
 from accounts.selectors import effective_role
 from cluster.models import Node
+from cluster.scheduling.metrics import PoolCollector
 from serving import selectors, services
 from serving.engines.base import EMBEDDING, engine
 from serving.gateway import Caller, GatewayError, admit, django_response, serve
@@ -46,6 +47,8 @@ def prometheus_metrics(request):
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
+        # Figures read from the database at each scrape belong to no process: added once, beside the sum.
+        registry.register(PoolCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 

@@ -2,18 +2,26 @@
 scrape in web: gauges set in one process would not be seen in the other). Registered with prometheus_client's
 registry when the cluster app loads, so `/metrics` (serving/views.py) serves them with the gateway's."""
 
+import logging
 from collections import Counter
 
+from django.db import DatabaseError
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from cluster.models import WorkloadState
 from cluster.scheduling import selectors
 
+logger = logging.getLogger(__name__)
+
 
 class PoolCollector:
     def collect(self):
-        view = selectors.pool_view(workspace=None, everything=True)
+        try:
+            view = selectors.pool_view(workspace=None, everything=True)
+        except DatabaseError as exc:  # a scrape must not fail whole: the pool's figures are left out this time
+            logger.warning("The pool's metrics could not be read: %s", exc)
+            return
         devices = GaugeMetricFamily("factory_pool_devices", "Pool devices by node, kind and state",
                                     labels=["node", "device_kind", "state"])
         for node in view["nodes"]:
