@@ -25,3 +25,13 @@ GROWING = LogMessage("Growing to %(devices)s devices at the next checkpoint")
 RESTARTING = LogMessage("Checkpointed; restarting on %(devices)s devices")
 REQUEUED = LogMessage("Checkpointed and requeued; resumes when %(devices)s %(kind)s are free")
 WAITING_FOR_DEVICES = LogMessage("Waiting for %(devices)s %(kind)s from the pool (%(priority)s)")
+# Why a workload waits (cluster/scheduling/policy.py), from parts that are messages themselves. The variant with a
+# node too small comes first: the plain one's pattern would match its text too.
+WAITING_NO_NODE_ROOMY = LogMessage("waiting: needs %(devices)s %(kind)s; %(in_use)s; %(borrow)s; no single node has "
+                                   "%(needed)s free; %(place)s")
+WAITING = LogMessage("waiting: needs %(devices)s %(kind)s; %(in_use)s; %(borrow)s; %(place)s")
+QUOTA_IN_USE_BY = LogMessage("%(used)s of %(quota)s %(kind)s in your quota in use by job %(jobs)s")
+QUOTA_IN_USE = LogMessage("%(used)s of %(quota)s %(kind)s in your quota in use")
+BORROWING_LIMIT_REACHED = LogMessage("your borrowing limit of %(limit)s is reached")
+IDLE_TO_BORROW = LogMessage("%(count)s idle to borrow")
+PLACE_IN_QUEUE = LogMessage("number %(place)s in your queue")

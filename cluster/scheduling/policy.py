@@ -1,6 +1,7 @@
 """The pool's scheduling policy: which waiting workloads start, on which devices, and which running ones make room.
 
-Pure: no Django, no clock, no I/O. `schedule()` takes the pool as it stands (capacity by node and device kind, each
+Pure: no database, no clock, no I/O (its reasons are event-log templates, `cluster/log_messages.py`, filled here
+and shown in the reader's language). `schedule()` takes the pool as it stands (capacity by node and device kind, each
 workspace's quota, every unfinished workload) and the time, and returns decisions; the database pass
 (`cluster/scheduling/pool.py`) and the simulation (`bench/pool_sim.py`) apply them, so both run this same code.
 
@@ -29,6 +30,8 @@ The contract, in order of precedence:
 
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+
+from cluster import log_messages as log
 
 PRIORITY_CLASSES = ("low", "normal", "high", "urgent")
 RANK = {name: rank for rank, name in enumerate(PRIORITY_CLASSES)}
@@ -130,11 +133,6 @@ class Decisions:
     nominate: dict[int, tuple[str, ...]] = field(default_factory=dict)
     # Why each waiting workload waits, in the user's words.
     reasons: dict[int, str] = field(default_factory=dict)
-
-
-def ordinal(number: int) -> str:
-    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
-    return f"{number}{suffix}"
 
 
 class _Pool:
@@ -451,17 +449,16 @@ def _reason(pool: _Pool, workload: Workload, place: int) -> str:
     own_idle, borrow_room = pool.quota_room(workload.workspace, kind)
     pool_free = sum(pool.free_on(node, kind) for node in pool.capacity)
     idle = max(0, pool_free - own_idle - pool.kept_by_others(workload.workspace, kind))
-    parts = [f"needs {workload.min_devices} {kind}"]
-    in_use = f"{min(used, quota.nominal)} of {quota.nominal} {kind} in your quota in use"
-    if holders and quota.nominal:
-        in_use += " by " + ", ".join(f"job {h}" for h in holders[:5])
-    parts.append(in_use)
+    shown = min(used, quota.nominal)
+    in_use = (log.QUOTA_IN_USE_BY(used=shown, quota=quota.nominal, kind=kind, jobs=", ".join(map(str, holders[:5])))
+              if holders and quota.nominal else log.QUOTA_IN_USE(used=shown, quota=quota.nominal, kind=kind))
     if quota.borrowing_limit is not None and borrow_room == 0:
-        parts.append(f"your borrowing limit of {quota.borrowing_limit} is reached")
+        borrow = log.BORROWING_LIMIT_REACHED(limit=quota.borrowing_limit)
     else:
-        parts.append(f"{min(idle, borrow_room)} idle to borrow")
+        borrow = log.IDLE_TO_BORROW(count=min(idle, borrow_room))
     roomiest = max((pool.free_on(node, kind) for node in pool.capacity), default=0)
+    place = log.PLACE_IN_QUEUE(place=place)
     if not workload.spread and roomiest < workload.min_devices <= pool_free:
-        parts.append(f"no single node has {workload.min_devices} free")
-    parts.append(f"{ordinal(place)} in your queue")
-    return "waiting: " + "; ".join(parts)
+        return log.WAITING_NO_NODE_ROOMY(devices=workload.min_devices, kind=kind, in_use=in_use, borrow=borrow,
+                                         needed=workload.min_devices, place=place)
+    return log.WAITING(devices=workload.min_devices, kind=kind, in_use=in_use, borrow=borrow, place=place)

@@ -42,8 +42,8 @@ def test_the_reason_names_the_quota_its_users_what_can_be_borrowed_and_the_place
     running = job(41, "A", 2, allocation={"a": 2}, started=0)
     decisions = run([running, job(50, "A", 2, at=5), job(51, "A", 2, at=9)], quotas=quotas)
     assert decisions.reasons[50] == ("waiting: needs 2 cpu-slot; 2 of 2 cpu-slot in your quota in use by job 41; "
-                                     "your borrowing limit of 0 is reached; 1st in your queue")
-    assert decisions.reasons[51].endswith("2nd in your queue")
+                                     "your borrowing limit of 0 is reached; number 1 in your queue")
+    assert decisions.reasons[51].endswith("number 2 in your queue")
 
 
 def test_idle_quota_is_lent_within_the_lending_limit_and_borrowing_within_the_borrowing_limit():
