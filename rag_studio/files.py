@@ -2,7 +2,6 @@
 intermediate stage output, and the indexes."""
 
 import json
-import os
 import uuid
 from pathlib import Path
 
@@ -43,17 +42,6 @@ def index_home() -> dict:
 
 def work_dir(document_id: int) -> Path:
     return settings.DATA_DIR / "rag" / "work" / f"doc-{document_id}"
-
-
-def write_json_atomic(path: Path, value) -> None:
-    """Write beside, fsync, then rename: a worker killed mid-write leaves the previous file whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    with partial.open("w", encoding="utf-8") as out:
-        json.dump(value, out, ensure_ascii=False)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(partial, path)
 
 
 def read_json(path: Path):

@@ -34,6 +34,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
+from accounts.atomic_files import write_json_atomic
 from cluster import leases, queues
 from rag_studio import files, log_messages as log, selectors
 from rag_studio.embedding import Embedder, EmbeddingFailed
@@ -295,7 +296,7 @@ def _load_pages(document: Document, stage: str) -> list[ParsedPage]:
 
 
 def _save_pages(document: Document, stage: str, pages: list[ParsedPage]) -> None:
-    files.write_json_atomic(_pages_path(document, stage), [asdict(page) for page in pages])
+    write_json_atomic(_pages_path(document, stage), [asdict(page) for page in pages])
 
 
 def run_parse(document: Document, worker: str) -> None:
@@ -432,7 +433,7 @@ def _batch_size(document: Document) -> int:
     plan = _embed_plan_path(document)
     if plan.exists():
         return files.read_json(plan)["batch_size"]
-    files.write_json_atomic(plan, {"batch_size": settings.RAG_EMBED_BATCH_SIZE})
+    write_json_atomic(plan, {"batch_size": settings.RAG_EMBED_BATCH_SIZE})
     return settings.RAG_EMBED_BATCH_SIZE
 
 

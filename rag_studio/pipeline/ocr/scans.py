@@ -6,6 +6,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from accounts.atomic_files import write_json_atomic
 from rag_studio import files
 from rag_studio.pipeline.ocr.images import PageImages
 from rag_studio.pipeline.ocr.reading import PageReading, PageTimeout, read_page
@@ -45,7 +46,7 @@ class ScannedPages:
                                             f"(FACTORY_RAG_OCR_PAGE_TIMEOUT_S); a page of text takes seconds, so "
                                             f"this one may hold something else. The pages before it are kept: "
                                             f"raise the limit and retry, or remove the page.")
-        files.write_json_atomic(self._path(number), asdict(reading))
+        write_json_atomic(self._path(number), asdict(reading))
         return reading
 
     def _path(self, number: int) -> Path:
