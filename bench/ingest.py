@@ -116,10 +116,10 @@ class StageMeter:
             (ingestion.STAGES if stage in ingestion.STAGES else ingestion.GROUP_STAGES)[stage] = run
 
     def _timed(self, stage: str, run):
-        def timed(*args):
+        def timed(*args, **options):
             self.current, started = stage, time.perf_counter()
             try:
-                return run(*args)
+                return run(*args, **options)
             finally:
                 elapsed = time.perf_counter() - started
                 self.seconds[stage] += elapsed

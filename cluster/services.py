@@ -10,7 +10,7 @@ from django.utils.translation import gettext as _
 from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role, Workspace
 from accounts.services import Actor, record_audit, require_role
-from cluster import inventory, log_messages as log, queues
+from cluster import cpu_budget, inventory, log_messages as log, queues
 from cluster.jobs import handler_for, job_handler, known_kinds, submittable_kinds
 from cluster.models import FINISHED_JOB_STATES, Device, Job, JobEvent, JobState, Node, NodeStatus, Workload
 from cluster.scheduling import pool
@@ -59,7 +59,17 @@ def _heartbeat_info(resources: inventory.Resources) -> dict:
         "load_average": resources.load_average,
         "gpu_error": resources.gpu_error,
         "llama_cuda": resources.llama_cuda,
+        **_cpu_budget_info(),
     }
+
+
+def _cpu_budget_info() -> dict:
+    """How the node shares its cores (cluster/cpu_budget.py), for its page; a setting it cannot use is shown
+    instead of failing the heartbeat."""
+    try:
+        return {"cpu_budget": cpu_budget.budget().as_dict()}
+    except cpu_budget.BudgetRefused as exc:
+        return {"cpu_budget_error": str(exc)}
 
 
 def record_heartbeat(*, name: str, resources: inventory.Resources) -> Node:

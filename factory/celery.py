@@ -17,12 +17,13 @@ visibility_timeout, so Redis never hands a running task to a second worker.
 import os
 
 from celery import Celery
+from celery.signals import worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "factory.settings")
 
 from django.conf import settings  # noqa: E402  (after DJANGO_SETTINGS_MODULE)
 
-from cluster import queues  # noqa: E402
+from cluster import cpu_budget, queues  # noqa: E402
 
 app = Celery("factory")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -71,3 +72,12 @@ app.conf.beat_schedule = {
     "cluster-sweep-overdue-jobs": {"task": "cluster.tasks.sweep_overdue_jobs",
                                    "schedule": settings.CLUSTER_JOB_SWEEP_INTERVAL_S},
 }
+
+
+@worker_init.connect
+def _yield_when_background(**_) -> None:
+    """The ingestion and interactive workers (scripts/proc.sh) are background work their whole life: their pool
+    processes, forked after this, inherit the nice value and batch scheduling, so engines serving chats come first
+    on the node's cores. The node worker is not: the engines it starts would inherit them."""
+    if cpu_budget.is_background_process():
+        cpu_budget.yield_to_interactive()

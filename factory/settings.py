@@ -45,6 +45,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from accounts import redis_connections
 from accounts.atomic_files import made_once
+from cluster import cpu_budget
 from enhancement.training import LOGGERS_QUIET_ON_CPU
 
 # Before torch is first imported by any process of the platform (and inherited by the engines it starts): OpenMP
@@ -320,12 +321,17 @@ POOL_PROMOTE_S = float(os.environ.get("FACTORY_POOL_PROMOTE_S", "14400"))
 POOL_CPU_SLOTS = int(os.environ.get("FACTORY_POOL_CPU_SLOTS", "0"))
 RAG_EMBED_BATCH_SIZE = int(os.environ.get("FACTORY_RAG_EMBED_BATCH_SIZE", "32"))
 RAG_EMBED_CONCURRENCY = int(os.environ.get("FACTORY_RAG_EMBED_CONCURRENCY", "2"))
-TORCH_THREADS = int(os.environ.get("FACTORY_TORCH_THREADS") or RAG_EMBED_CONCURRENCY)
+# A background process (cluster/cpu_budget.py) computes on the threads the node's engines leave it.
+TORCH_THREADS = int(os.environ.get("FACTORY_TORCH_THREADS") or (
+    cpu_budget.budget().background_threads if cpu_budget.is_background_process() else RAG_EMBED_CONCURRENCY))
 # Queued documents of one knowledge base that a worker ingests together (embedded in shared model calls, indexed in
 # one write); while other workspaces' documents wait, a group holds RAG_INGEST_SHARED_GROUP_DOCS, so their turn
 # comes soon (rag_studio/pipeline/line.py).
 RAG_INGEST_GROUP_DOCS = int(os.environ.get("FACTORY_RAG_INGEST_GROUP_DOCS", "32"))
 RAG_INGEST_SHARED_GROUP_DOCS = int(os.environ.get("FACTORY_RAG_INGEST_SHARED_GROUP_DOCS", "4"))
+# A worker's turn in the line lasts about this long: past it, while another workspace's documents wait, it finishes
+# the documents in hand and hands the rest of its group back (rag_studio/pipeline/line.py's Turn).
+RAG_INGEST_TURN_S = float(os.environ.get("FACTORY_RAG_INGEST_TURN_S", "10"))
 # A knowledge base that finishes indexing has its default retrieval settings measured on questions drawn from its own
 # text, and the winner adopted where it beats the fixed default (rag_studio/evals/adaptive.py); "off" leaves every
 # knowledge base on the fixed default until someone tunes it.

@@ -19,4 +19,6 @@ OCR_READ = LogMessage("OCR read %(count)s page(s) without a usable text layer")
 OCR_LOW_CONFIDENCE = LogMessage("Low-confidence OCR on page(s) %(pages)s")
 OCR_TURN = LogMessage("OCR read %(done)s of %(pages)s page(s) in this turn; back in line so that other documents "
                       "get a worker")
+GROUP_TURN = LogMessage("Back in line at the %(stage)s stage: this worker's turn ended so that another workspace's "
+                        "documents could start")
 CANCELLED = LogMessage("Cancelled by %(user)s")

@@ -24,11 +24,15 @@ case "${1:-}" in
     # Bulk ingestion (queue ingest), in the fair order of the ingestion line. A parse that takes every one of these
     # processes never delays this machine's replica jobs or heartbeats, nor anyone's evaluation: those have the
     # node and interactive workers to themselves. FACTORY_RAG_INGEST_SLOTS counts these processes in the pool.
+    # Background work: it yields the cores to the engines serving chats (cluster/cpu_budget.py).
+    export FACTORY_WORK_KIND=background
     exec celery -A factory worker --queues ingest \
       --hostname "worker@$FACTORY_NODE_NAME" --concurrency "${FACTORY_WORKER_CONCURRENCY:-2}" --loglevel INFO ;;
   interactive)
     # The short work a person waits for (eval runs and sets, tuning, calibration, agent evaluations): capacity of
-    # its own, so it starts within seconds however much ingestion is queued.
+    # its own, so it starts within seconds however much ingestion is queued. Background work too: a person waits
+    # for it, but never as closely as for a chat's next token.
+    export FACTORY_WORK_KIND=background
     exec celery -A factory worker --queues interactive --hostname "interactive@$FACTORY_NODE_NAME" \
       --concurrency "${FACTORY_INTERACTIVE_CONCURRENCY:-1}" --loglevel INFO ;;
   node)

@@ -27,17 +27,6 @@ def own_or_shared(workspace) -> Q:
     return Q(workspace=workspace) | Q(workspace__isnull=True)
 
 
-def spare_cores(*, replica: Replica) -> int | None:
-    """The cores of the replica's node that the node's other engines, starting or serving, do not claim with their
-    threads (None for a node whose cores were never counted)."""
-    if not replica.node.cpu_cores:
-        return None
-    others = Replica.objects.filter(node_id=replica.node_id, state__in=(ServingState.STARTING, ServingState.READY)) \
-        .exclude(pk=replica.pk).select_related("deployment")
-    claimed = sum(engine(other.deployment.engine).cpu_threads(other.deployment.settings) for other in others)
-    return max(0, replica.node.cpu_cores - claimed)
-
-
 def models_visible_to(*, workspace) -> QuerySet[Model]:
     return Model.objects.filter(own_or_shared(workspace))
 

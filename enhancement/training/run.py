@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from accounts.atomic_files import write_json_atomic
+from cluster import cpu_budget
 from enhancement.training import LOGGERS_QUIET_ON_CPU, batches, data
 from enhancement.training.bases import base_location, load_base
 
@@ -525,6 +526,8 @@ def main(argv: list[str]) -> int:
         return LOCKED_EXIT
     run = Run(run_dir)
     (run_dir / "error.json").unlink(missing_ok=True)
+    # Training is background work: engines serving chats on this node come first (cluster/cpu_budget.py).
+    cpu_budget.yield_to_interactive()
     # Before torch, transformers or peft are imported: a node with other versions learns it in one line.
     try:
         versions.check()

@@ -23,6 +23,7 @@ entry, so however often the last stage runs, each chunk is in the index exactly 
 import logging
 import time
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -161,7 +162,7 @@ def ingest(document_id: int, worker: str, *, group: int | None = None) -> str:
         group = [document, *_claim_companions(document, worker, (group or settings.RAG_INGEST_GROUP_DOCS) - 1)]
         started = time.monotonic()
         try:
-            _run_group(group, worker)
+            _run_group(group, worker, line.Turn(document.knowledge_base.workspace_id))
             line.record_document_seconds((time.monotonic() - started) / len(group))
         except SoftTimeLimitExceeded:
             _release(group, worker, log.TIME_LIMIT(seconds=f"{settings.RAG_INGEST_TIME_LIMIT_S:.0f}"))
@@ -169,11 +170,18 @@ def ingest(document_id: int, worker: str, *, group: int | None = None) -> str:
     return Document.objects.filter(pk=document_id).values_list("status", flat=True).first() or "deleted"
 
 
-def _run_group(group: list[Document], worker: str) -> None:
-    pending = [member for member in group if _guarded([member], worker, _prepare)]
+def _run_group(group: list[Document], worker: str, turn: line.Turn) -> None:
+    pending = []
+    for position, member in enumerate(group):
+        if pending and turn.over():
+            _hand_back(group[position:], worker)
+            break
+        if _guarded([member], worker, _prepare):
+            pending.append(member)
     # A document whose saved vectors turn out to be missing at the index stage goes back to embed, once.
     for _ in range(2):
-        _guarded([d for d in pending if d.stage == Stage.EMBED], worker, GROUP_STAGES[Stage.EMBED])
+        _guarded([d for d in pending if d.stage == Stage.EMBED], worker,
+                 lambda documents, owner: GROUP_STAGES[Stage.EMBED](documents, owner, turn=turn))
         _guarded([d for d in pending if d.stage == Stage.INDEX], worker, GROUP_STAGES[Stage.INDEX])
         pending = [d for d in _held(pending, worker) if d.stage == Stage.EMBED]
         if not pending:
@@ -188,6 +196,19 @@ def _release(documents: list[Document], worker: str, message: str) -> None:
         if released.filter(pk=document.pk).exists():
             _event(document, worker, message)
     released.update(lease_until=timezone.now())
+
+
+def _hand_back(documents: list[Document], worker: str) -> None:
+    """The worker's turn ended (line.Turn): the documents wait in line again from the stage they reached, keeping
+    what they saved, and this turn's claim does not count as an attempt."""
+    now = timezone.now()
+    handed = Document.objects.filter(pk__in=[d.pk for d in documents], lease_owner=worker,
+                                     status=DocumentStatus.PROCESSING)
+    started = list(handed.exclude(stage=Stage.PARSE).values_list("pk", "stage"))
+    handed.update(status=DocumentStatus.QUEUED, lease_owner="", lease_until=None, attempts=F("attempts") - 1,
+                  dispatched_at=now, updated_at=now)
+    DocumentEvent.objects.bulk_create([DocumentEvent(document_id=pk, stage=stage, worker=worker,
+                                                     message=log.GROUP_TURN(stage=stage)) for pk, stage in started])
 
 
 def _claim_companions(document: Document, worker: str, count: int) -> list[Document]:
@@ -454,9 +475,11 @@ class _Piece:
     texts: list[str]
 
 
-def embed_documents(documents: list[Document], worker: str) -> None:
+def embed_documents(documents: list[Document], worker: str, *, turn: line.Turn | None = None) -> None:
     """Embed the documents' unsaved batches, several documents' batches per model call. The knowledge base's
-    first embedding settles its model first (embedding_choice): every worker embeds with the model decided then."""
+    first embedding settles its model first (embedding_choice): every worker embeds with the model decided then.
+    Once the worker's `turn` is over, the documents it has not started embedding go back in line (at least one
+    document is finished in every turn)."""
     kb = choose_before_embedding(documents[0].knowledge_base_id)
     for document in documents:
         document.knowledge_base = kb
@@ -473,16 +496,25 @@ def embed_documents(documents: list[Document], worker: str) -> None:
         batch_counts[document.pk], done[document.pk] = len(batches), len(batches) - len(todo)
     embedder = Embedder.for_knowledge_base(kb)
     span = PROGRESS_AT[Stage.INDEX] - PROGRESS_AT[Stage.EMBED]
-    held = list(documents)
+    held, started, left = list(documents), set(), Counter(piece.document.pk for piece in pieces)
     for call in _calls(pieces, settings.RAG_EMBED_BATCH_SIZE * EMBED_CALL_BATCHES):
+        if turn is not None and held and turn.over():
+            in_hand = started or {held[0].pk}
+            leaving = [d for d in held if left[d.pk] and d.pk not in in_hand]
+            _hand_back(leaving, worker)
+            held = [d for d in held if d not in leaving]
         call = [piece for piece in call if piece.document in held]
+        if not call:
+            continue
         vectors = embedder.embed_many([text for piece in call for text in piece.texts])
         offset = 0
         for piece in call:
             _save_vectors(_batch_path(piece.document, piece.index), vectors[offset:offset + len(piece.texts)])
             offset += len(piece.texts)
             done[piece.document.pk] += 1
+            left[piece.document.pk] -= 1
         embedded = {piece.document.pk for piece in call}
+        started |= embedded
         held = [document for document in held if document.pk not in embedded or _advanced(
             document, worker,
             progress=PROGRESS_AT[Stage.EMBED] + span * done[document.pk] // max(1, batch_counts[document.pk]))]

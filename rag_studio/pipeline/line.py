@@ -90,6 +90,25 @@ def next_pick() -> Pick | None:
                 group=settings.RAG_INGEST_SHARED_GROUP_DOCS if shared else settings.RAG_INGEST_GROUP_DOCS)
 
 
+def others_waiting(workspace_id: int) -> bool:
+    """Another workspace has a document a worker could take now."""
+    return takeable().exclude(knowledge_base__workspace_id=workspace_id).exists()
+
+
+class Turn:
+    """A worker's turn in the line is about RAG_INGEST_TURN_S of work, not a count of documents: past it, while
+    another workspace's documents wait, the worker finishes the documents in hand and hands the rest of its group
+    back, so a small document from someone else starts within seconds of a slot, however slow the box or large the
+    bulk upload ahead of it."""
+
+    def __init__(self, workspace_id: int):
+        self.workspace_id = workspace_id
+        self.ends = time.monotonic() + settings.RAG_INGEST_TURN_S
+
+    def over(self) -> bool:
+        return time.monotonic() >= self.ends and others_waiting(self.workspace_id)
+
+
 def mark_served(pick: Pick) -> None:
     now = time.time()
     queues.broker().hset(SERVED, mapping={f"w:{pick.workspace_id}": now, f"kb:{pick.knowledge_base_id}": now})
@@ -113,30 +132,39 @@ class Snapshot:
     list page or the GUI's poll asks for every queued document's."""
 
     def __init__(self):
-        waiting = ready().filter(status=DocumentStatus.QUEUED).values_list("knowledge_base__workspace_id", "pk")
-        self._queued: dict[int, list[int]] = {}
-        for workspace_id, pk in waiting.order_by("pk"):
-            self._queued.setdefault(workspace_id, []).append(pk)
+        waiting = ready().filter(status=DocumentStatus.QUEUED).values_list(
+            "knowledge_base__workspace_id", "knowledge_base_id", "pk")
+        # Per workspace, per knowledge base, its queued documents, oldest first.
+        self._queued: dict[int, dict[int, list[int]]] = {}
+        for workspace_id, kb_id, pk in waiting.order_by("pk"):
+            self._queued.setdefault(workspace_id, {}).setdefault(kb_id, []).append(pk)
         self._resumable = ready().filter(status=DocumentStatus.PROCESSING).count()
-        # A slot frees only when its whole group is done: the documents in flight come before any waiting one.
-        self._in_flight = in_flight().count()
+        # A slot frees only when its whole group is done: what is left of the documents in flight comes before
+        # any waiting one, and shrinks as their stages finish, so the estimate counts down while they run.
+        self._in_flight = sum(100 - progress for progress in in_flight().values_list("progress", flat=True)) / 100
         self._at_limit = _workspaces_at_limit()
         self._slots = max(settings.RAG_INGEST_SLOTS, 1)
         self._seconds = queues.typical_seconds(DOCUMENT_SECONDS, DEFAULT_DOCUMENT_S)
 
     def place(self, document_id: int, workspace_id: int) -> queues.Place | None:
         """Where a queued document stands: roughly the ready documents fair order takes before it (the documents
-        resumed first, its own workspace's older ones, and a turn of every other waiting workspace for each), and
-        when it may start at the pace measured lately. None for a document not waiting."""
-        own = self._queued.get(workspace_id, [])
-        index = bisect.bisect_left(own, document_id)
-        if index == len(own) or own[index] != document_id:
+        resumed first; in its workspace, its knowledge base's older ones and a turn of each of the workspace's
+        other knowledge bases for each; then a turn of every other waiting workspace for each document of its own
+        ahead), and when it may start at the pace measured lately. None for a document not waiting."""
+        kbs = self._queued.get(workspace_id, {})
+        for kb_id, pks in kbs.items():
+            index = bisect.bisect_left(pks, document_id)
+            if index < len(pks) and pks[index] == document_id:
+                break
+        else:
             return None
-        others = sum(min(len(pks), index + 1) for other, pks in self._queued.items() if other != workspace_id)
-        ahead = self._resumable + index + others
+        own = index + sum(min(len(others), index + 1) for other, others in kbs.items() if other != kb_id)
+        others = sum(min(sum(map(len, other_kbs.values())), own + 1)
+                     for other, other_kbs in self._queued.items() if other != workspace_id)
+        ahead = self._resumable + own + others
         limit = settings.RAG_WORKSPACE_MAX_IN_FLIGHT
         reason = (_("your workspace's limit of %(limit)s documents in flight is reached") % {"limit": limit}
                   if workspace_id in self._at_limit else _("waiting for the ingestion workers"))
         seconds = (ahead + self._in_flight) / self._slots * self._seconds
-        return queues.Place(position=ahead + 1, ahead_in_your_workspace=index, estimated_start_s=round(seconds, 1),
+        return queues.Place(position=ahead + 1, ahead_in_your_workspace=own, estimated_start_s=round(seconds, 1),
                             reason=reason)

@@ -64,14 +64,21 @@ class EngineAdapter:
     def capabilities(self, model) -> set[str]:
         raise NotImplementedError
 
-    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen,
-                    spare_cores: int | None = None) -> LaunchSpec:
-        """`spare_cores`: the node's cores that its other running engines do not claim (None: not known)."""
+    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen, cpus: tuple[int, ...] = (),
+                    cores_shared: bool = False) -> LaunchSpec:
+        """`cpus`: the cores the replica is pinned to (none: not pinned); `cores_shared`: another engine of the node
+        is pinned to some of them too."""
         raise NotImplementedError
 
     def cpu_threads(self, settings: dict) -> int:
-        """The CPU threads a replica with `settings` computes on (0: it computes elsewhere, on a GPU)."""
+        """The CPU threads a replica with `settings` computes on (0: it computes elsewhere, on a GPU): the
+        deployment's `threads`, else the node's default for an engine (cluster/cpu_budget.py)."""
         return 0
+
+    def threads_on(self, settings: dict, cpus: tuple[int, ...]) -> int:
+        """The replica's threads on the cores it is pinned to: never more threads than cores."""
+        threads = self.cpu_threads(settings)
+        return min(threads, len(cpus)) if cpus else threads
 
     def context_length(self, *, model, settings: dict) -> int | None:
         return settings.get("context_length") or model.context_length

@@ -1,5 +1,6 @@
 import sys
 
+from cluster import cpu_budget
 from serving.engines.base import EMBEDDING, EngineAdapter, EngineRefused, LaunchSpec, Listen, register_engine
 
 
@@ -18,8 +19,8 @@ class EmbeddingEngine(EngineAdapter):
     def capabilities(self, model) -> set[str]:
         return {EMBEDDING}
 
-    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen,
-                    spare_cores: int | None = None) -> LaunchSpec:
+    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen, cpus: tuple[int, ...] = (),
+                    cores_shared: bool = False) -> LaunchSpec:
         argv = [
             sys.executable, "-m", "serving.engines.embedding_server",
             "--model", model.path,
@@ -27,10 +28,10 @@ class EmbeddingEngine(EngineAdapter):
             "--host", listen.host,
             "--port", str(listen.port),
             "--api-key-file", str(listen.key_file),
-            "--threads", str(self.cpu_threads(settings)),
+            "--threads", str(self.threads_on(settings, cpus)),
             "--max-batch-size", str(settings.get("max_batch_size") or 64),
         ]
         return LaunchSpec(argv=argv, health_path="/health")
 
     def cpu_threads(self, settings: dict) -> int:
-        return settings.get("threads") or 2
+        return settings.get("threads") or cpu_budget.budget().engine_threads

@@ -26,6 +26,7 @@ from django.conf import settings as django_settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from accounts.atomic_files import made_once
+from cluster import cpu_budget
 from serving.engines.base import (
     CHAT,
     COMPLETION,
@@ -42,6 +43,9 @@ from serving.gguf_info import InvalidModelFile, read_gguf
 DEFAULT_CONTEXT = 4096
 # Slots beyond about two per core add queueing inside the engine rather than throughput (bench/engine_concurrency).
 SLOTS_PER_THREAD = 2
+# A replica given one core still takes four streams at once: a fifth person's first token would otherwise wait for
+# a whole answer, where batching them costs each stream little on a small model.
+MIN_SLOT_THREADS = 2
 MAX_DEFAULT_SLOTS = 8
 MAX_SLOTS = 64
 # The default slot count never sizes a KV cache past this many tokens in all.
@@ -202,14 +206,14 @@ class LlamaCppEngine(EngineAdapter):
             if kv_bytes_per_token:
                 slots = min(slots, int(min(rooms) // (kv_bytes_per_token * context)))
             return max(1, slots)
-        by_threads = SLOTS_PER_THREAD * self.cpu_threads(settings)
+        by_threads = SLOTS_PER_THREAD * max(self.cpu_threads(settings), MIN_SLOT_THREADS)
         by_memory = DEFAULT_KV_BUDGET_TOKENS // context
         return max(1, min(by_threads, by_memory, MAX_DEFAULT_SLOTS))
 
-    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen,
-                    spare_cores: int | None = None) -> LaunchSpec:
+    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen, cpus: tuple[int, ...] = (),
+                    cores_shared: bool = False) -> LaunchSpec:
         context, slots = self.context_length(model=model, settings=settings), self.slots(model=model, settings=settings)
-        threads = self.cpu_threads(settings)
+        threads = self.threads_on(settings, cpus)
         argv = [
             server_binary(),
             "--model", model.path,
@@ -245,21 +249,21 @@ class LlamaCppEngine(EngineAdapter):
         if settings.get("draft_model_id") is not None:
             # Speculative decoding: llama-server uses a draft model only with the type named.
             argv += ["--model-draft", self._draft(model, settings).path, "--spec-type", "draft-simple"]
-        return LaunchSpec(argv=argv, env=self._wait_policy(threads, spare_cores), health_path="/health",
+        return LaunchSpec(argv=argv, env=self._wait_policy(cores_shared), health_path="/health",
                           start_timeout_s=180.0)
 
     def cpu_threads(self, settings: dict) -> int:
-        return settings.get("threads") or 2
+        return settings.get("threads") or cpu_budget.budget().engine_threads
 
     @staticmethod
-    def _wait_policy(threads: int, spare_cores: int | None) -> dict[str, str | None]:
+    def _wait_policy(cores_shared: bool) -> dict[str, str | None]:
         """The platform's processes make OpenMP threads sleep when idle (factory/settings.py). A replica whose
         threads have cores to themselves must not: its decode threads idle between every token, and waking them
         made SmolLM2's TPOT 1.5-2.5x slower on 2 cores (17 ms against 11 ms). OpenMP's default, a short spin, is
         fastest there. But two spinning replicas sharing cores spin against each other's descheduled threads in
         ggml's barriers: 4 concurrent streams of 48 tokens over two such replicas on 2 cores took 137 s, against
         1.9 s when they sleep and 2.5 s when only the first spins."""
-        if spare_cores is not None and threads > spare_cores:
+        if cores_shared:
             return {}
         return {"OMP_WAIT_POLICY": None}
 

@@ -7,6 +7,7 @@ which differs for any other process holding the number later) beside the engine 
 process only when it is still the one that was launched.
 """
 
+import fcntl
 import json
 import os
 import signal
@@ -14,17 +15,21 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import psutil
 from django.conf import settings
 
+# The engine is pinned to its CPUs before it execs, so that every thread it starts inherits them.
 LAUNCHER = (
-    "import json, subprocess, sys\n"
-    "argv, log, env = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])\n"
+    "import json, os, subprocess, sys\n"
+    "argv, log, env, cpus = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])\n"
+    "pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None\n"
     "process = subprocess.Popen(argv, stdout=open(log, 'ab'), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,\n"
-    "                           start_new_session=True, env=env)\n"
+    "                           start_new_session=True, env=env, preexec_fn=pin)\n"
     "print(process.pid)\n"
 )
 
@@ -59,11 +64,13 @@ def write_key_file(path: Path, key: str) -> Path:
     return path
 
 
-def launch(argv: list[str], *, log_path: Path, env: dict[str, str | None] | None = None) -> int:
+def launch(argv: list[str], *, log_path: Path, env: dict[str, str | None] | None = None,
+           cpus: tuple[int, ...] = ()) -> int:
+    """Start the engine in a session of its own, pinned to `cpus` (none: wherever the scheduler puts it)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {name: value for name, value in {**os.environ, **(env or {})}.items() if value is not None}
-    done = subprocess.run([sys.executable, "-c", LAUNCHER, json.dumps(argv), str(log_path), json.dumps(full_env)],
-                          capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run([sys.executable, "-c", LAUNCHER, json.dumps(argv), str(log_path), json.dumps(full_env),
+                           json.dumps(list(cpus))], capture_output=True, text=True, timeout=60, check=True)
     pid = int(done.stdout.strip())
     started = _start_time(pid)
     if started is not None:
@@ -74,6 +81,33 @@ def launch(argv: list[str], *, log_path: Path, env: dict[str, str | None] | None
 
 def _launched_dir() -> Path:
     return Path(settings.DATA_DIR) / "engines" / "launched"
+
+
+@contextmanager
+def core_assignment() -> Iterator[list[set[int]]]:
+    """Held while a replica's cores are chosen and its engine launched: the CPUs of every engine launched from this
+    data dir that still runs. Two starts on one node (make run starts both presets at once) take turns here, so
+    the second sees the first's cores."""
+    _launched_dir().mkdir(parents=True, exist_ok=True)
+    with open(_launched_dir().parent / "cores.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield [cpus for cpus in map(_cpus_of, _launched_pids()) if cpus]
+
+
+def _cpus_of(pid: int) -> set[int]:
+    try:
+        return set(psutil.Process(pid).cpu_affinity())
+    except psutil.Error:  # it ended meanwhile
+        return set()
+
+
+def _launched_pids() -> list[int]:
+    pids = []
+    for record in sorted(_launched_dir().glob("[0-9]*")):
+        pid = int(record.name)
+        if is_alive(pid) and launched_here(pid):
+            pids.append(pid)
+    return pids
 
 
 def _start_time(pid: int) -> float | None:
@@ -130,14 +164,11 @@ def terminate(pid: int | None, *, grace_s: float = 10.0) -> None:
 def terminate_launched() -> list[int]:
     """Stop every engine `launch` started from this data dir that still runs, whatever the database says of it
     (`make stop` needs neither the database nor a readable secret): the PIDs of those stopped."""
-    stopped = []
-    for record in sorted(_launched_dir().glob("[0-9]*")):
-        pid = int(record.name)
-        if is_alive(pid) and launched_here(pid):
-            terminate(pid)
-            stopped.append(pid)
-        else:
-            record.unlink(missing_ok=True)
+    stopped = _launched_pids()
+    for pid in stopped:
+        terminate(pid)
+    for record in _launched_dir().glob("[0-9]*"):
+        record.unlink(missing_ok=True)
     return stopped
 
 

@@ -90,8 +90,8 @@ class VllmEngine(EngineAdapter):
     def capabilities(self, model) -> set[str]:
         return {CHAT, COMPLETION} if model.supports_chat else {COMPLETION}
 
-    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen,
-                    spare_cores: int | None = None) -> LaunchSpec:
+    def launch_spec(self, *, model, settings: dict, served_name: str, listen: Listen, cpus: tuple[int, ...] = (),
+                    cores_shared: bool = False) -> LaunchSpec:
         argv = [
             "vllm", "serve", model.path,
             "--served-model-name", served_name,

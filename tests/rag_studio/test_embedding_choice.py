@@ -121,11 +121,11 @@ def test_two_documents_of_a_new_base_ingested_at_once_agree_on_one_model(acme, a
     embed = ingestion.GROUP_STAGES[Stage.EMBED]
     both_ready = threading.Barrier(2, timeout=60)
 
-    def embed_when_both_are_ready(documents, worker):
+    def embed_when_both_are_ready(documents, worker, **options):
         # Each worker loaded the knowledge base (still on the provisional default) before either embeds.
         assert documents[0].knowledge_base.embedding_model.name == MINILM
         both_ready.wait()
-        embed(documents, worker)
+        embed(documents, worker, **options)
 
     monkeypatch.setitem(ingestion.GROUP_STAGES, Stage.EMBED, embed_when_both_are_ready)
     outcomes = {}

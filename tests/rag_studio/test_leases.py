@@ -76,8 +76,8 @@ def test_a_document_whose_saved_vectors_vanished_is_embedded_again_not_failed(ac
     outcome, = services.upload_documents(actor=ann, kb=kb, uploads=[sample("northwind-support-faq.md")])
     embed = ingestion.GROUP_STAGES[Stage.EMBED]
 
-    def embed_then_lose_the_vectors(documents, worker):
-        embed(documents, worker)
+    def embed_then_lose_the_vectors(documents, worker, **options):
+        embed(documents, worker, **options)
         if not Document.objects.filter(pk=outcome.document.pk, events__message__contains="embedding again"):
             for path in files.work_dir(outcome.document.pk).glob("vectors-*.npy"):
                 path.unlink()  # another worker's clean-up, a disk clean-up: gone before the index stage
@@ -132,7 +132,7 @@ def test_a_task_stopped_at_its_time_limit_resumes_where_it_stopped(acme, ann, mo
     outcome, = services.upload_documents(actor=ann, kb=kb, uploads=[sample("northwind-support-faq.md")])
     embed = ingestion.GROUP_STAGES[Stage.EMBED]
 
-    def out_of_time(documents, worker):
+    def out_of_time(documents, worker, **options):
         raise SoftTimeLimitExceeded()  # what Celery raises in the task at its soft time limit
 
     monkeypatch.setitem(ingestion.GROUP_STAGES, Stage.EMBED, out_of_time)

@@ -160,3 +160,83 @@ def test_a_line_message_ingests_the_next_group_in_fair_order(two_teams, settings
     assert ingestion.ingest_next("worker@n/1/t2") == DocumentStatus.INDEXED
     assert Document.objects.get(pk=two_teams["globex_first"].pk).status == DocumentStatus.INDEXED
     assert queues.typical_seconds(line.DOCUMENT_SECONDS, 0.0) > 0
+
+
+def test_a_turn_in_the_line_is_sized_by_time_so_another_workspaces_document_starts_next(two_teams, settings):
+    """Issue 49: a worker holding a group of a bulk upload hands the rest back once its turn's time is up while
+    someone else's document waits, finishing the document in hand; alone, it keeps its whole group."""
+    settings.RAG_INGEST_TURN_S, settings.RAG_INGEST_SHARED_GROUP_DOCS = 0, 6
+    manuals = Document.objects.filter(knowledge_base=two_teams["manuals"]).order_by("pk")
+    first = manuals.first()
+    assert ingestion.ingest_next("worker@n/1/t1") == DocumentStatus.INDEXED
+    assert list(manuals.values_list("status", flat=True)) == [DocumentStatus.INDEXED] + [DocumentStatus.QUEUED] * 11
+    # Handed back untouched: the claim was not an attempt, and nothing says it started.
+    assert set(manuals.exclude(pk=first.pk).values_list("attempts", "lease_owner")) == {(0, "")}
+    assert line.next_pick().workspace_id == two_teams["globex"].pk
+
+    services.delete_knowledge_base(actor=two_teams["bob"], kb=two_teams["notes"])
+    second = manuals.filter(status=DocumentStatus.QUEUED).first()
+    assert ingestion.ingest(second.pk, "worker@n/1/t2", group=6) == DocumentStatus.INDEXED
+    assert manuals.filter(status=DocumentStatus.INDEXED).count() == 7
+
+
+def test_a_turn_that_ends_while_embedding_hands_back_the_documents_not_started_at_their_stage(
+        two_teams, settings, monkeypatch):
+    settings.RAG_INGEST_TURN_S = 0
+    settings.RAG_EMBED_BATCH_SIZE = 1
+    monkeypatch.setattr(ingestion, "EMBED_CALL_BATCHES", 1)  # a model call per document: the turn is checked between
+    waiting = Document.objects.filter(pk=two_teams["globex_first"].pk)
+    waiting.update(status=DocumentStatus.PROCESSING, lease_owner="elsewhere",
+                   lease_until=timezone.now() + timedelta(minutes=5))
+    embed = ingestion.GROUP_STAGES[ingestion.Stage.EMBED]
+
+    def embed_once_globex_waits(documents, worker, **options):
+        waiting.update(status=DocumentStatus.QUEUED, lease_owner="", lease_until=None)  # its upload arrives now
+        embed(documents, worker, **options)
+
+    monkeypatch.setitem(ingestion.GROUP_STAGES, ingestion.Stage.EMBED, embed_once_globex_waits)
+    manuals = Document.objects.filter(knowledge_base=two_teams["manuals"]).order_by("pk")
+    settings.RAG_INGEST_GROUP_DOCS = 4
+    assert ingestion.ingest_next("worker@n/1/t1") == DocumentStatus.INDEXED
+    rows = list(manuals.values_list("status", "stage"))
+    assert rows[:4] == [(DocumentStatus.INDEXED, ingestion.Stage.DONE)] + [
+        (DocumentStatus.QUEUED, ingestion.Stage.EMBED)] * 3
+    handed_back = manuals[1]
+    assert handed_back.events.filter(message__contains="turn ended").exists()
+    # Its turn comes again after Globex's: it goes on from its chunks, and nothing is indexed twice.
+    assert line.next_pick().workspace_id == two_teams["globex"].pk
+    monkeypatch.setitem(ingestion.GROUP_STAGES, ingestion.Stage.EMBED, embed)
+    assert ingestion.ingest(handed_back.pk, "worker@n/1/t2", group=1) == DocumentStatus.INDEXED
+    assert Document.objects.get(pk=handed_back.pk).chunk_count == handed_back.chunk_count
+
+
+def test_a_new_knowledge_bases_document_waits_one_turn_not_behind_the_whole_upload_and_the_poll_follows_it(
+        two_teams, settings):
+    """Issue 48: a 1 KB file in a new knowledge base said "#44 in line · 43 of yours ahead" behind the workspace's
+    bulk upload to another one, though the knowledge bases take turns; and the figures the page polls did not move
+    while the documents ahead were being ingested."""
+    settings.RAG_INGEST_SLOTS = 2
+    ann, acme = two_teams["ann"], two_teams["acme"]
+    faq = services.create_knowledge_base(actor=ann, workspace=acme, name="FAQ")
+    services.upload_documents(actor=ann, kb=faq, uploads=_files("faq", 1))
+    gui = Client()
+    gui.login(username="ann", password="correct-horse-battery")
+
+    def place() -> dict:
+        [document] = gui.get(f"/rag/kb/{faq.pk}/progress/").json()["documents"]
+        return document["queue"]
+
+    # One turn of Manuals (twelve queued) and one of Globex come first: third, not fourteenth.
+    assert (place()["position"], place()["ahead_in_your_workspace"]) == (3, 1)
+    assert place()["estimated_start_s"] == 5.0  # two documents ahead, two slots, 5 s a document
+    # Four Manuals documents go in flight: the wait grows by what is left of them, and shrinks as their stages end.
+    taken = Document.objects.filter(knowledge_base=two_teams["manuals"]).order_by("pk")[:4]
+    Document.objects.filter(pk__in=[d.pk for d in taken]).update(
+        status=DocumentStatus.PROCESSING, lease_owner="worker@x/1/t", lease_until=timezone.now() + timedelta(hours=1))
+    assert place()["estimated_start_s"] == 15.0
+    Document.objects.filter(pk__in=[d.pk for d in taken]).update(progress=50)
+    assert place()["estimated_start_s"] == 10.0
+    # They are indexed, and so is Globex's: the FAQ's document is next after Manuals' turn.
+    Document.objects.filter(pk__in=[d.pk for d in taken]).update(status=DocumentStatus.INDEXED, progress=100)
+    Document.objects.filter(knowledge_base=two_teams["notes"]).update(status=DocumentStatus.INDEXED)
+    assert (place()["position"], place()["estimated_start_s"]) == (2, 2.5)

@@ -184,27 +184,3 @@ def test_the_engines_prompt_cache_in_memory_is_bounded_unless_the_deployment_say
     # llama-server's own default lets a replica grow by up to 8 GiB of cached prompts.
     assert cache_ram({}) == str(DEFAULT_PROMPT_CACHE_MIB) == "256"
     assert cache_ram({"prompt_cache_mib": 0}) == "0" and cache_ram({"prompt_cache_mib": 1024}) == "1024"
-
-
-def test_a_replica_spins_between_tokens_only_while_its_threads_have_the_nodes_cores_to_themselves(tmp_path):
-    from serving.engines.base import Listen, engine
-    from serving.models import Replica, ServingState
-    from serving.selectors import spare_cores
-
-    models = register_presets(lambda line: None)
-    box = Node.objects.create(name="two-cores", cpu_cores=2, memory_bytes=16 * 2**30)
-    first, second = (services.create_deployment(actor=SYSTEM, workspace=None, model=models[SMOLLM2], name=name,
-                                                replicas=[(box, 1.0)]).replicas.get() for name in ("first", "second"))
-    listen = Listen(host="127.0.0.1", port=1, key_file=tmp_path / "key")
-
-    def environment(replica: Replica) -> dict:
-        return engine("llamacpp").launch_spec(model=models[SMOLLM2], settings={}, served_name="x", listen=listen,
-                                              spare_cores=spare_cores(replica=replica)).env
-
-    # Alone on the node, the first keeps OpenMP's spinning default (the platform's PASSIVE is taken away).
-    assert spare_cores(replica=first) == 2 and environment(first) == {"OMP_WAIT_POLICY": None}
-    Replica.objects.filter(pk=first.pk).update(state=ServingState.READY)
-    # The second shares the cores the first one's two threads claim: it sleeps when idle, as the platform does.
-    assert spare_cores(replica=second) == 0 and environment(second) == {}
-    Replica.objects.filter(pk=first.pk).update(state=ServingState.STOPPED)
-    assert environment(second) == {"OMP_WAIT_POLICY": None}
