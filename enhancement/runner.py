@@ -112,7 +112,7 @@ def teacher_answers(job: EnhancementJob, directory: Path, report) -> bool:
     EnhancementJob.objects.filter(pk=job.pk).update(stage=Stage.TEACH, step=answered, total_steps=len(prompts))
     with partial.open("a", encoding="utf-8") as out:
         for index in range(answered, len(prompts)):
-            if _cancelled(job):
+            if cancelled(job):
                 return False
             try:
                 reply = client.chat.completions.create(model=teacher, messages=prompts[index], temperature=0,
@@ -204,8 +204,10 @@ class MetricsReader:
                 MetricSample.objects.filter(pk=sample.pk).update(at=at, **figures)
 
 
-def _cancelled(job: EnhancementJob) -> bool:
-    return Job.objects.filter(pk=job.cluster_job_id, state=JobState.CANCELLED).exists()
+def cancelled(job: EnhancementJob) -> bool:
+    """Cancelled, or gone: a job whose workspace was deleted has no rows left to say so, and its process must not
+    train on for nobody."""
+    return not Job.objects.filter(pk=job.cluster_job_id).exclude(state=JobState.CANCELLED).exists()
 
 
 def fit_to_devices(directory: Path, devices: int) -> None:
@@ -278,7 +280,7 @@ def supervise(job: EnhancementJob, report) -> dict:
                                                             step=step, total_steps=total)
             job.stage, job.step, job.total_steps = stage, step, total
             report(_progress(job), "")
-        if _cancelled(job):
+        if cancelled(job):
             process.terminate(job.pid)
             return {"cancelled": True}
         if not is_running(job):

@@ -11,7 +11,9 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from accounts.services import Actor
+from cluster.models import Job
 from cluster.services import run_job
+from enhancement import runner
 from enhancement.files import jobs_root
 from enhancement.models import EnhancementJob
 from enhancement.runner import disk_bytes, run_dir
@@ -112,3 +114,15 @@ def test_the_job_page_shows_its_disk_and_deletes_it_after_confirmation(client, s
     deleted = browser.post(f"/enhancement/jobs/{job.pk}/", {"action": "delete"}, follow=True).content.decode()
     assert "Deleted &#x27;tune&#x27; with its outputs and files" in deleted
     assert not EnhancementJob.objects.filter(pk=job.pk).exists() and not run_dir(job).exists()
+
+
+def test_a_job_whose_rows_are_gone_counts_as_cancelled_so_its_supervisor_stops_the_process(client):
+    """A workspace deleted (from the admin site, say) takes its cluster jobs with it: the node worker's loop over
+    a running job must stop it rather than wait for a cancel no row can carry."""
+    answer = client.post("/api/enhancement/jobs/", {
+        "name": "orphan", "base_model": "smollm2-135m-instruct", "dataset": client.dataset.pk,
+        "hyperparameters": {"max_steps": 4}}, format="json")
+    job = EnhancementJob.objects.get(pk=answer.json()["id"])
+    assert not runner.cancelled(job)
+    Job.objects.filter(pk=job.cluster_job_id).delete()
+    assert runner.cancelled(job)
