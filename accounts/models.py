@@ -2,6 +2,8 @@ from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from accounts.audit_changes import audit_change_label
+
 
 class Role(models.TextChoices):
     VIEWER = "viewer", _("Viewer")
@@ -97,6 +99,10 @@ class AuditEntry(models.Model):
     class Meta:
         ordering = ["-at", "-id"]
         verbose_name_plural = "audit entries"
+
+    @property
+    def change_label(self) -> str:
+        return audit_change_label(self.action)
 
 
 class Profile(models.Model):

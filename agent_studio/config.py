@@ -17,6 +17,8 @@ names the field). One version's settings are everything a run needs; nothing els
 
 import re
 
+from django.utils.translation import get_language
+
 from accounts.errors import ValidationFailed
 from accounts.models import Workspace
 from agent_studio.models import AgentTemplate, ToolStrategy, VariableScope
@@ -31,8 +33,14 @@ MAX_PLAN_STEPS = 20
 MAX_PROMPT_CHARS = 20_000
 LIMIT_RANGES = {"max_steps": (1, 100), "max_tool_calls": (0, 100), "timeout_s": (5, 3600), "max_tokens": (16, 8192)}
 
+# An agent's instructions until its maker writes their own, in the maker's language: the English and the Chinese
+# side by side.
+DEFAULT_SYSTEM_PROMPTS = {
+    "en": "You are a helpful assistant. Use the tools when they help; answer briefly.",
+    "zh-hans": "你是一个乐于助人的助手。工具有帮助时就使用工具；用简体中文简短地回答。",
+}
 DEFAULTS = {
-    "system_prompt": "You are a helpful assistant. Use the tools when they help; answer briefly.",
+    "system_prompt": DEFAULT_SYSTEM_PROMPTS["en"],
     "tool_strategy": ToolStrategy.NATIVE,
     "tools": [], "knowledge_bases": [], "sub_agents": [],
     "memory": {"short_term": "window", "window_messages": 20, "long_term": False},
@@ -41,6 +49,12 @@ DEFAULTS = {
     "generation": {"temperature": 0.2},
     "planning": {"approval": "required", "max_plan_steps": 6, "replan": False},
 }
+
+
+def defaults() -> dict:
+    """The settings an agent made now starts with: the system prompt in the active language (the user's)."""
+    chinese = (get_language() or "").lower().startswith("zh")
+    return {**DEFAULTS, "system_prompt": DEFAULT_SYSTEM_PROMPTS["zh-hans" if chinese else "en"]}
 
 
 # What each setting is, for GET /api/agents/templates/: (JSON type, meaning).
@@ -164,7 +178,7 @@ def check_settings(*, workspace: Workspace, template: str, raw: dict, agent_id: 
     unknown = sorted(set(raw) - set(DEFAULTS) - {"model", "template"})
     if unknown:
         raise _refuse("settings", f"Unknown settings: {', '.join(unknown)}.")
-    value = {**DEFAULTS, **raw, "template": template}
+    value = {**defaults(), **raw, "template": template}
     prompt = value["system_prompt"]
     if not isinstance(prompt, str) or len(prompt) > MAX_PROMPT_CHARS:
         raise _refuse("system_prompt", f"'system_prompt' must be text of at most {MAX_PROMPT_CHARS} characters.")

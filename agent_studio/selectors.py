@@ -45,12 +45,12 @@ def thread_variables(thread: AgentThread) -> dict:
 
 def templates() -> list[dict]:
     """Every agent template: what it does and each setting it takes, with its default (the same in every
-    workspace)."""
-    listed = []
+    workspace; the system prompt's in the reader's language)."""
+    listed, defaults = [], config.defaults()
     for template in AgentTemplate:
         description, names, required = config.TEMPLATES[template]
         listed.append({"template": template.value, "label": str(template.label), "description": description,
                        "settings": [{"name": name, "type": config.SETTINGS[name][0], "required": name in required,
-                                     "default": config.DEFAULTS.get(name), "description": config.SETTINGS[name][1]}
+                                     "default": defaults.get(name), "description": config.SETTINGS[name][1]}
                                     for name in names]})
     return listed

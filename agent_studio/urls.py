@@ -25,6 +25,7 @@ urlpatterns = [
     path("agents/<int:agent_id>/evaluation/", views.agent_evaluation, name="agent-evaluation"),
     path("agents/evaluations/<int:evaluation_id>/", views.evaluation_report, name="agent-evaluation-report"),
     path("agents/evaluations/<int:evaluation_id>/export/", views.evaluation_export, name="agent-evaluation-export"),
+    path("agents/runs/<uuid:run_id>/", views.run_page, name="agent-run"),
     path("workflows/", workflow_views.workflows_home, name="workflows"),
     path("workflows/<int:workflow_id>/", workflow_views.workflow_canvas, name="workflow"),
     path("workflows/<int:workflow_id>/delete/", workflow_views.workflow_delete, name="workflow-delete"),

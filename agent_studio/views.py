@@ -3,10 +3,12 @@ variables, prompts, limits), the debug chat with its live step trace and plan ed
 REST API), versions, scenarios and evaluation reports. Thin: rules live in agent_studio.services."""
 
 import json
+import uuid
 
 from django.contrib import messages
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
@@ -204,12 +206,46 @@ def evaluation_report(request, evaluation_id: int):
         messages.success(request, _("Cancelled; the results so far are kept."))
         return redirect("agent-evaluation-report", evaluation_id=evaluation.pk)
     place = services.evaluation_place(queues.interactive_line(), evaluation)
+    results = _with_run_links(request, evaluation)
     return render(request, "agents/report.html", {
         "evaluation": evaluation, "agent": evaluation.agent, "categories": probes.CATEGORIES,
         "running": evaluation.status in (EvalStatus.QUEUED, EvalStatus.RUNNING),
         "place": place.as_dict() if place else None,
-        "scenarios": [item for item in evaluation.results if item["type"] == "scenario"],
-        "probes": [item for item in evaluation.results if item["type"] == "probe"]})
+        "scenarios": [item for item in results if item["type"] == "scenario"],
+        "probes": [item for item in results if item["type"] == "probe"]})
+
+
+def _with_run_links(request, evaluation) -> list[dict]:
+    """The evaluation's results, each with `run_url`: the page of the run that produced it (its steps say why a
+    case failed), where that run is still kept."""
+    kept = {str(public_id) for public_id in selectors.runs(workspace=request.workspace).filter(
+        public_id__in=[item["run_id"] for item in evaluation.results if _is_uuid(item.get("run_id"))]
+    ).values_list("public_id", flat=True)}
+    return [item | {"run_url": f"{reverse('agent-run', args=[item['run_id']])}?evaluation={evaluation.pk}"
+                    if item.get("run_id") in kept else ""} for item in evaluation.results]
+
+
+def _is_uuid(value) -> bool:
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True
+
+
+@workspace_page
+def run_page(request, run_id):
+    """One agent run: its input, answer or error, and every step it took; an evaluation report links each case's
+    run here (`?evaluation=` leads back to that report)."""
+    run = selectors.runs(workspace=request.workspace).filter(public_id=run_id).select_related(
+        "agent", "version").first()
+    if run is None:
+        raise Http404("No such run in this workspace.")
+    evaluation_id = request.GET.get("evaluation", "")
+    evaluation = (selectors.eval_runs(workspace=request.workspace).filter(pk=evaluation_id).first()
+                  if evaluation_id.isdigit() else None)
+    return render(request, "agents/run.html", {"run": run, "steps": selectors.run_steps(run),
+                                               "evaluation": evaluation})
 
 
 @workspace_page

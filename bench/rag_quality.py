@@ -172,7 +172,7 @@ def answer_pipeline(kb: KnowledgeBase, model: str) -> RagPipeline:
 
 def generate_answer(pipeline: RagPipeline, question: str, hits: list[Hit]) -> str:
     # The pipeline's answer step on hits already retrieved: RagPipeline.run would retrieve, and rerank, again.
-    return str(pipeline.answer.invoke({"question": question, "context": format_context(hits)}).content)
+    return str(pipeline.answer(question).invoke({"question": question, "context": format_context(hits)}).content)
 
 
 # ---- scoring ----

@@ -20,6 +20,7 @@ from rag_studio.gateway_client import chat_model
 from rag_studio.models import KnowledgeBase, RagTemplate
 from rag_studio.search.fusion import reciprocal_rank_scores
 from rag_studio.search.retrieval import Hit, retrieve
+from rag_studio.selectors import text_language
 
 DEFAULT_PROMPTS = {
     RagTemplate.BASIC: (
@@ -42,12 +43,20 @@ CHINESE_PROMPTS = {
 for prompts in (DEFAULT_PROMPTS, CHINESE_PROMPTS):
     prompts[RagTemplate.CONVERSATIONAL] = prompts[RagTemplate.CITATIONS]
     prompts[RagTemplate.MULTI_QUERY] = prompts[RagTemplate.CITATIONS]
-REWRITE_PROMPT = (
-    "Rewrite the last question as a standalone question that can be understood without the conversation. "
-    "Reply with the question only.\n\nConversation:\n{history}\n\nLast question: {question}\n\nStandalone question:")
-MULTI_QUERY_PROMPT = (
-    "Write {count} different search queries that would find information to answer the question. One per line, "
-    "no numbering.\n\nQuestion: {question}\n\nQueries:")
+# The conversational and multi-query templates' own steps, in the question's language (by answers_in_chinese).
+REWRITE_PROMPTS = {
+    False: ("Rewrite the last question as a standalone question that can be understood without the conversation. "
+            "Reply with the question only.\n\nConversation:\n{history}\n\nLast question: {question}\n\n"
+            "Standalone question:"),
+    True: ("把最后一个问题改写成不看对话也能读懂的独立问题。只回复问题本身。\n\n对话：\n{history}\n\n"
+           "最后一个问题：{question}\n\n独立问题："),
+}
+MULTI_QUERY_PROMPTS = {
+    False: ("Write {count} different search queries that would find information to answer the question. One per "
+            "line, no numbering.\n\nQuestion: {question}\n\nQueries:"),
+    True: ("写出 {count} 个不同的搜索查询，用来查找回答这个问题所需的信息。每行一个，不要编号。\n\n"
+           "问题：{question}\n\n查询："),
+}
 MULTI_QUERY_COUNT = 3
 CITATION = re.compile(r"\[(\d{1,2})\]")
 
@@ -106,25 +115,39 @@ class RagPipeline:
     def __init__(self, kb: KnowledgeBase, settings: dict):
         self.kb, self.settings = kb, settings
         self.chinese = not settings.get("prompt") and kb.language == "zh"
+        self._answers: dict[bool, object] = {}
 
     # The prompt and chat models are built on first use: retrieval alone (hit testing, an app's /retrieve) needs
     # none of them.
     @cached_property
     def prompt(self) -> ChatPromptTemplate:
-        return ChatPromptTemplate.from_messages(
-            [("human", self.settings.get("prompt") or self.default_prompt)])
+        return self._prompt(self.chinese)
+
+    def _prompt(self, chinese: bool) -> ChatPromptTemplate:
+        default = (CHINESE_PROMPTS if chinese else DEFAULT_PROMPTS)[self.settings["template"]]
+        return ChatPromptTemplate.from_messages([("human", self.settings.get("prompt") or default)])
 
     @property
     def default_prompt(self) -> str:
         """The template's instructions in the language most of the knowledge base is written in."""
         return (CHINESE_PROMPTS if self.chinese else DEFAULT_PROMPTS)[self.settings["template"]]
 
-    @cached_property
-    def answer(self):
-        generation = self.settings.get("generation") or {}
-        return self.prompt | chat_model(self.kb.workspace_id, self.settings["model"],
-                                        temperature=generation.get("temperature", 0.2),
-                                        max_tokens=generation.get("max_tokens", 256))
+    def answers_in_chinese(self, question: str) -> bool:
+        """Whether the template's instructions for `question` are the Chinese ones: a question in Chinese is
+        answered in Chinese whatever the documents' language (a Chinese user otherwise gets English from an English
+        handbook), one in English in English; a question of neither follows the knowledge base."""
+        asked = text_language([question])
+        return asked == "zh" if asked else self.chinese
+
+    def answer(self, question: str):
+        """The prompt → chat model runnable for `question`'s language (built once per language)."""
+        chinese = self.answers_in_chinese(question) and not self.settings.get("prompt")
+        if chinese not in self._answers:
+            generation = self.settings.get("generation") or {}
+            self._answers[chinese] = self._prompt(chinese) | chat_model(
+                self.kb.workspace_id, self.settings["model"], temperature=generation.get("temperature", 0.2),
+                max_tokens=generation.get("max_tokens", 256))
+        return self._answers[chinese]
 
     @cached_property
     def helper_llm(self):
@@ -134,10 +157,12 @@ class RagPipeline:
         template = self.settings["template"]
         queries = [question]
         if template == RagTemplate.CONVERSATIONAL and history:
-            rewritten = self._ask(REWRITE_PROMPT.format(history=_history_text(history), question=question))
+            rewritten = self._ask(REWRITE_PROMPTS[self.answers_in_chinese(question)].format(
+                history=_history_text(history), question=question))
             queries = [rewritten.splitlines()[0] if rewritten else question]
         elif template == RagTemplate.MULTI_QUERY:
-            reply = self._ask(MULTI_QUERY_PROMPT.format(count=MULTI_QUERY_COUNT, question=question))
+            reply = self._ask(MULTI_QUERY_PROMPTS[self.answers_in_chinese(question)].format(
+                count=MULTI_QUERY_COUNT, question=question))
             rewrites = [line.strip(" -*0123456789.").strip() for line in reply.splitlines()]
             queries += [q for q in rewrites if q and q.lower() != question.lower()][:MULTI_QUERY_COUNT]
         return queries
@@ -164,7 +189,7 @@ class RagPipeline:
     def run(self, question: str, history: list[dict] | None = None) -> RagResult:
         result = self.retrieve(question, history)
         started = time.perf_counter()
-        message = self.answer.invoke(self._prompt_inputs(question, result.hits))
+        message = self.answer(question).invoke(self._prompt_inputs(question, result.hits))
         result.answer = str(message.content)
         result.usage = dict(message.usage_metadata or {})
         result.timings_ms["generation"] = round((time.perf_counter() - started) * 1000, 2)
@@ -174,7 +199,7 @@ class RagPipeline:
         result = await sync_to_async(self.retrieve, thread_sensitive=False)(question, history)
         yield "hits", result
         started, parts = time.perf_counter(), []
-        async for chunk in self.answer.astream(self._prompt_inputs(result.question, result.hits)):
+        async for chunk in self.answer(result.question).astream(self._prompt_inputs(result.question, result.hits)):
             if chunk.content:
                 if not parts:
                     result.timings_ms["ttft"] = round((time.perf_counter() - started) * 1000, 2)

@@ -10,6 +10,14 @@ from agent_studio.workflows.models import Workflow, WorkflowRun, WorkflowVersion
 from rag_studio.models import EvalItem, RagConfig, RagConfigVersion
 
 
+class AppKind(models.TextChoices):
+    """What an app serves, as every page names it (home, Apps, the app's own page)."""
+
+    RAG = "rag", _("RAG assistant")
+    AGENT = "agent", _("Agent")
+    WORKFLOW = "workflow", _("Workflow")
+
+
 class App(models.Model):
     """A published assistant: a RAG config, an agent or a workflow. It serves the version of its current release,
     whatever the studio has saved since, until it is published again."""
@@ -52,6 +60,14 @@ class App(models.Model):
     @property
     def is_workflow(self) -> bool:
         return self.workflow_id is not None
+
+    @property
+    def kind(self) -> str:
+        return AppKind.AGENT if self.is_agent else AppKind.WORKFLOW if self.is_workflow else AppKind.RAG
+
+    @property
+    def kind_label(self) -> str:
+        return AppKind(self.kind).label
 
     @property
     def source(self):

@@ -101,9 +101,19 @@ def new_app(request):
         "agent_templates": AgentTemplate.choices}, status=status)
 
 
+# A key just made, held in the session across the redirect to its app's page, which shows it once with a Copy
+# button (as accounts/views.py does for API keys) and forgets it.
+ISSUED_APP_KEY_SESSION = "issued_app_key"
+
+
+def _show_key_once(request, app: App, issued: services.IssuedAppKey) -> None:
+    request.session[ISSUED_APP_KEY_SESSION] = {"app": app.slug, "name": issued.app_key.name,
+                                               "secret": issued.secret}
+
+
 def _published_with_key(request, started: services.StartedApp):
-    messages.success(request, _("Published '%(name)s'. Its API key, shown only now: %(secret)s") % {
-        "name": started.app.name, "secret": started.key.secret})
+    messages.success(request, _("Published '%(name)s'.") % {"name": started.app.name})
+    _show_key_once(request, started.app, started.key)
     return redirect("app", slug=started.app.slug)
 
 
@@ -159,8 +169,8 @@ def _app_action(request, app: App) -> None:
     elif action == "create_key":
         issued = services.create_app_key(actor=actor, app=app, name=post.get("key_name", ""),
                                          rate_limit=post.get("key_rate_limit") or None)
-        messages.success(request, _("Key '%(name)s' created. Copy it now; it is not shown again: %(secret)s")
-                         % {"name": issued.app_key.name, "secret": issued.secret})
+        messages.success(request, _("Key '%(name)s' created.") % {"name": issued.app_key.name})
+        _show_key_once(request, app, issued)
     elif action == "revoke_key":
         app_key = app.keys.filter(pk=post.get("key")).first()
         if app_key is None:
@@ -187,8 +197,10 @@ def app_page(request, slug):
         return redirect("app", slug=app.slug)
     base = request.build_absolute_uri("/").rstrip("/")
     latest = app.source.versions.first()
+    issued = request.session.pop(ISSUED_APP_KEY_SESSION, None)
     return render(request, "runtime/app.html", {
         "app": app, "base": base, "latest_version": latest,
+        "issued": issued if issued and issued["app"] == app.slug else None,
         "releases": app.releases.select_related("config_version", "agent_version", "published_by"),
         "workflow_inputs_example": json.dumps({item["name"]: "…" for item in app.current_release.version.graph[
             "inputs"]}, ensure_ascii=False) if app.is_workflow else "",

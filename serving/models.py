@@ -1,5 +1,6 @@
 from django.conf import settings
 from django.db import models
+from django.template.defaultfilters import filesizeformat
 from django.utils.translation import gettext_lazy as _
 
 from accounts.models import Workspace
@@ -49,6 +50,13 @@ class Model(models.Model):
     @property
     def is_embedding(self) -> bool:
         return self.role_hint == RoleHint.EMBEDDING
+
+    @property
+    def size_label(self) -> str:
+        """The weights' size as every page shows it; "—" for an endpoint elsewhere, whose weights are not here."""
+        if self.kind == ModelKind.EXTERNAL or not self.size_bytes:
+            return "—"
+        return filesizeformat(self.size_bytes)
 
     @property
     def supports_chat(self) -> bool:
@@ -107,6 +115,13 @@ class Deployment(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def stoppable(self) -> bool:
+        """Whether its page offers Stop (it runs, or is on its way up) rather than Start (stopped, failed, or never
+        started)."""
+        return self.state in (ServingState.STARTING, ServingState.READY) or (
+            self.state == ServingState.PENDING and self.desired_running)
 
 
 class Replica(models.Model):

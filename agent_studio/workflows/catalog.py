@@ -11,6 +11,12 @@ A template file:
 
 A tool slot with `create` may be left out: the template's own tool is made (or the workspace's tool of that name
 reused), so a template runs on a fresh workspace; every other slot must be bound.
+
+What a template says to the model or the user (prompts, a classifier's classes and the branches named after them,
+fixed messages, scenarios) is written in both languages side by side, as an object of exactly the keys "en" and
+"zh-hans", anywhere in "bindings", "graph" and "scenarios"; the workflow is made in the language active when it is
+made (the user's), so a Chinese user's flow classifies, answers and hands over in Chinese. The title, description
+and slot labels are GUI text, translated by the catalogue (locale/) like the rest of the GUI.
 """
 
 import json
@@ -18,7 +24,7 @@ from functools import cache
 from pathlib import Path
 
 from django.db import transaction
-from django.utils.translation import gettext as _, gettext_lazy
+from django.utils.translation import get_language, gettext as _, gettext_lazy
 
 from accounts.errors import ValidationFailed
 from accounts.models import Workspace
@@ -45,13 +51,29 @@ def templates() -> dict[str, dict]:
     return found
 
 
+BOTH_LANGUAGES = {"en", "zh-hans"}
+
+
+def in_language(value, language: str | None):
+    """`value` with each text given in both languages ({"en": …, "zh-hans": …}) as the one for `language` (a
+    Django language code; English unless it is Chinese)."""
+    if isinstance(value, dict) and set(value) == BOTH_LANGUAGES:
+        return value["zh-hans" if (language or "").lower().startswith("zh") else "en"]
+    if isinstance(value, dict):
+        return {key: in_language(item, language) for key, item in value.items()}
+    if isinstance(value, list):
+        return [in_language(item, language) for item in value]
+    return value
+
+
 def listing() -> list[dict]:
-    """What a user chooses from: each template's description, what it needs bound, its inputs and scenarios."""
+    """What a user chooses from: each template's description, what it needs bound, its inputs and scenarios (their
+    names in the active language)."""
     return [{"key": template["key"], "title": template["title"], "description": template["description"],
              "bindings": [{"slot": slot, "kind": spec["kind"], "label": spec["label"],
                            "required": "create" not in spec} for slot, spec in template["bindings"].items()],
              "inputs": template["graph"]["inputs"], "nodes": [node["id"] for node in template["graph"]["nodes"]],
-             "scenarios": [scenario["name"] for scenario in template["scenarios"]]}
+             "scenarios": [in_language(scenario["name"], get_language()) for scenario in template["scenarios"]]}
             for template in templates().values()]
 
 
@@ -102,8 +124,8 @@ def _filled(value, bound: dict):
 @transaction.atomic
 def create_from_template(*, actor: Actor, workspace: Workspace, key, name: str = "", bindings=None) -> Workflow:
     """A new workflow from a template, with its assets bound and its scenario set; a 400 names every slot left
-    unbound at once."""
-    template = _template(key)
+    unbound at once. Its prompts, classes, messages and scenarios are those of the active language."""
+    template = in_language(_template(key), get_language())
     bindings = bindings if bindings is not None else {}
     if not isinstance(bindings, dict):
         raise ValidationFailed("'bindings' must be an object of slot: asset.", fields={"bindings": ["Invalid."]})
@@ -122,8 +144,8 @@ def create_from_template(*, actor: Actor, workspace: Workspace, key, name: str =
                                fields={"bindings": missing})
     bound = {slot: _bound(actor=actor, workspace=workspace, slot=slot, spec=spec, value=bindings.get(slot))
              for slot, spec in template["bindings"].items()}
-    workflow = services.save_workflow(actor=actor, workspace=workspace, name=(name or template["title"]).strip(),
-                                      graph=_filled(template["graph"], bound), description=template["description"],
+    workflow = services.save_workflow(actor=actor, workspace=workspace, name=(name or _(template["title"])).strip(),
+                                      graph=_filled(template["graph"], bound), description=_(template["description"]),
                                       layout=template.get("layout"))
     for scenario in template["scenarios"]:
         services.save_scenario(actor=actor, workflow=workflow, **scenario)

@@ -12,6 +12,9 @@ from accounts.models import Workspace
 from serving.selectors import chat_model_problem
 
 NODE_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+# A branch's name (a classifier's class, a condition's case) is read by people and, for a class, by the model: any
+# language's letters, so that a Chinese flow's classes are Chinese words.
+BRANCH_NAME = re.compile(r"[^\W\d_]\w{0,63}")
 # `{{node.field}}` or `{{node.field.path.into.json}}`, spaces allowed inside the braces.
 REFERENCE = re.compile(r"\{\{\s*([A-Za-z_]\w*)\.(\w+)((?:\.\w+)*)\s*\}\}")
 BRACES = re.compile(r"\{\{(.*?)\}\}", re.S)

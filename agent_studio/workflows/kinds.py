@@ -17,7 +17,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from accounts.models import Workspace
 from agent_studio.models import Agent
 from agent_studio.workflows import checks, nodes
-from agent_studio.workflows.checks import ELSE, NODE_ID, Reference, refused
+from agent_studio.workflows.checks import BRANCH_NAME, ELSE, Reference, refused
 from rag_studio.models import KnowledgeBase
 from workbridge import sandbox
 from workbridge.models import Tool
@@ -106,7 +106,7 @@ def _check_llm(node_id: str, settings: dict, workspace: Workspace) -> dict:
 def _check_classifier(node_id: str, settings: dict, workspace: Workspace) -> dict:
     classes = settings.get("classes")
     if (not isinstance(classes, list) or len(classes) < 2 or len(set(classes)) != len(classes)
-            or not all(isinstance(c, str) and NODE_ID.fullmatch(c) for c in classes)):
+            or not all(isinstance(c, str) and BRANCH_NAME.fullmatch(c) for c in classes)):
         raise refused(node_id, _("'classes' must be at least two distinct names (letters, digits and '_')."))
     return {"model": checks.model(node_id, workspace, settings), "query": checks.text(node_id, settings, "query"),
             "classes": classes, "instructions": checks.text(node_id, settings, "instructions", required=False)}
@@ -142,7 +142,7 @@ def _check_condition(node_id: str, settings: dict, workspace: Workspace) -> dict
     for case in cases:
         branch = case.get("branch") if isinstance(case, dict) else None
         rules = case.get("rules") if isinstance(case, dict) else None
-        if not isinstance(branch, str) or not NODE_ID.fullmatch(branch) or branch == ELSE:
+        if not isinstance(branch, str) or not BRANCH_NAME.fullmatch(branch) or branch == ELSE:
             raise refused(node_id, _("each case needs a branch name (letters, digits, '_'; not '%(else)s').")
                           % {"else": ELSE})
         if case.get("match", "all") not in ("all", "any") or not isinstance(rules, list) or not rules:

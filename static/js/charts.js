@@ -144,6 +144,8 @@ function pollState(url) {
     const live = await response.json();
     const badge = document.getElementById("deployment-state");
     badge.textContent = servingStateLabel(live.state); badge.className = `badge ${live.state}`;
+    document.getElementById("deployment-start").hidden = live.stoppable;
+    document.getElementById("deployment-stop").hidden = !live.stoppable;
     for (const replica of live.replicas) {
       const row = document.querySelector(`tr[data-replica="${replica.id}"]`);
       if (!row) continue;

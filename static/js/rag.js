@@ -96,6 +96,34 @@ async function refreshDocuments(reloadOnNew = false) {
 
 if (documentsTable) setInterval(() => refreshDocuments(true), 1500);
 
+// ---- the "create an app" wizard's indexing step ----
+// Each document's state, place in line and progress are redrawn from the knowledge base's progress as they change;
+// once none is queued or processing the page reloads, and the server offers Publish.
+const wizardTable = document.getElementById("wizard-documents");
+
+async function refreshWizard() {
+  const response = await fetch(wizardTable.dataset.url, { credentials: "same-origin" });
+  if (!response.ok) return;
+  const { documents } = await response.json();
+  for (const d of documents) {
+    const row = wizardTable.querySelector(`tr[data-document="${d.id}"]`);
+    if (!row) continue;
+    const badge = row.querySelector('[data-field="status"]');
+    badge.textContent = stateLabel(d.status); badge.className = `badge ${d.status}`;
+    row.querySelector('[data-field="stage"]').textContent = d.status === "processing" ? stateLabel(d.stage) : "";
+    row.querySelector('[data-field="queue"]').textContent = placeText(d.queue);
+    row.querySelector('[data-field="progress"]').value = d.progress;
+    row.querySelector('[data-field="percent"]').textContent = `${d.progress}%`;
+  }
+  const indexed = documents.filter((d) => d.status === "indexed").length;
+  document.querySelector('#wizard-ready [data-field="indexed"]').textContent = interpolate(ngettext(
+    "%(indexed)s of %(total)s document indexed", "%(indexed)s of %(total)s documents indexed", documents.length),
+  { indexed, total: documents.length }, true);
+  if (!documents.some((d) => ["queued", "processing"].includes(d.status))) window.location.reload();
+}
+
+if (wizardTable && document.querySelector("[data-busy]")) setInterval(refreshWizard, 1500);
+
 // ---- chat ----
 const chat = document.getElementById("chat");
 const chatHistory = [];
@@ -224,4 +252,5 @@ function compareChart(svg, runs) {
 
 const compareData = document.getElementById("compare-data");
 if (compareData) compareChart(document.getElementById("compare-chart"), JSON.parse(compareData.textContent));
-if (document.querySelector("[data-busy]")) setTimeout(() => window.location.reload(), 3000);
+// Other pages with work under way (the eval sets being generated) reload until it ends.
+if (document.querySelector("[data-busy]") && !wizardTable) setTimeout(() => window.location.reload(), 3000);

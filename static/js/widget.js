@@ -29,13 +29,33 @@ function showSources(answer, citations) {
   return list;
 }
 
+// Thumbs up and down as inline SVG (the paths of templates/_thumb.html): an emoji is an empty box where no emoji
+// font is installed.
+const THUMBS = {
+  up: "M14 9V5a3 3 0 0 0-3-3l-4 9v11h11.28a2 2 0 0 0 2-1.7l1.38-9a2 2 0 0 0-2-2.3zM7 22H4a2 2 0 0 1-2-2v-7a2 2 0 0 1 2-2h3",
+  down: "M10 15v4a3 3 0 0 0 3 3l4-9V2H5.72a2 2 0 0 0-2 1.7l-1.38 9a2 2 0 0 0 2 2.3zm7-13h2.67A2.31 2.31 0 0 1 22 4v7a2.31 2.31 0 0 1-2.33 2H17",
+};
+
+function thumb(rating) {
+  const svgNs = "http://www.w3.org/2000/svg";
+  const icon = document.createElementNS(svgNs, "svg");
+  for (const [name, value] of Object.entries({ viewBox: "0 0 24 24", width: 16, height: 16, fill: "none",
+    stroke: "currentColor", "stroke-width": 2, "stroke-linecap": "round", "stroke-linejoin": "round",
+    "aria-hidden": "true", class: "icon thumb" })) icon.setAttribute(name, value);
+  const path = document.createElementNS(svgNs, "path");
+  path.setAttribute("d", THUMBS[rating]);
+  icon.append(path);
+  return icon;
+}
+
 function votes(after, messageId) {
   const box = document.createElement("div");
   box.className = "votes";
-  for (const [rating, label] of [["up", "👍"], ["down", "👎"]]) {
+  for (const rating of ["up", "down"]) {
     const button = document.createElement("button");
     button.type = "button";
-    button.textContent = label;
+    button.dataset.rating = rating;
+    button.append(thumb(rating));
     button.setAttribute("aria-label", rating === "up" ? gettext("Thumbs up") : gettext("Thumbs down"));
     button.setAttribute("aria-pressed", "false");
     button.addEventListener("click", async () => {

@@ -3,7 +3,9 @@
 // panel with pickers and a variable picker; saved, validated, run and followed live (server-sent events) through
 // the REST API under /api/workflows/; version history with a diff and rollback. The graph format is
 // agent_studio/workflows/graph.py's; it has no positions: the workflow's layout (saved apart from the graph, so
-// moving a node makes no version) keeps them, and a node it does not place is laid out by depth.
+// moving a node makes no version) keeps them, and nodes it does not place are laid out by depth (see layOut). Editing
+// as in other flow editors: Delete or Backspace removes the selected wire or node, Ctrl+Z / Ctrl+Shift+Z (Ctrl+Y)
+// undo and redo, Ctrl+C / Ctrl+V copy a node under a fresh id.
 (() => {
   const root = document.querySelector(".workflow-canvas");
   if (!root) return;
@@ -14,6 +16,10 @@
   const API = "/api/workflows/";
   const NODE_ID = /^[A-Za-z][A-Za-z0-9_]{0,63}$/;
   const RESERVED = new Set(["item", "outputs", "settled"]);
+  // The least zoom, for Fit and the zoom buttons alike: the nodes' text is still legible there.
+  const MIN_ZOOM = 0.45;
+  const FIT_MARGIN = 16;
+  const HISTORY_LIMIT = 100;
   const STATUS_LABELS = {queued: gettext("Queued"), running: gettext("Running"), done: gettext("Done"),
                          failed: gettext("Failed"), skipped: gettext("Skipped"), cancelled: gettext("Cancelled")};
   // Each kind's label, outputs and flags come from its record on the server (agent_studio/workflows/kinds.py).
@@ -64,6 +70,7 @@
   editor.reroute = false;
   editor.force_first_input = true;  // a wire dropped anywhere on a node goes to its input
   editor.editor_mode = canEdit ? "edit" : "fixed";
+  editor.zoom_min = MIN_ZOOM;
   editor.start();
   let nodes = {};  // Drawflow id -> {id, kind, settings, on_error}
   let inputs = [];
@@ -134,7 +141,9 @@
     element.dataset.node = node.id;
     $(".wf-kind", element).textContent = kindLabel(node.kind);
     $(".wf-id", element).textContent = node.id;
-    $(".wf-summary", element).textContent = summary(node);
+    // Clipped to the node's width; the whole of it on hover.
+    const summaryBox = $(".wf-summary", element);
+    summaryBox.textContent = summaryBox.title = summary(node);
     const labels = branchesOf(node);
     element.querySelectorAll(".outputs .output").forEach((output, index) => {
       if (labels.length) output.dataset.branch = labels[index] ?? "";
@@ -220,18 +229,22 @@
     return catalogue.kinds[node.kind]?.outputs || [];
   };
 
-  // --- Layout: where the nodes were last left (the workflow's layout, on the server), else columns by depth from
-  // the start node. A move is saved a moment after the last one, without making a version.
+  // --- Layout: where the nodes were last left (the workflow's layout, on the server); the nodes it does not place are
+  // laid out by depth, below those it does. A move is saved a moment after the last one, without making a version.
   let layout = data.layout || {};
-  // Where each node is drawn: its element's place, since Drawflow's own pos_x/pos_y after a drag are off by the
-  // drag's last mouse step.
+  // Where a node is drawn: its element's place, since Drawflow's own pos_x/pos_y after a drag are off by the drag's
+  // last mouse step.
+  const placeOf = (dfId) => {
+    const drawn = editor.drawflow.drawflow.Home.data[dfId], style = elementOf(dfId)?.style;
+    const x = parseFloat(style?.left), y = parseFloat(style?.top);
+    return [Number.isFinite(x) ? x : drawn.pos_x, Number.isFinite(y) ? y : drawn.pos_y];
+  };
   const currentLayout = () => {
     const places = {};
-    for (const [dfId, drawn] of Object.entries(editor.drawflow.drawflow.Home.data)) {
+    for (const dfId of Object.keys(editor.drawflow.drawflow.Home.data)) {
       if (!nodes[dfId]) continue;
-      const style = document.getElementById(`node-${dfId}`)?.style;
-      const x = parseFloat(style?.left), y = parseFloat(style?.top);
-      places[nodes[dfId].id] = {x: Number.isFinite(x) ? x : drawn.pos_x, y: Number.isFinite(y) ? y : drawn.pos_y};
+      const [x, y] = placeOf(dfId);
+      places[nodes[dfId].id] = {x, y};
     }
     return places;
   };
@@ -247,60 +260,296 @@
       }
     }, 500);
   };
-  const layoutOf = (g) => {
-    const depth = {}, rows = {};
-    const visit = (nodeId, level, seen) => {
-      if (seen.has(nodeId) || (depth[nodeId] ?? -1) >= level) return;
-      depth[nodeId] = level;
-      for (const edge of g.edges) if (edge.from === nodeId) visit(edge.to, level + 1, new Set([...seen, nodeId]));
-    };
-    visit("start", 0, new Set());
-    const places = {};
-    for (const node of g.nodes) {
-      if (layout[node.id]) { places[node.id] = [layout[node.id].x, layout[node.id].y]; continue; }
-      const level = depth[node.id] ?? 0;
-      rows[level] = (rows[level] ?? -1) + 1;
-      places[node.id] = [40 + level * 240, 40 + rows[level] * 120];
-    }
-    return places;
+  const placeNode = (dfId, x, y) => {
+    const drawn = editor.drawflow.drawflow.Home.data[dfId], element = elementOf(dfId);
+    drawn.pos_x = x;
+    drawn.pos_y = y;
+    element.style.left = `${x}px`;
+    element.style.top = `${y}px`;
+    editor.updateConnectionNodes(`node-${dfId}`);
+  };
+  const dfIdsById = () => Object.fromEntries(Object.entries(nodes).map(([dfId, node]) => [node.id, dfId]));
+  // A node's size on the canvas at 100%, and whether it labels its branches.
+  const sizeOf = (dfId) => {
+    const element = elementOf(dfId);
+    return {width: element.offsetWidth, height: element.offsetHeight,
+            branches: Boolean(element.querySelector(".output[data-branch]"))};
   };
 
-  // Zoomed out (down to Drawflow's least zoom) until every node is in view.
-  const fit = () => {
-    const drawn = Object.values(editor.drawflow.drawflow.Home.data);
-    if (!drawn.length) return;
-    const width = Math.max(...drawn.map((node) => node.pos_x)) + 260;
-    const height = Math.max(...drawn.map((node) => node.pos_y)) + 160;
-    const box = editor.container.getBoundingClientRect();
-    const zoom = Math.max(0.6, Math.min(1, box.width / width, box.height / height));
-    // Drawflow scales about the canvas's centre: shift so that the top left corner stays in view.
-    editor.zoom = editor.zoom_last_value = zoom;
-    editor.canvas_x = 10 - (box.width / 2) * (1 - zoom);
-    editor.canvas_y = 10 - (box.height / 2) * (1 - zoom);
-    editor.precanvas.style.transform = `translate(${editor.canvas_x}px, ${editor.canvas_y}px) scale(${zoom})`;
+  // Each node's level (its longest path from a node nothing leads into), each level ordered so that wires cross
+  // little: by the places of the node's parents and the branch of theirs it hangs from.
+  const levelsOf = (g) => {
+    const depth = {}, waiting = {}, outgoing = {};
+    for (const node of g.nodes) { depth[node.id] = 0; waiting[node.id] = 0; outgoing[node.id] = []; }
+    const edges = g.edges.filter((edge) => edge.from in outgoing && edge.to in waiting);
+    for (const edge of edges) { outgoing[edge.from].push(edge); waiting[edge.to] += 1; }
+    const queue = g.nodes.map((node) => node.id).filter((id) => !waiting[id]);
+    while (queue.length) {
+      const id = queue.shift();
+      for (const edge of outgoing[id]) {
+        depth[edge.to] = Math.max(depth[edge.to], depth[id] + 1);
+        if (--waiting[edge.to] === 0) queue.push(edge.to);
+      }
+    }
+    const byId = Object.fromEntries(g.nodes.map((node) => [node.id, node]));
+    const levels = [], rank = {};
+    for (const node of g.nodes) (levels[depth[node.id]] ||= []).push(node.id);
+    for (const ids of levels.filter(Boolean)) {
+      const key = Object.fromEntries(ids.map((id) => {
+        const parents = edges.filter((edge) => edge.to === id && edge.from in rank);
+        if (!parents.length) return [id, Number.MAX_SAFE_INTEGER];
+        const branch = (edge) => Math.max(branchesOf({settings: {}, ...byId[edge.from]}).indexOf(edge.branch), 0);
+        return [id, parents.reduce((sum, edge) => sum + rank[edge.from] + branch(edge) / 100, 0) / parents.length];
+      }));
+      ids.sort((a, b) => key[a] - key[b]);
+      ids.forEach((id, at) => { rank[id] = at; });
+    }
+    return levels.filter(Boolean);
   };
-  const load = (g) => {
+
+  // Left to right, the levels are columns; top to bottom, rows. A branch's label stands beside its wire: right of a
+  // node whose wires leave to the right, below one whose wires leave downwards.
+  const GAPS = {LR: {along: 100, across: 28}, TB: {along: 48, across: 28}};
+  const BAND_GAP = 64, LABEL_ROOM = {LR: 76, TB: 24};
+  // The levels (of node ids) laid out `direction`, `perBand` levels to a band and the bands stacked (rows of
+  // columns, or columns of rows): each node's place and the area they take. Across the flow, a node stands in line
+  // with its parents (their mean), its level kept in order and apart, so that wires run short and straight.
+  const arrange = (levels, size, parents, direction, perBand) => {
+    const [along, across] = direction === "LR" ? ["width", "height"] : ["height", "width"];
+    const gaps = GAPS[direction];
+    const places = {};
+    let bandAt = 0, alongSize = 0;
+    for (let first = 0; first < levels.length; first += perBand) {
+      const centre = {}, inBand = {};
+      let alongAt = 0, low = Infinity, high = -Infinity;
+      for (const ids of levels.slice(first, first + perBand)) {
+        const wanted = ids.map((id) => {
+          const placed = (parents[id] || []).filter((parent) => parent in centre);
+          return placed.length ? placed.reduce((sum, parent) => sum + centre[parent], 0) / placed.length : null;
+        });
+        const levelAcross = ids.reduce((sum, id) => sum + size(id)[across], gaps.across * (ids.length - 1));
+        let next = -levelAcross / 2, end = -Infinity;
+        const starts = ids.map((id, at) => {
+          const start = Math.max(end + gaps.across, wanted[at] === null ? next : wanted[at] - size(id)[across] / 2);
+          end = start + size(id)[across];
+          next = end + gaps.across;
+          return start;
+        });
+        // Pushed apart, the level drifts one way: it is moved back by the mean of how far its nodes are off.
+        const offsets = ids.map((id, at) => (wanted[at] === null ? null : wanted[at] - starts[at] - size(id)[across] / 2))
+          .filter((offset) => offset !== null);
+        const shift = offsets.length ? offsets.reduce((sum, offset) => sum + offset, 0) / offsets.length : 0;
+        ids.forEach((id, at) => {
+          const start = starts[at] + shift;
+          centre[id] = start + size(id)[across] / 2;
+          inBand[id] = [alongAt, start];
+          low = Math.min(low, start);
+          high = Math.max(high, start + size(id)[across]);
+        });
+        alongAt += Math.max(...ids.map((id) => size(id)[along])) + gaps.along;
+      }
+      for (const [id, [alongPlace, acrossPlace]] of Object.entries(inBand)) {
+        const acrossAt = bandAt + acrossPlace - low;
+        places[id] = direction === "LR" ? [alongPlace, acrossAt] : [acrossAt, alongPlace];
+      }
+      alongSize = Math.max(alongSize, alongAt - gaps.along);
+      bandAt += high - low + BAND_GAP;
+    }
+    const acrossSize = bandAt - BAND_GAP;
+    return {places, ...(direction === "LR" ? {width: alongSize, height: acrossSize} : {width: acrossSize, height: alongSize})};
+  };
+  // The room the canvas leaves for nodes at 100%: its size less a margin, and the zoom buttons' height below.
+  const viewRoom = () => ({width: editor.precanvas.clientWidth - 2 * FIT_MARGIN,
+                           height: editor.precanvas.clientHeight - 2 * FIT_MARGIN - $(".wf-zoom").offsetHeight});
+  const zoomToShow = (width, height) => {
+    const room = viewRoom();
+    return Math.min(1, room.width / Math.max(width, 1), room.height / Math.max(height, 1));
+  };
+  // Places for the nodes named in `only` (all by default): left to right when the canvas shows that at
+  // COMFORTABLE_ZOOM or more, else top to bottom if that shows them larger; wrapped into bands (whose wires run back
+  // across the canvas) only when neither shows them at MIN_ZOOM. The nodes left where they are stay above.
+  const COMFORTABLE_ZOOM = 0.8;
+  const layOut = (g, only = null) => {
+    const dfIds = dfIdsById(), size = (id) => sizeOf(dfIds[id]);
+    const chosen = only ? new Set(only) : new Set(g.nodes.map((node) => node.id));
+    const levels = levelsOf(g).map((ids) => ids.filter((id) => chosen.has(id))).filter((ids) => ids.length);
+    const parents = {};
+    for (const edge of g.edges) (parents[edge.to] ||= []).push(edge.from);
+    const options = [];
+    for (let perBand = levels.length; perBand >= 1; perBand -= 1) {
+      for (const direction of ["LR", "TB"]) {
+        const option = arrange(levels, size, parents, direction, perBand);
+        options.push({...option, zoom: zoomToShow(option.width, option.height)});
+      }
+    }
+    const larger = (most, option) => (option.zoom > most.zoom + 0.02 ? option : most);
+    const [leftToRight, topToBottom] = options;
+    const unwrapped = leftToRight.zoom >= COMFORTABLE_ZOOM ? leftToRight : larger(leftToRight, topToBottom);
+    const best = unwrapped.zoom >= MIN_ZOOM ? unwrapped : options.reduce(larger);
+    const kept = g.nodes.map((node) => node.id).filter((id) => !chosen.has(id)).map((id) => dfIds[id]);
+    const [left, top] = kept.length ? [Math.min(...kept.map((dfId) => placeOf(dfId)[0])),
+                                       Math.max(...kept.map((dfId) => placeOf(dfId)[1] + sizeOf(dfId).height)) + BAND_GAP]
+                                    : [0, 0];
+    for (const [id, [x, y]] of Object.entries(best.places)) placeNode(dfIds[id], left + x, top + y);
+  };
+
+  // Wires leave a node where the flow goes: on its right when it runs left to right, at its bottom (and come in at
+  // the top) when it runs top to bottom, which is when more wires lead to a node wholly below than wholly right.
+  let downward = false;
+  const leftToRight = editor.createCurvature.bind(editor);
+  editor.createCurvature = (startX, startY, endX, endY, curvature, type) => {
+    if (!downward) return leftToRight(startX, startY, endX, endY, curvature, type);
+    const bend = Math.max(Math.abs(endY - startY) * curvature, 40);
+    return ` M ${startX} ${startY} C ${startX} ${startY + bend} ${endX} ${endY - bend} ${endX} ${endY}`;
+  };
+  const orient = (edges) => {
+    const dfIds = dfIdsById();
+    let below = 0, right = 0;
+    for (const edge of edges) {
+      const from = dfIds[edge.from], to = dfIds[edge.to];
+      if (!from || !to) continue;
+      const [fromX, fromY] = placeOf(from), [toX, toY] = placeOf(to), size = sizeOf(from);
+      if (toY >= fromY + size.height) below += 1;
+      if (toX >= fromX + size.width) right += 1;
+    }
+    downward = below > right;
+    editor.container.classList.toggle("wf-downward", downward);
+    for (const dfId of Object.keys(nodes)) editor.updateConnectionNodes(`node-${dfId}`);
+  };
+
+  // The area the nodes take, their branch labels included.
+  const nodesArea = () => {
+    let area = null;
+    for (const dfId of Object.keys(nodes)) {
+      const [x, y] = placeOf(dfId), size = sizeOf(dfId);
+      const labels = size.branches ? LABEL_ROOM[downward ? "TB" : "LR"] : 0;
+      const right = x + size.width + (downward ? 0 : labels), bottom = y + size.height + (downward ? labels : 0);
+      area = area ? {left: Math.min(area.left, x), top: Math.min(area.top, y), right: Math.max(area.right, right),
+                     bottom: Math.max(area.bottom, bottom)}
+                  : {left: x, top: y, right, bottom};
+    }
+    return area;
+  };
+  const setView = (zoom, x, y) => {
+    editor.zoom = editor.zoom_last_value = zoom;
+    editor.canvas_x = x;
+    editor.canvas_y = y;
+    editor.precanvas.style.transform = `translate(${x}px, ${y}px) scale(${zoom})`;
+  };
+  // Zoomed out as far as it takes to show every node, centred; when even the least zoom is not enough, the nodes
+  // are laid out anew first (and that layout kept when the user asked for it).
+  const fit = ({keep = false} = {}) => {
+    let area = nodesArea();
+    if (!area) return;
+    if (zoomToShow(area.right - area.left, area.bottom - area.top) < MIN_ZOOM) {
+      const g = graph();
+      layOut(g);
+      orient(g.edges);
+      area = nodesArea();
+      if (keep) { saveLayout(); recordStep(); }
+    }
+    const width = area.right - area.left, height = area.bottom - area.top;
+    const zoom = Math.max(MIN_ZOOM, zoomToShow(width, height)), room = viewRoom();
+    const left = FIT_MARGIN + Math.max(0, (room.width - width * zoom) / 2);
+    const top = FIT_MARGIN + Math.max(0, (room.height - height * zoom) / 2);
+    // Drawflow scales about the canvas's centre.
+    const centreX = editor.precanvas.clientWidth / 2, centreY = editor.precanvas.clientHeight / 2;
+    setView(zoom, left - centreX - (area.left - centreX) * zoom, top - centreY - (area.top - centreY) * zoom);
+  };
+  // The canvas grows and shrinks with the window, banners and the side panel: what is in view stays where it was.
+  let canvasSize = null;
+  new ResizeObserver(() => {
+    const width = editor.precanvas.clientWidth, height = editor.precanvas.clientHeight;
+    if (canvasSize && width && height) {
+      setView(editor.zoom, editor.canvas_x + ((canvasSize.width - width) / 2) * (1 - editor.zoom),
+              editor.canvas_y + ((canvasSize.height - height) / 2) * (1 - editor.zoom));
+    }
+    canvasSize = {width, height};
+  }).observe(editor.container);
+
+  // `places` by node id; an undo or redo keeps the view and the server's order of the edges.
+  const load = (g, {places = layout, restoring = false} = {}) => {
     loading = true;
     editor.clear();
+    editor.node_selected = editor.connection_selected = null;
     nodes = {};
     selected = null;
     inputs = clone(g.inputs || []);
-    edgeOrder = (g.edges || []).map(edgeKey);
-    const places = layoutOf(g), ids = {};
-    for (const node of g.nodes) ids[node.id] = addNode(node, ...places[node.id]);
+    if (!restoring) edgeOrder = (g.edges || []).map(edgeKey);
+    const ids = {};
+    for (const node of g.nodes) ids[node.id] = addNode(node, places[node.id]?.x ?? 0, places[node.id]?.y ?? 0);
+    const unplaced = g.nodes.filter((node) => !places[node.id]).map((node) => node.id);
+    if (unplaced.length) layOut(g, unplaced);
+    orient(g.edges);
     for (const edge of g.edges) {
       const labels = branchesOf(nodes[ids[edge.from]]);
       const output = labels.length ? Math.max(labels.indexOf(edge.branch), 0) + 1 : 1;
       editor.addConnection(ids[edge.from], ids[edge.to], `output_${output}`, "input_1");
     }
     loading = false;
-    dirty = false;
-    $(".wf-dirty").hidden = true;
-    fit();
+    if (!restoring) {
+      dirty = false;
+      $(".wf-dirty").hidden = true;
+      fit();
+      startHistory();
+    }
     renderInputs();
     renderRunForm();
     showNode(null);
   };
+
+  // --- Undo and redo: the workflow after each change (its graph and places), up to HISTORY_LIMIT of them. Edits of
+  // one node's settings or of the inputs, one keystroke after another, are one step.
+  let history = [], historyAt = -1, historyGroup = null, recordQueued = false, savedGraph = "";
+  const snapshot = () => JSON.stringify({graph: graph(), layout: currentLayout()});
+  const refreshHistoryButtons = () => {
+    const undoButton = $(".wf-undo"), redoButton = $(".wf-redo");
+    if (undoButton) undoButton.disabled = historyAt <= 0;
+    if (redoButton) redoButton.disabled = historyAt >= history.length - 1;
+  };
+  const startHistory = () => {
+    history = [snapshot()];
+    historyAt = 0;
+    historyGroup = null;
+    savedGraph = JSON.stringify(graph());
+    refreshHistoryButtons();
+  };
+  const recordStep = (group = null) => {
+    if (loading || !canEdit) return;
+    const state = snapshot();
+    if (state === history[historyAt]) return;
+    if (group && group === historyGroup && historyAt === history.length - 1) {
+      history[historyAt] = state;
+    } else {
+      history.splice(historyAt + 1, history.length, state);
+      if (history.length > HISTORY_LIMIT) history.shift();
+      historyAt = history.length - 1;
+    }
+    historyGroup = group;
+    refreshHistoryButtons();
+  };
+  // Drawflow reports one removal as several events (each wire, then the node): they make one step.
+  const recordStepSoon = () => {
+    if (loading || recordQueued) return;
+    recordQueued = true;
+    queueMicrotask(() => { recordQueued = false; recordStep(); });
+  };
+  const restore = (at) => {
+    if (at < 0 || at >= history.length) return;
+    const keepSelected = selected && nodes[selected]?.id;
+    historyAt = at;
+    historyGroup = null;
+    const state = JSON.parse(history[at]);
+    load(state.graph, {places: state.layout, restoring: true});
+    dirty = JSON.stringify(graph()) !== savedGraph;
+    $(".wf-dirty").hidden = !dirty;
+    saveLayout();
+    const reselected = keepSelected && dfIdOf(keepSelected);
+    if (reselected) selectNode(reselected);
+    refreshHistoryButtons();
+  };
+  const undo = () => restore(historyAt - 1);
+  const redo = () => restore(historyAt + 1);
 
   // --- The palette: drag a kind onto the canvas (or click it to add it beside the others).
   const palette = $(".wf-kinds");
@@ -347,15 +596,18 @@
 
   // --- Canvas events.
   editor.on("nodeSelected", (dfId) => selectNode(dfId));
-  editor.on("nodeMoved", () => saveLayout());
+  editor.on("nodeCreated", recordStepSoon);
+  editor.on("nodeMoved", () => { saveLayout(); recordStepSoon(); });
   editor.on("nodeRemoved", (dfId) => {
     delete nodes[dfId];
+    if (!editor.node_selected?.isConnected) editor.node_selected = null;  // removed from the side panel
     if (selected === dfId) showNode(null);
     refreshPalette();
     markDirty();
+    recordStepSoon();
   });
   // The start node has no input, so Drawflow makes no wire into it.
-  const rewired = () => { markDirty(); if (selected && !loading) showNode(selected); };
+  const rewired = () => { markDirty(); recordStepSoon(); if (selected && !loading) showNode(selected); };
   editor.on("connectionCreated", rewired);
   editor.on("connectionRemoved", rewired);
   if (!canEdit) {  // Drawflow selects nothing in its fixed mode: a click still shows the node's settings, read-only
@@ -364,9 +616,89 @@
       if (element) selectNode(element.id.slice(5));
     });
   }
+  // Drawflow's right-click button is a bare "x": it says what it deletes.
+  editor.container.addEventListener("contextmenu", () => {
+    const button = editor.precanvas.querySelector(".drawflow-delete");
+    if (!button) return;
+    const label = editor.connection_selected ? gettext("Delete connection") : gettext("Delete the node");
+    button.textContent = "✕";
+    button.title = label;
+    button.setAttribute("aria-label", label);
+    button.setAttribute("role", "button");
+  });
   $(".wf-zoom-in").onclick = () => editor.zoom_in();
   $(".wf-zoom-out").onclick = () => editor.zoom_out();
-  $(".wf-zoom-fit").onclick = () => fit();
+  $(".wf-zoom-fit").onclick = () => fit({keep: true});
+
+  // --- The keyboard, as in other flow editors; keys typed into a field are the field's.
+  // Selects a node or a wire on the canvas as a click does, so that Delete acts on it.
+  const selectOnCanvas = (element) => {
+    editor.node_selected?.classList.remove("selected");
+    editor.connection_selected?.classList.remove("selected");
+    const isNode = element.classList.contains("drawflow-node");
+    editor.node_selected = isNode ? element : null;
+    editor.connection_selected = isNode ? null : element;
+    element.classList.add("selected");
+  };
+  const deleteSelected = () => {
+    editor.contextmenuDel();
+    if (editor.connection_selected) {
+      editor.removeConnection();
+      return true;
+    }
+    if (editor.node_selected) {
+      editor.removeNodeId(editor.node_selected.id);
+      return true;
+    }
+    return false;
+  };
+  let clipboard = null, pastes = 0;
+  const copyNode = () => {
+    const dfId = editor.node_selected?.id.slice(5), node = nodes[dfId];
+    // Selected text is copied as text; there is one start node.
+    if (!node || node.kind === "start" || String(window.getSelection())) return false;
+    const [x, y] = placeOf(dfId);
+    clipboard = {kind: node.kind, settings: clone(node.settings), on_error: clone(node.on_error), x, y};
+    pastes = 0;
+    return true;
+  };
+  const pasteNode = () => {
+    if (!clipboard) return false;
+    pastes += 1;
+    const {kind, settings, on_error, x, y} = clipboard;
+    const dfId = addNode({id: freshId(kind), kind, settings: clone(settings), on_error: clone(on_error)},
+                         x + 40 * pastes, y + 40 * pastes);
+    markDirty();
+    selectOnCanvas(elementOf(dfId));
+    selectNode(dfId);
+    return true;
+  };
+  const typing = (target) => Boolean(target.closest?.("input, textarea, select, [contenteditable]"));
+  if (canEdit) {
+    document.addEventListener("keydown", (event) => {
+      if (typing(event.target) || event.altKey) return;
+      const command = event.ctrlKey || event.metaKey, key = event.key.toLowerCase();
+      let handled = false;
+      if (!command && (event.key === "Delete" || event.key === "Backspace")) handled = deleteSelected();
+      else if (command && key === "z") { (event.shiftKey ? redo : undo)(); handled = true; }
+      else if (command && key === "y") { redo(); handled = true; }
+      else if (command && key === "c") handled = copyNode();
+      else if (command && key === "v") handled = pasteNode();
+      if (handled) event.preventDefault();
+    });
+    $(".wf-undo").onclick = undo;
+    $(".wf-redo").onclick = redo;
+  }
+
+  // --- The side panel folds away, leaving its width to the canvas; the choice is kept in this browser.
+  const sideToggle = $(".wf-side-toggle");
+  const showSide = (shown) => {
+    $(".wf-body").classList.toggle("wf-side-hidden", !shown);
+    sideToggle.setAttribute("aria-expanded", String(shown));
+    localStorage.setItem("workflow-side-panel", shown ? "shown" : "hidden");
+  };
+  sideToggle.onclick = () => showSide(sideToggle.getAttribute("aria-expanded") !== "true");
+  showSide(localStorage.getItem("workflow-side-panel") !== "hidden");
 
   // --- Tabs.
   const showTab = (name) => {
@@ -385,7 +717,7 @@
     showTab("node");
     showNode(dfId);
   };
-  const changed = (dfId) => { refreshNode(dfId); markDirty(); };
+  const changed = (dfId) => { refreshNode(dfId); markDirty(); recordStep(`settings:${dfId}`); };
   const field = (label, control, hint = "") => make("label", {}, label, control,
                                                      hint ? make("span", {className: "muted small", textContent: hint}) : null);
   const textControl = (node, dfId, key, {multiline = false, refs = "braces", code = false} = {}) => {
@@ -688,6 +1020,7 @@
     Object.keys(nodes).forEach(refreshNode);
     saveLayout();
     markDirty();
+    recordStep();
     return "";
   };
 
@@ -754,6 +1087,7 @@
     markDirty();
     const start = dfIdOf("start");
     if (start) refreshNode(start);
+    recordStep("inputs");
   };
   const addInput = $(".wf-add-input");
   if (addInput) {
@@ -771,12 +1105,19 @@
     element.classList.remove("wf-invalid");
     delete element.dataset.error;
   });
+  // A new workflow's first wire, start straight to the answer, is easily left when nodes are put in between.
+  const leftoverWire = (g) => {
+    const kinds = Object.fromEntries(g.nodes.map((node) => [node.id, node.kind]));
+    return g.edges.find((edge) => kinds[edge.from] === "start" && kinds[edge.to] === "answer"
+                        && g.edges.some((other) => other !== edge && (other.from === edge.from || other.to === edge.to)));
+  };
   const save = async () => {
     clearInvalid();
     try {
       clearTimeout(layoutTimer);
+      const sent = graph();
       const saved = await api("PUT", `${API}${data.id}/`, {name: data.name, description: data.description,
-                                                           graph: graph(), layout: currentLayout()});
+                                                           graph: sent, layout: currentLayout()});
       layout = saved.layout;
       const before = version;
       version = saved.version;
@@ -789,8 +1130,19 @@
       }
       dirty = false;
       $(".wf-dirty").hidden = true;
-      message(version === before ? gettext("Saved; nothing had changed.")
-                                 : interpolate(gettext("Saved: version %s."), [version]), "success");
+      savedGraph = JSON.stringify(graph());
+      const said = version === before ? gettext("Saved; nothing had changed.")
+                                      : interpolate(gettext("Saved: version %s."), [version]);
+      const leftover = leftoverWire(sent);
+      if (leftover) {
+        const dfIds = dfIdsById();
+        const wire = editor.precanvas.querySelector(
+          `.connection.node_out_node-${dfIds[leftover.from]}.node_in_node-${dfIds[leftover.to]} .main-path`);
+        if (wire) selectOnCanvas(wire);
+        message(`${said} ${interpolate(gettext("The wire from start straight to %s is still there beside other paths; it is selected: press Delete to remove it."), [leftover.to])}`, "warning");
+      } else {
+        message(said, "success");
+      }
       if (selected) showNode(selected);
       return true;
     } catch (error) {
@@ -848,14 +1200,16 @@
     element.dataset.status = record.status;
     const result = $(".wf-result", element);
     if (record.status === "running") {
-      result.textContent = "";
+      result.textContent = result.title = "";
       return;
     }
     lastRun[record.node] = record;
     const timing = record.latency_ms !== null && record.latency_ms !== undefined ? `${Math.round(record.latency_ms)} ms · ` : "";
-    if (record.status === "failed") result.textContent = timing + (record.error_text || record.error || "");
-    else if (record.status === "skipped") result.textContent = STATUS_LABELS.skipped;
-    else result.textContent = timing + clip(asText(record.outputs?.output ?? record.outputs ?? ""), 140);
+    const text = record.status === "failed" ? record.error_text || record.error || ""
+      : asText(record.outputs?.output ?? record.outputs ?? "");
+    // The node shows the first lines (clipped by its style); the whole output is its tooltip and in the side panel.
+    result.textContent = record.status === "skipped" ? STATUS_LABELS.skipped : timing + clip(text, 300);
+    result.title = record.status === "skipped" ? "" : clip(text, 4000);
     if (selected === dfId) showNode(dfId);
   };
   const runStatus = (status, detail = {}) => {
@@ -927,7 +1281,8 @@
       lastRun = {};
       root.querySelectorAll(".drawflow-node").forEach((element) => {
         delete element.dataset.status;
-        $(".wf-result", element).textContent = "";
+        const result = $(".wf-result", element);
+        result.textContent = result.title = "";
       });
       $(".wf-run-answer").textContent = "";
       runStatus(run.status);

@@ -1,6 +1,7 @@
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
@@ -133,3 +134,19 @@ def test_only_a_platform_administrator_signed_in_makes_a_platform_key_and_the_li
     page = Client()
     page.login(username="ann", password="correct-horse-battery")
     assert 'name="scope"' in page.get("/keys/").content.decode()
+
+
+def test_a_key_made_in_the_gui_is_shown_once_with_a_copy_button_that_needs_no_network(make_workspace):
+    make_workspace("Acme", owner="ann")
+    page = Client()
+    page.login(username="ann", password="correct-horse-battery")
+
+    shown = page.post("/keys/", {"name": "intranet-bot", "role": "developer"}, follow=True).content.decode()
+
+    stored = ApiKey.objects.get(name="intranet-bot")
+    assert f'id="new-key" class="secret" readonly value="afk_{stored.prefix}' in shown
+    assert 'data-copy="new-key"' in shown and "js/copy.js" in shown
+    assert 'id="new-key"' not in page.get("/keys/").content.decode()
+    # The Clipboard API exists only on HTTPS or localhost: over plain HTTP the field is selected and copied.
+    script = (settings.BASE_DIR / "static" / "js" / "copy.js").read_text()
+    assert "navigator.clipboard.writeText" in script and 'document.execCommand("copy")' in script

@@ -86,7 +86,8 @@ def test_publish_then_chat_through_the_widget_embedded_on_another_site(platform,
     page.goto("/apps/handbook/logs/?feedback=down")
     row = page.locator(f"tr[data-trace='{feedback.trace.public_id}']")
     expect(row).to_contain_text("How many days of annual leave")
-    expect(row.locator("[data-field=feedback]")).to_have_text("👎 “It did not say who approves.”")
+    expect(row.locator("[data-field=feedback]")).to_have_text("“It did not say who approves.”")
+    expect(row.locator("[data-field=feedback] [data-rating=down] svg")).to_be_visible()
 
     # The same page served from an origin the app does not list: the browser refuses to frame the chat.
     stranger = open_page(f"http://127.0.0.1:{port}")

@@ -48,7 +48,7 @@ def test_three_documents_to_a_published_assistant_and_its_web_chat_in_five_steps
     assert not App.objects.exists(), "nothing is published before the documents are indexed"
     publish.click()  # 4: publish
 
-    expect(page.locator(".msg.success")).to_contain_text("Its API key, shown only now")
+    expect(page.locator("#issued-key")).to_contain_text("shown only now")
     app = App.objects.get()
     page.goto(f"/apps/{app.slug}/widget?token={app.widget_token}")  # 5: the web chat, as embedded
     page.get_by_placeholder("Ask a question").fill("How many days of annual leave do employees get?")

@@ -51,8 +51,11 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("world")]
 SAMPLES = settings.BASE_DIR / "rag_studio" / "samples"
 # Content the product ships as data a user may edit (the demo agent, its tool and scenarios, the sample dataset's
 # description): stored text, not GUI strings.
-SHIPPED_DATA = [demo.TOOL_CODE, "Count the words of a text.", "Counts the words of a text with a sandboxed tool.",
-                *(scenario[field] for scenario in demo.SCENARIOS for field in ("name", "input")),
+# The demo is made in the language active when the world is built: either language's texts are its data.
+SHIPPED_DATA = [demo.TOOL_CODE, *(texts[field] for texts in demo.TEXTS.values()
+                                  for field in ("tool_description", "description")),
+                *(scenario[field] for texts in demo.TEXTS.values() for scenario in texts["scenarios"]
+                  for field in ("name", "input")),
                 "Short instruction/answer pairs shipped with AI Factory (English and Chinese)."]
 # English that reaches a Chinese page from outside the GUI's strings, each with why it is still English (the work
 # left, named): a test that meets any other English sentence fails.
@@ -195,6 +198,7 @@ def build_world() -> None:
                         "json_field": {"path": "words", "value": 4}, "judge": {"value": "Says a number"}}.items():
         agents.save_scenario(actor=owner, agent=agent, name=f"{kind} 检查", input="数一数“a b”。",
                              checks=[{"kind": kind, **check}])
+    agents.start_run(actor=owner, agent=agent, input="数一数“a b c”。")  # its page, from the debug chat's list
     agents.start_evaluation(actor=owner, agent=agent)
     cancelled = agents.start_evaluation(actor=owner, agent=agent)
     agents.cancel_evaluation(actor=owner, evaluation=cancelled)

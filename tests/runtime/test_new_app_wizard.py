@@ -49,6 +49,9 @@ def test_documents_are_indexed_before_the_assistant_is_published_with_its_key(ow
                                   ("scan.pdf", b"%PDF-1.4 not really a PDF")])
     waiting = owner.get(step).content.decode()
     assert "0 of 3 documents indexed" in waiting and 'data-busy="1"' in waiting
+    # The page polls its knowledge base's progress (rag.js redraws each row's place in line from it).
+    kb_id = KnowledgeBase.objects.get(workspace=acme).pk
+    assert f'data-url="/rag/kb/{kb_id}/progress/"' in waiting and waiting.count('data-field="queue"') == 3
     assert 'id="wizard-publish"' not in waiting and not App.objects.exists()
     early = owner.post(step)
     assert early.status_code == 409 and "3 of 3 documents are still being indexed" in early.content.decode()
@@ -67,7 +70,11 @@ def test_documents_are_indexed_before_the_assistant_is_published_with_its_key(ow
     assert response.redirect_chain[-1][0] == f"/apps/{app.slug}/"
     page = response.content.decode()
     key = AppKey.objects.get(app=app)
-    assert "Its API key, shown only now: " in page and key.prefix in page
+    issued = page[page.index('id="issued-key"'):page.index("</div>", page.index('id="issued-key"'))]
+    # The key, once, in a field with a Copy button; the page shown again has forgotten it.
+    assert "shown only now" in issued and f'value="afa_{key.prefix}' in issued
+    assert 'data-copy="issued-app-key"' in issued
+    assert 'id="issued-key"' not in owner.get(f"/apps/{app.slug}/").content.decode()
     assert app.rag_config.name == "Northwind help" and app.current_release.config_version.settings["model"] == SMOLLM2
     assert app.rag_config.knowledge_base == kb and 'id="embed-snippet"' in page
     # The step is done: coming back to it goes to the app, never publishes a second one.
@@ -94,7 +101,7 @@ def test_an_agent_from_a_template(owner, acme):
     response = owner.post("/new-app/", {"path": "agent", "name": "helper", "template": "tool_calling",
                                         "model": SMOLLM2}, follow=True)
     app = App.objects.get(workspace=acme)
-    assert app.agent.name == "helper" and "Its API key, shown only now" in response.content.decode()
+    assert app.agent.name == "helper" and 'data-copy="issued-app-key"' in response.content.decode()
 
 
 def test_a_refused_form_keeps_the_name_and_leaves_nothing_behind(owner, acme):

@@ -62,4 +62,8 @@ def test_a_thumbs_down_comment_shows_in_the_logs(owner, app):
 
     logs = owner.get(f"/apps/{app.slug}/logs/?feedback=down").content.decode()
 
-    assert "👎 <span class=\"small feedback-comment\">“Too vague.”</span>" in logs
+    cell = logs[logs.index('data-field="feedback"'):]
+    cell = cell[:cell.index("</td>")]
+    # The vote is an inline icon, not an emoji a machine without an emoji font draws as an empty box.
+    assert 'data-rating="down"' in cell and "<svg" in cell and "👎" not in cell
+    assert '<span class="small feedback-comment">“Too vague.”</span>' in cell

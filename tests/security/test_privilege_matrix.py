@@ -235,7 +235,7 @@ PRIVILEGES.update({key: ROWS for key in """
     rag-kb-settings rag-hit-test rag-document rag-document-action rag-config-new rag-config rag-config-chat
     rag-config-export-gui rag-config-chat-stream rag-evals rag-eval-run rag-tuning enhancement-dataset
     enhancement-job enhancement-job-live agents agent agent-delete agent-chat agent-evaluation
-    agent-evaluation-report agent-evaluation-export-gui apps app app-export-gui app-logs app-trace
+    agent-evaluation-report agent-evaluation-export-gui agent-run apps app app-export-gui app-logs app-trace
     workflow-validate workflow-versions workflow-run-list workflow-run-detail workflow-run-events workflow-run-cancel
     workflow-scenarios workflow-delete-scenario workflow-evaluation-detail workflow-evaluation-cancel
     workflows workflow workflow-delete app-monitoring-gui app-monitoring-data new-app-indexing

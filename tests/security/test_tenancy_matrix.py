@@ -144,6 +144,7 @@ MATRIX: dict[str, object] = {
     **{name: _pk("agent", "agent_id") for name in ("agent", "agent-delete", "agent-chat", "agent-evaluation")},
     **{name: Scoped("agent_run", lambda o: {"public_id": o["agent_run"].public_id}) for name in (
         "agent-run-detail", "agent-run-approve", "agent-run-cancel", "agent-run-events")},
+    "agent-run": Scoped("agent_run", lambda o: {"run_id": o["agent_run"].public_id}),
     "agent-thread-variables": Scoped("agent_thread", lambda o: {"public_id": o["agent_thread"].public_id}),
     "agent-scenario-detail": _pk("scenario"), "agent-evaluation-detail": _pk("agent_eval"),
     "agent-evaluation-export": _pk("agent_eval"), "agent-evaluation-cancel": _pk("agent_eval"),
