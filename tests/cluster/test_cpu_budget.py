@@ -95,19 +95,27 @@ def test_the_ingestion_worker_make_run_starts_yields_the_cores_to_the_engines(tm
     worker = subprocess.Popen(["scripts/proc.sh", "worker"], cwd=ROOT, env=env, stdout=log.open("wb"),
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(lambda: b"ready." in log.read_bytes(), timeout=90, what="the worker to be ready")
-        pool = psutil.Process(worker.pid).children()
-        assert pool and "celery" in psutil.Process(worker.pid).cmdline()[1]
+        pool = wait_for(lambda: _celery_pool(worker.pid), timeout=90, what="the worker's pool processes")
+        # A process can only raise its nice value: run under a niced test session, the worker keeps that one.
+        expected_nice = max(cpu_budget.DEFAULT_BACKGROUND_NICE, os.getpriority(os.PRIO_PROCESS, 0))
         for member in [psutil.Process(worker.pid), *pool]:
-            assert member.nice() == cpu_budget.DEFAULT_BACKGROUND_NICE
+            assert member.nice() == expected_nice
             assert os.sched_getscheduler(member.pid) == os.SCHED_BATCH
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            pytest.fail(f"The worker did not stop:\n{log.read_text()}")
+        # Killed outright: a worker still starting defers SIGTERM, and how it stops is not what this test is about.
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=30)
+
+
+def _celery_pool(pid: int) -> list[psutil.Process]:
+    """The pool processes of the Celery worker `pid` has become (scripts/proc.sh execs it), once forked."""
+    try:
+        main = psutil.Process(pid)
+        if "celery" not in " ".join(main.cmdline()):
+            return []
+        return [child for child in main.children() if "celery" in " ".join(child.cmdline())]
+    except psutil.NoSuchProcess:  # a child of the script's start that ended meanwhile
+        return []
 
 
 def test_the_nodes_page_says_how_its_cores_are_shared(admin_client: Client):

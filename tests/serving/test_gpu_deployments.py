@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from accounts.services import SYSTEM
-from cluster import inventory
+from cluster import cpu_budget, inventory
 from cluster.services import register_node
 from serving import services
 from serving.engines.base import Listen, engine
@@ -67,8 +67,10 @@ def test_a_deployment_on_a_cpu_node_is_launched_as_before(smollm2, tmp_path):
     deployment = deploy(smollm2, [node("cpu-box")], "on-cpu")
     assert deployment.settings == {}
     argv = command_line(deployment, tmp_path)
-    # Two threads, two slots a thread; nothing on a GPU; no GPU flag at all.
-    assert (flag(argv, "--n-gpu-layers"), flag(argv, "--parallel"), flag(argv, "--threads")) == ("0", "4", "2")
+    # The node's engine threads (cluster/cpu_budget.py), four slots at least; nothing on a GPU; no GPU flag at all.
+    threads = cpu_budget.budget().engine_threads
+    assert (flag(argv, "--n-gpu-layers"), flag(argv, "--parallel"), flag(argv, "--threads")) == (
+        "0", str(min(8, 2 * max(threads, 2))), str(threads))
     assert not {"--flash-attn", "--batch-size", "--ubatch-size", "--backend-sampling"} & set(argv)
 
 

@@ -116,7 +116,7 @@ while not go.exists():
     time.sleep(0.005)
 start = float(go.read_text())
 for round in range(rounds):
-    time.sleep(max(0.0, start + round * 0.2 - time.time()))
+    time.sleep(max(0.0, start + round * 0.05 - time.time()))
     settings.DATA_DIR = base / f"round-{round}"
     vault._fernet.cache_clear()
     print(round, vault.encrypt(f"from {os.getpid()}"), flush=True)
