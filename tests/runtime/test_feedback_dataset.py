@@ -47,7 +47,7 @@ def test_the_logs_page_exports_them_and_opens_the_dataset(acme, app):
     answered(app, "How many leave days?", "25 days a year.", rating=1)
     client = Client()
     client.login(username="ann", password="correct-horse-battery")
-    assert b"Export \xf0\x9f\x91\x8d answers as a fine-tuning dataset" in client.get("/apps/handbook/logs/").content
+    assert b"Export the up-voted answers as a fine-tuning dataset" in client.get("/apps/handbook/logs/").content
 
     page = client.post("/apps/handbook/logs/", {"dataset_name": "leave answers"}, follow=True)
 
