@@ -2,6 +2,7 @@
 bulk upload is being ingested, and what sharing costs the bulk upload.
 
     .venv/bin/python -m bench.fairness [--documents 1000] [--words 60-300] [--b-every-s 20] [--timeout-min 20] [--keep]
+    .venv/bin/python -m bench.fairness --three [--documents 1000] [--c-documents 300] [--b-every-s 20] ...
 
 Workspace A uploads --documents generated text documents (distinct, --words words each: by default 1-3 chunks) at
 once into a knowledge base,
@@ -14,6 +15,17 @@ preset engines (8 prompts, token F1: no judge, 32 tokens an answer). Figures:
 - the broker's `ingest` and `interactive` Redis lists, sampled every second, against the items still live for that
   queue (documents queued or being ingested, jobs queued or running) plus its worker slots.
 The issue's targets are printed beside the figures; nothing is asserted.
+
+--three (issue 49: a loaded box, three workspaces) makes one run instead of the two: workspace A uploads its
+--documents as above, then workspace C uploads --c-documents Chinese man pages (bench/helpers/manpages.py's zh_CN
+pages of Debian's manpages-zh, spread over the package, each cut to its first C_PAGE_CHARS characters) into a
+knowledge base on the multilingual-e5-small preset, while B uploads a document every --b-every-s seconds (for as
+long as A's or C's documents are being ingested) and starts the same tuning job and calibration. Figures: B's
+document waits, upload to leaving `queued` and upload to indexed, p50/p95/max (issue 49's target: the
+leaving-`queued` p95 <= 30 s); A's and C's documents/min (and chunks/min), each from the start of its upload to the
+last of its documents' indexed time; B's jobs' waits and the broker's lists as above. A warm-up knowledge base on
+the multilingual model in C's workspace (12 other pages) is ingested beside A's and B's before the run. Without
+--three the bench runs as before (A alone, then A with B), its figures comparable with earlier ones.
 
 Self-contained like bench.ingest_workers: a private data dir and SQLite database, a redis-server of its own on a free
 loopback port, and the processes `make run` starts, each as `scripts/proc.sh <role>`: worker (ingest, 2 pool
@@ -36,7 +48,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,6 +88,7 @@ from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from accounts.services import SYSTEM, Actor, create_workspace  # noqa: E402
+from bench.helpers import manpages  # noqa: E402
 from bench.helpers.synthetic import Prose  # noqa: E402
 from cluster import inventory, queues  # noqa: E402
 from cluster.services import register_node  # noqa: E402
@@ -86,7 +99,7 @@ from rag_studio.pipeline.storage import UploadedFile  # noqa: E402
 from serving.engines import process  # noqa: E402
 from serving.groups import services as group_services  # noqa: E402
 from serving.models import CalibrationRun, Deployment, GroupPolicy, ModelGroup, Replica, ServingState  # noqa: E402
-from serving.presets import GEMMA3, SMOLLM2, register_presets  # noqa: E402
+from serving.presets import GEMMA3, MULTILINGUAL_E5, SMOLLM2, register_presets  # noqa: E402
 from serving.services import create_deployment, start_deployment  # noqa: E402
 
 PROC_SH = ROOT / "scripts" / "proc.sh"
@@ -117,7 +130,7 @@ CALIBRATION_PROMPTS = [
     ("What is frozen water called?", "Ice"),
     ("Which planet do we live on?", "Earth"),
 ]
-TARGET_DOCUMENT_P95_S = 30.0
+TARGET_DOCUMENT_P95_S = 30.0  # issue 31's, and issue 49's on a loaded box (--three)
 TARGET_JOB_WAIT_S = 15.0
 TARGET_THROUGHPUT_RATIO = 0.90
 DOCUMENT_DONE = (DocumentStatus.INDEXED, DocumentStatus.FAILED)
@@ -220,6 +233,29 @@ def documents(prefix: str, count: int, seed: int, words: tuple[int, int]) -> lis
     return [(f"{prefix}-{index:05d}.txt",
              f"{prefix} {index}: {prose.title()}\n\n{prose.passage(prose.rng.randint(*words))}\n".encode())
             for index in range(count)]
+
+
+# C's pages (--three) are cut here: the median zh_CN page has about 1,500 characters, but a few run to 240,000 (one
+# document of hundreds of chunks, a slot's work for minutes, whichever page the spread happens to pick).
+C_PAGE_CHARS = 4000
+
+
+def chinese_pages(count: int, warm_up: int) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+    """`count` Chinese man pages for the run and `warm_up` others for the warm-up, spread over manpages-zh's zh_CN
+    pages (fetched into the bench cache on first use), each a text document of its path and text."""
+    root = manpages.debian_package(manpages.CHINESE_PACKAGE) / "usr/share/man/zh_CN"
+    pages = [page for path in sorted(root.glob("man*/*.gz"))
+             if (page := manpages.read_page(path, str(path.relative_to(root))[:-3], C_PAGE_CHARS)) is not None
+             and page.text.strip()]
+    if len(pages) < count + warm_up:
+        raise SystemExit(f"Only {len(pages)} Chinese man pages are at hand, {warm_up} of them for the warm-up; ask "
+                         f"for --c-documents {len(pages) - warm_up} or fewer")
+    total = count + warm_up
+    spread = [(page.path.replace("/", "-") + ".txt", f"{page.path}\n\n{page.text}\n".encode())
+              for page in (pages[index * len(pages) // total] for index in range(total))]
+    warm = set(range(0, total, total // warm_up)[:warm_up]) if warm_up else set()
+    return ([file for index, file in enumerate(spread) if index not in warm],
+            [file for index, file in enumerate(spread) if index in warm])
 
 
 def word_range(text: str) -> tuple[int, int]:
@@ -357,10 +393,11 @@ class BWork:
     uploads: list[tuple[str, bytes]] = field(default_factory=list)
 
 
-def b_work(b: BWork, monitor: Monitor, started: float, every_s: float, a_done: threading.Event,
+def b_work(b: BWork, monitor: Monitor, started: float, every_s: float, bulks_done: threading.Event,
            errors: list[str]) -> None:
-    """B's schedule from A's upload start: a tuning job at TUNING_AT_S, a calibration at CALIBRATION_AT_S, and a
-    document every `every_s` (the first at half that) while A's documents are being ingested."""
+    """B's schedule from the bulk upload's start: a tuning job at TUNING_AT_S, a calibration at CALIBRATION_AT_S, and a
+    document every `every_s` (the first at half that) while the bulk's documents (A's, and C's with --three) are
+    being ingested."""
     events = [(TUNING_AT_S, "tuning"), (CALIBRATION_AT_S, "calibration")]
     events += [(every_s / 2 + n * every_s, "document") for n in range(len(b.uploads))]
     uploads = iter(b.uploads)
@@ -369,8 +406,8 @@ def b_work(b: BWork, monitor: Monitor, started: float, every_s: float, a_done: t
             delay = max(started + at - time.time(), 0)
             if kind != "document":
                 time.sleep(delay)
-            elif a_done.wait(delay):
-                continue  # A is done: B's documents were to arrive during A's run
+            elif bulks_done.wait(delay):
+                continue  # the bulk is done: B's documents were to arrive while it was being ingested
             if kind == "document":
                 row = Document.objects.select_related("knowledge_base").get(
                     pk=upload(b.actor, b.kb, [next(uploads)])[0])
@@ -382,14 +419,14 @@ def b_work(b: BWork, monitor: Monitor, started: float, every_s: float, a_done: t
                     items=[{"prompt": prompt, "reference": reference} for prompt, reference in CALIBRATION_PROMPTS],
                     metric="token_f1", max_tokens=CALIBRATION_MAX_TOKENS)
             monitor.tracked.append(Tracked(kind, row.pk, row.created_at.timestamp(), start_estimate(kind, row)))
-    except Exception as exc:  # reported by run_a: a run without B's work measures nothing
+    except Exception as exc:  # reported by run_bulks: a run without B's work measures nothing
         errors.append(f"{type(exc).__name__}: {exc}")
         raise
     finally:
         connection.close()
 
 
-# ---- one run of A ----
+# ---- one run of the bulk uploads ----
 
 
 @dataclass
@@ -401,53 +438,81 @@ class Run:
     upload_s: float
     samples: list[Sample]
     tracked: list[Tracked]
-    done_at: list[float]  # each of A's documents' last update (indexed), from the start of the upload
+    done_at: list[float]  # each of the bulk's documents' last update (indexed), from the start of its upload
+    chunks: int = 0
 
     @property
     def rate(self) -> float:
         return self.documents / self.seconds
 
 
+@dataclass
+class Bulk:
+    """One workspace's bulk upload in a run: its label in the report, knowledge base and documents."""
+
+    label: str
+    kb: KnowledgeBase
+    files: list[tuple[str, bytes]]
+
+
 def run_a(label: str, actor: Actor, kb: KnowledgeBase, files: list[tuple[str, bytes]], b: BWork | None,
           every_s: float, timeout_s: float) -> Run:
-    print(f"-- {label}: uploading {len(files)} documents", flush=True)
-    monitor, a_done, errors = Monitor(), threading.Event(), []
+    (run,) = run_bulks(label, actor, [Bulk(label, kb, files)], b, every_s, timeout_s)
+    return run
+
+
+def run_bulks(label: str, actor: Actor, bulks: list[Bulk], b: BWork | None, every_s: float,
+              timeout_s: float) -> list[Run]:
+    """Each bulk uploaded in one call, one after the other, while B works (where given) until all are ingested.
+    B's times are from the start of the first upload; each bulk's own from the start of its upload."""
+    what = [f"{len(bulk.files)} documents" + (f" ({bulk.label})" if len(bulks) > 1 else "") for bulk in bulks]
+    print(f"-- {label}: uploading {', '.join(what)}", flush=True)
+    monitor, bulks_done, errors = Monitor(), threading.Event(), []
     monitor.start()
     started = time.time()
     worker = None
     if b is not None:
-        worker = threading.Thread(target=b_work, args=(b, monitor, started, every_s, a_done, errors), daemon=True)
+        worker = threading.Thread(target=b_work, args=(b, monitor, started, every_s, bulks_done, errors),
+                                  daemon=True)
         worker.start()
+    uploaded = []  # (bulk, its document ids, its upload's start, the upload call's seconds)
     try:
-        ids = upload(actor, kb, files)
-        upload_s = time.time() - started
-        print(f"  uploaded in {upload_s:.1f} s", flush=True)
-        wait_documents(ids, timeout_s, label)
-        a_done.set()
+        for bulk in bulks:
+            began = time.time()
+            ids = upload(actor, bulk.kb, bulk.files)
+            uploaded.append((bulk, ids, began, time.time() - began))
+            print(f"  {bulk.label + ': ' if len(bulks) > 1 else ''}uploaded in {uploaded[-1][3]:.1f} s", flush=True)
+        wait_documents([pk for _bulk, ids, _began, _upload_s in uploaded for pk in ids], timeout_s, label)
+        bulks_done.set()
         if worker is not None:
             worker.join()
             if errors:
                 raise RuntimeError(f"B's work failed: {errors[0]}")
             _wait_tracked(monitor, timeout_s)
     finally:
-        a_done.set()
+        bulks_done.set()
         monitor.stop()
-    done_at = sorted(at.timestamp() - started for at in Document.objects.filter(pk__in=ids).values_list(
-        "updated_at", flat=True))
-    failed = Document.objects.filter(pk__in=ids, status=DocumentStatus.FAILED).count()
-    return Run(label, len(ids), failed, done_at[-1], upload_s, monitor.samples,
-               [_relative(item, started) for item in monitor.tracked], done_at)
+    tracked = [_relative(item, started) for item in monitor.tracked]
+    runs = []
+    for bulk, ids, began, upload_s in uploaded:
+        rows = Document.objects.filter(pk__in=ids)
+        done_at = sorted(at.timestamp() - began for at in rows.values_list("updated_at", flat=True))
+        failed = rows.filter(status=DocumentStatus.FAILED).count()
+        chunks = sum(rows.values_list("chunk_count", flat=True))
+        runs.append(Run(bulk.label, len(ids), failed, done_at[-1], upload_s, monitor.samples, tracked, done_at,
+                        chunks))
+    return runs
 
 
 def _wait_tracked(monitor: Monitor, timeout_s: float) -> None:
-    """B's work after A's last document: until every piece started and finished (or the time is up)."""
+    """B's work after the bulks' last document: until every piece started and finished (or the time is up)."""
     deadline = time.monotonic() + timeout_s
     while any(item.finished is None for item in monitor.tracked) and time.monotonic() < deadline:
         time.sleep(1)
 
 
 def _relative(item: Tracked, origin: float) -> Tracked:
-    """Times from A's upload start, for the report."""
+    """Times from the (first) bulk upload's start, for the report."""
     def shift(value):
         return None if value is None else value - origin
     return Tracked(item.kind, item.pk, item.created - origin, item.estimate_s, shift(item.started),
@@ -523,9 +588,53 @@ def rate_while_jobs_ran(run: Run) -> tuple[str, str, str] | None:
             f"over {run.seconds - busy_s:.0f} s", "")
 
 
-def report(alone: Run, with_b: Run) -> None:
-    b_docs = [item for item in with_b.tracked if item.kind == "document"]
+def b_document_rows(tracked: list[Tracked], during: str) -> list[tuple[str, str, str]]:
+    """B's documents: upload to leaving `queued` (the target's wait) and upload to indexed, p50 / p95 / max."""
+    b_docs = [item for item in tracked if item.kind == "document"]
     waits = [item.wait_s for item in b_docs if item.wait_s is not None]
+    if not waits:
+        return [("B document wait", f"no document uploaded during {during}", "")]
+    p95 = nearest_rank(waits, 95)
+    unstarted = len(b_docs) - len(waits)
+    rows = [(f"B document wait p50 / p95 / max (n={len(b_docs)})",
+             f"{nearest_rank(waits, 50):.1f} / {p95:.1f} / {max(waits):.1f} s"
+             + (f"; {unstarted} never started" if unstarted else ""),
+             verdict(p95 <= TARGET_DOCUMENT_P95_S and not unstarted, f"p95 <= {TARGET_DOCUMENT_P95_S:.0f} s"))]
+    indexed = [item.finished - item.created for item in b_docs if item.finished is not None]
+    if indexed:
+        unfinished = len(b_docs) - len(indexed)
+        rows.append(("B document upload -> indexed p50 / p95 / max",
+                     f"{nearest_rank(indexed, 50):.1f} / {nearest_rank(indexed, 95):.1f} / {max(indexed):.1f} s"
+                     + (f"; {unfinished} unfinished" if unfinished else ""), ""))
+    return rows
+
+
+def job_rows(run: Run) -> list[tuple[str, str, str]]:
+    return [job_row(run, "tuning", f"tuning ({TUNING_TRIALS} trials)"),
+            job_row(run, "calibration", f"calibration ({len(CALIBRATION_PROMPTS)} prompts)")]
+
+
+def print_table(rows: list[tuple[str, str, str]], issue: str) -> None:
+    width = max(len(label) for label, _, _ in rows)
+    value_width = min(max(len(value) for _, value, _ in rows), 90)
+    print(f"\n{'figure':<{width}}  {'value':<{value_width}}  target ({issue})")
+    for label, value, target in rows:
+        print(f"{label:<{width}}  {value:<{value_width}}  {target}")
+
+
+def print_tracked(tracked: list[Tracked], origin: str) -> None:
+    print(f"\nB's work, seconds from the start of {origin} (estimate: the start the product showed when queued):")
+    print(f"{'kind':<12}{'id':>6}{'created':>9}{'estimate':>10}{'started':>9}{'wait':>7}{'finished':>10}  final")
+    for item in tracked:
+        estimate = "-" if item.estimate_s is None else f"{item.estimate_s:.1f}"
+        started = "-" if item.started is None else f"{item.started:.1f}"
+        wait = "-" if item.wait_s is None else f"{item.wait_s:.1f}"
+        finished = "-" if item.finished is None else f"{item.finished:.1f}"
+        print(f"{item.kind:<12}{item.pk:>6}{item.created:>9.1f}{estimate:>10}{started:>9}{wait:>7}{finished:>10}  "
+              f"{item.final}")
+
+
+def report(alone: Run, with_b: Run) -> None:
     ratio = with_b.rate / alone.rate
     rows = [
         ("A alone: documents/s", f"{alone.rate:.2f} ({alone.documents} in {alone.seconds:.0f} s, upload call "
@@ -537,36 +646,26 @@ def report(alone: Run, with_b: Run) -> None:
     ]
     if split := rate_while_jobs_ran(with_b):
         rows.append(split)
-    if waits:
-        p95 = nearest_rank(waits, 95)
-        unstarted = len(b_docs) - len(waits)
-        rows.append((f"B document wait p50 / p95 / max (n={len(b_docs)})",
-                     f"{nearest_rank(waits, 50):.1f} / {p95:.1f} / {max(waits):.1f} s"
-                     + (f"; {unstarted} never started" if unstarted else ""),
-                     verdict(p95 <= TARGET_DOCUMENT_P95_S and not unstarted, f"p95 <= {TARGET_DOCUMENT_P95_S:.0f} s")))
-        indexed = [item.finished - item.created for item in b_docs if item.finished is not None]
-        if indexed:
-            rows.append(("B document upload -> indexed p50 / max", f"{nearest_rank(indexed, 50):.1f} / "
-                                                                   f"{max(indexed):.1f} s", ""))
-    else:
-        rows.append(("B document wait", "no document uploaded during A's run", ""))
-    rows += [job_row(with_b, "tuning", f"tuning ({TUNING_TRIALS} trials)"),
-             job_row(with_b, "calibration", f"calibration ({len(CALIBRATION_PROMPTS)} prompts)")]
+    rows += b_document_rows(with_b.tracked, "A's run")
+    rows += job_rows(with_b)
     rows += queue_rows(alone) + queue_rows(with_b)
-    width = max(len(label) for label, _, _ in rows)
-    value_width = min(max(len(value) for _, value, _ in rows), 90)
-    print(f"\n{'figure':<{width}}  {'value':<{value_width}}  target (issue 31)")
-    for label, value, target in rows:
-        print(f"{label:<{width}}  {value:<{value_width}}  {target}")
-    print("\nB's work, seconds from the start of A's upload (estimate: the start the product showed when queued):")
-    print(f"{'kind':<12}{'id':>6}{'created':>9}{'estimate':>10}{'started':>9}{'wait':>7}{'finished':>10}  final")
-    for item in with_b.tracked:
-        estimate = "-" if item.estimate_s is None else f"{item.estimate_s:.1f}"
-        started = "-" if item.started is None else f"{item.started:.1f}"
-        wait = "-" if item.wait_s is None else f"{item.wait_s:.1f}"
-        finished = "-" if item.finished is None else f"{item.finished:.1f}"
-        print(f"{item.kind:<12}{item.pk:>6}{item.created:>9.1f}{estimate:>10}{started:>9}{wait:>7}{finished:>10}  "
-              f"{item.final}")
+    print_table(rows, "issue 31")
+    print_tracked(with_b.tracked, "A's upload")
+
+
+def report_three(bulks: list[Run]) -> None:
+    """--three: B's document waits against issue 49's target, and each bulk's documents/min and chunks/min."""
+    rows = []
+    for run in bulks:
+        rows.append((f"{run.label}: documents/min", f"{60 * run.rate:.1f} ({run.documents} documents, {run.chunks} "
+                                                    f"chunks ({60 * run.chunks / run.seconds:.0f}/min) in "
+                                                    f"{run.seconds:.0f} s, upload call {run.upload_s:.0f} s, "
+                                                    f"{run.failed} failed)", ""))
+    rows += b_document_rows(bulks[0].tracked, "the bulk uploads' ingestion")
+    rows += job_rows(bulks[0])
+    rows += queue_rows(replace(bulks[0], label="A, B and C"))
+    print_table(rows, "issue 49 for B's documents, issue 31 for the rest")
+    print_tracked(bulks[0].tracked, "A's upload")
 
 
 # ---- main ----
@@ -577,18 +676,27 @@ def tree_description() -> str:
         return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True).stdout.strip()
 
     changed = "with uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "clean"
+    # Trees from before issue 49 size a turn in the line by documents, not time.
+    turn = getattr(settings, "RAG_INGEST_TURN_S", None)
     return (f"tree {ROOT} at {git('rev-parse', '--short', 'HEAD')} ({changed}); "
-            f"{'an interactive worker' if HAS_INTERACTIVE else 'no interactive worker (short jobs go to ingest)'}")
+            f"{'an interactive worker' if HAS_INTERACTIVE else 'no interactive worker (short jobs go to ingest)'}"
+            + ("" if turn is None else f"; a turn in the ingestion line {turn:g} s (FACTORY_RAG_INGEST_TURN_S)"))
 
 
-def set_up(actor: Actor, workspace_a, deployments: dict[str, Deployment], uploads: int) -> BWork:
+def set_up(actor: Actor, workspace_a, deployments: dict[str, Deployment], uploads: int,
+           workspace_c=None, c_warm_up: list[tuple[str, bytes]] | None = None) -> BWork:
     """B's workspace with its seed documents, eval set and model group, and a warm-up knowledge base of A's ingested
-    beside them, so that both ingestion processes have loaded their model before the runs."""
+    beside them, so that both ingestion processes have loaded their model before the runs; with `workspace_c`,
+    a warm-up knowledge base of C's on the multilingual model too (`c_warm_up` its documents)."""
     workspace_b = create_workspace(actor=actor, name="B")
     kb_b = services.create_knowledge_base(actor=actor, workspace=workspace_b, name="B documents")
     warm_up = services.create_knowledge_base(actor=actor, workspace=workspace_a, name="A warm-up")
     seed = documents("b-seed", SEED_DOCUMENTS, seed=11, words=SMALL)
     ids = upload(actor, kb_b, seed) + upload(actor, warm_up, documents("a-warm", SEED_DOCUMENTS, seed=12, words=SMALL))
+    if workspace_c is not None:
+        c_kb = services.create_knowledge_base(actor=actor, workspace=workspace_c, name="C warm-up",
+                                              embedding_model=MULTILINGUAL_E5)
+        ids += upload(actor, c_kb, c_warm_up or [])
     # Each question is its document's first sentence and names the document as its expected source: enough for a
     # retrieval-only tuning job.
     questions = "\n".join(json.dumps({"question": content.decode().split("\n\n")[1].split(".")[0],
@@ -611,6 +719,11 @@ def main() -> None:
     parser.add_argument("--words", type=word_range, default=SMALL,
                         help="words in each of A's documents, a range (1,000 words make about 8 chunks)")
     parser.add_argument("--b-every-s", type=float, default=20.0, help="B uploads a document this often")
+    parser.add_argument("--three", action="store_true",
+                        help="issue 49's loaded box: one run of A's upload, C's Chinese pages on the multilingual "
+                             "model and B's documents, instead of A alone and A with B")
+    parser.add_argument("--c-documents", type=int, default=300,
+                        help="Chinese man pages C uploads at once (--three)")
     parser.add_argument("--timeout-min", type=float, default=20.0, help="give up on a run after this long")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data dir (and the processes' logs)")
     args = parser.parse_args()
@@ -619,26 +732,47 @@ def main() -> None:
     timeout_s = args.timeout_min * 60
     platform = None
     try:
-        print_header("fairness", f"workspace A uploads {args.documents} documents of {args.words[0]}-{args.words[1]} "
-                                 f"words at once, alone and then while "
-                                 f"workspace B uploads one every {args.b_every_s:.0f} s and starts a tuning job and "
-                                 f"a calibration; {tree_description()}")
+        c_files, c_warm_up = [], []
+        if args.three:
+            c_files, c_warm_up = chinese_pages(args.c_documents, warm_up=SEED_DOCUMENTS)
+            print_header("fairness --three", f"workspace A uploads {args.documents} documents of "
+                                             f"{args.words[0]}-{args.words[1]} words at once, then workspace C "
+                                             f"{args.c_documents} Chinese man pages into a knowledge base on "
+                                             f"{MULTILINGUAL_E5}, while workspace B uploads one document every "
+                                             f"{args.b_every_s:.0f} s and starts a tuning job and a calibration; "
+                                             f"{tree_description()}")
+        else:
+            print_header("fairness", f"workspace A uploads {args.documents} documents of {args.words[0]}-"
+                                     f"{args.words[1]} words at once, alone and then while "
+                                     f"workspace B uploads one every {args.b_every_s:.0f} s and starts a tuning job "
+                                     f"and a calibration; {tree_description()}")
         started = time.perf_counter()
         actor, workspace_a = bench_workspace()
         platform = Platform()
         deployments = deploy_engines()  # assembles Gemma's GGUF here while the processes start
         platform.wait_ready()
-        b = set_up(actor, workspace_a, deployments, uploads=int(timeout_s / args.b_every_s) + 1)
+        workspace_c = create_workspace(actor=actor, name="C") if args.three else None
+        b = set_up(actor, workspace_a, deployments, uploads=int(timeout_s / args.b_every_s) + 1,
+                   workspace_c=workspace_c, c_warm_up=c_warm_up)
         print(f"Set up in {time.perf_counter() - started:.0f} s: {', '.join(platform.roles)} running, both engines "
               f"ready, warm-up ingested", flush=True)
-        kb_alone = services.create_knowledge_base(actor=actor, workspace=workspace_a, name="A alone")
         bulk = {"count": args.documents, "words": args.words}
-        alone = run_a("A alone", actor, kb_alone, documents("a-alone", seed=21, **bulk), None,
-                      args.b_every_s, timeout_s)
-        kb_shared = services.create_knowledge_base(actor=actor, workspace=workspace_a, name="A with B")
-        with_b = run_a("A with B", actor, kb_shared, documents("a-shared", seed=22, **bulk), b,
-                       args.b_every_s, timeout_s)
-        report(alone, with_b)
+        if args.three:
+            kb_a = services.create_knowledge_base(actor=actor, workspace=workspace_a, name="A bulk")
+            kb_c = services.create_knowledge_base(actor=actor, workspace=workspace_c, name="C pages",
+                                                  embedding_model=MULTILINGUAL_E5)
+            runs = run_bulks("A, B and C", actor, [
+                Bulk("A (English, MiniLM)", kb_a, documents("a-bulk", seed=22, **bulk)),
+                Bulk(f"C (Chinese, {MULTILINGUAL_E5})", kb_c, c_files)], b, args.b_every_s, timeout_s)
+            report_three(runs)
+        else:
+            kb_alone = services.create_knowledge_base(actor=actor, workspace=workspace_a, name="A alone")
+            alone = run_a("A alone", actor, kb_alone, documents("a-alone", seed=21, **bulk), None,
+                          args.b_every_s, timeout_s)
+            kb_shared = services.create_knowledge_base(actor=actor, workspace=workspace_a, name="A with B")
+            with_b = run_a("A with B", actor, kb_shared, documents("a-shared", seed=22, **bulk), b,
+                           args.b_every_s, timeout_s)
+            report(alone, with_b)
         print(f"Load average at the end: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
     finally:
         if platform is not None:
