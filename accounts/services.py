@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 from django.utils.translation import gettext as _
 
-from accounts import ratelimits
+from accounts import deferred_writes, ratelimits
 from accounts.errors import Conflict, Forbidden, NotFound, RateLimited, Unauthenticated, ValidationFailed
 from accounts.models import (
     ROLE_RANK,
@@ -297,8 +297,9 @@ def revoke_api_key(*, actor: Actor, api_key: ApiKey) -> ApiKey:
     return api_key
 
 
-def authenticate_api_key(*, raw: str) -> ApiKey:
-    """Find the live key behind a presented secret and stamp its last use."""
+def authenticate_api_key(*, raw: str, stamp_later: bool = False) -> ApiKey:
+    """Find the live key behind a presented secret and stamp its last use (`stamp_later`: once the request that
+    presented it has its answer, for a request that must not wait on a database write)."""
     prefix = secret_prefix(raw, API_KEY_PREFIX)
     if prefix is None:
         raise Unauthenticated("That is not an AI Factory API key.")
@@ -312,19 +313,23 @@ def authenticate_api_key(*, raw: str) -> ApiKey:
         raise Unauthenticated("This API key has expired.")
     if not api_key.created_by.is_active:
         raise Unauthenticated("The owner of this API key is deactivated.")
-    stamp_last_used(api_key, now=now)
+    stamp_last_used(api_key, now=now, later=stamp_later)
     return api_key
 
 
 LAST_USED_RESOLUTION_S = 60
 
 
-def stamp_last_used(key, *, now=None) -> None:
+def stamp_last_used(key, *, now=None, later: bool = False) -> None:
     """Record that `key` (an API key, an app key: a row with `last_used_at`) was just used, at most once a minute:
-    stamping every request would write on every call, and a minute's resolution is enough to show "last used"."""
+    stamping every request would write on every call, and a minute's resolution is enough to show "last used".
+    `later`: written off the caller's path (accounts/deferred_writes.py)."""
     now = now or timezone.now()
     if key.last_used_at is None or (now - key.last_used_at).total_seconds() > LAST_USED_RESOLUTION_S:
-        type(key).objects.filter(pk=key.pk).update(last_used_at=now)
+        if later:
+            deferred_writes.update(type(key), key.pk, last_used_at=now)
+        else:
+            type(key).objects.filter(pk=key.pk).update(last_used_at=now)
         key.last_used_at = now
 
 

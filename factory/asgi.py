@@ -1,4 +1,5 @@
 import asyncio
+import gc
 import os
 import threading
 import weakref
@@ -36,7 +37,13 @@ from workbridge.mcp_server import (
 
 
 def _import_the_embedding_stack() -> None:
-    import sentence_transformers  # noqa: F401
+    try:
+        import sentence_transformers  # noqa: F401
+    finally:
+        # What the worker has loaded by now stays for its life: left out of the collector's full passes, which
+        # otherwise walk torch's and Django's 800,000 objects and stall every stream of the worker for over half a
+        # second each time.
+        gc.freeze()
 
 
 # torch and sentence-transformers take ten seconds and more to import: each web worker does it as it starts, in

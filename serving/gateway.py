@@ -8,7 +8,7 @@ what the engine sent.
 """
 
 import asyncio
-import contextvars
+import atexit
 import json
 import logging
 import time
@@ -16,14 +16,16 @@ import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+import aiohttp
 import httpx
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
+from httpx_aiohttp import AiohttpTransport
 
-from accounts import ratelimits
+from accounts import deferred_writes, ratelimits
 from accounts.errors import RateLimited, ServiceUnavailable, Unauthenticated
 from accounts.models import ROLE_RANK, Role, rank_of
 from accounts.registry import Registry
@@ -34,7 +36,7 @@ from serving.chat_messages import InvalidMessages, check_messages
 from serving.engines.base import CHAT, COMPLETION, EMBEDDING
 from serving.models import GroupMember, GroupRequest, RequestRecord, ServingState, ToolStrategy
 from serving.router import TABLE_TTL_S, GroupTarget, Route, Target, router
-from serving.sse import SSEParser
+from serving.sse import SSEParser, events_of, has_content, may_hold_usage_or_done
 from workbridge import egress, vault
 
 logger = logging.getLogger(__name__)
@@ -59,7 +61,6 @@ MAX_TRUSTED_KEYS = 10_000
 # Inference spends shared compute, so it needs the developer role; a viewer's key may list the models.
 INFERENCE_ROLE = Role.DEVELOPER
 _client: httpx.AsyncClient | None = None
-_background: set[asyncio.Task] = set()
 _trusted_keys: dict[str, tuple[float, "Caller"]] = {}  # hash of the secret -> (trusted until, caller)
 
 
@@ -110,19 +111,28 @@ def json_reply(payload: dict, *, status: int = 200) -> Reply:
 def _http_client() -> httpx.AsyncClient:
     global _client
     if _client is None:
-        # No proxies from the environment: a proxy would undo the egress guard's pinning to a checked address.
-        _client = httpx.AsyncClient(
-            trust_env=False,
-            timeout=httpx.Timeout(connect=3.0, read=300.0, write=30.0, pool=60.0),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
-        )
+        # httpx's API on aiohttp's connections (httpx-aiohttp): reading a streamed token costs half the CPU of
+        # httpx's own transport, the largest part of relaying it (bench/relay.py). No proxies from the
+        # environment: a proxy would undo the egress guard's pinning to a checked address.
+        transport = AiohttpTransport(trust_env=False,
+                                     limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
+        _client = httpx.AsyncClient(transport=transport, trust_env=False,
+                                    timeout=httpx.Timeout(connect=3.0, read=300.0, write=30.0, pool=60.0))
+        atexit.register(_leave_open, transport)
     return _client
+
+
+def _leave_open(transport: AiohttpTransport) -> None:
+    # At exit, where no event loop is left to close it: the process's end closes its connections, and aiohttp
+    # would log a session still open as an error.
+    if isinstance(transport.client, aiohttp.ClientSession):
+        transport.client.detach()
 
 
 def _key_caller(raw: str) -> Caller:
     """A live key whose maker is still a member of its workspace, with the role it acts with there (the member's,
     capped by the key's)."""
-    api_key = authenticate_api_key(raw=raw)
+    api_key = authenticate_api_key(raw=raw, stamp_later=True)
     role = effective_role(user=api_key.created_by, api_key=api_key, workspace=api_key.workspace)
     if role is None:
         raise Unauthenticated("The maker of this API key is no longer a member of its workspace.")
@@ -306,26 +316,26 @@ class Exchange:
         return isinstance(options, dict) and bool(options.get("include_usage"))
 
 
-async def record_request(exchange: Exchange, *, stream: bool, status: int, usage: dict | None,
-                         error: str = "") -> None:
-    """Store the request's figures, with the token counts the engine reported (none if it reported none)."""
+def record_request(exchange: Exchange, *, stream: bool, status: int, usage: dict | None, error: str = "") -> None:
+    """Store the request's figures, with the token counts the engine reported (none if it reported none): its row
+    is written after the answer, off the request's path (accounts/deferred_writes.py)."""
     target, timing = exchange.target, exchange.timing
     input_tokens = (usage or {}).get("prompt_tokens")
     output_tokens = (usage or {}).get("completion_tokens")
     metrics.observe(deployment=target.name, replica=exchange.route.label, status=status, timing=timing,
                     input_tokens=input_tokens, output_tokens=output_tokens)
-    await RequestRecord.objects.acreate(
+    deferred_writes.insert(RequestRecord(
         request_id=exchange.request_id, deployment_id=target.deployment_id, replica_id=exchange.route.replica_id,
         workspace_id=exchange.caller.workspace_id, endpoint=exchange.endpoint, stream=stream, status=status,
         attempts=exchange.attempts, input_tokens=input_tokens, output_tokens=output_tokens, error=error[:2000],
-        group_id=exchange.group_id, **timing.figures(output_tokens))
+        group_id=exchange.group_id, **timing.figures(output_tokens)))
     if exchange.note is not None:
-        await record_group_request(exchange.note, request_id=exchange.request_id,
-                                   workspace_id=exchange.caller.workspace_id, status=status, usage=usage)
+        record_group_request(exchange.note, request_id=exchange.request_id,
+                             workspace_id=exchange.caller.workspace_id, status=status, usage=usage)
 
 
-async def record_group_request(note: GroupNote, *, request_id: str, workspace_id: int, status: int,
-                               usage: dict | None) -> None:
+def record_group_request(note: GroupNote, *, request_id: str, workspace_id: int, status: int,
+                         usage: dict | None) -> None:
     """Which member answered and why, with each member's tokens and their cost."""
     tokens = {member: (0, 0) for member in GroupMember.values}
     answered = usage or {}
@@ -334,21 +344,13 @@ async def record_group_request(note: GroupNote, *, request_id: str, workspace_id
         tokens[GroupMember.SMALL] = (note.small_usage.get("prompt_tokens") or 0,
                                      note.small_usage.get("completion_tokens") or 0)
     costs = {member: sum(tokens[member]) / 1000 * note.costs.get(member, 0.0) for member in tokens}
-    await GroupRequest.objects.acreate(
+    deferred_writes.insert(GroupRequest(
         group_id=note.group_id, workspace_id=workspace_id, request_id=request_id, policy=note.policy,
         member=note.member, score=note.score, threshold=note.threshold, escalated=note.escalated,
         reason=note.reason[:2000], fallback=note.fallback[:2000], status=status,
         small_input_tokens=tokens[GroupMember.SMALL][0], small_output_tokens=tokens[GroupMember.SMALL][1],
         big_input_tokens=tokens[GroupMember.BIG][0], big_output_tokens=tokens[GroupMember.BIG][1],
-        small_cost=costs[GroupMember.SMALL], big_cost=costs[GroupMember.BIG])
-
-
-def in_background(coroutine) -> None:
-    # A fresh context: the view's context carries asgiref's per-request executor, which is shut down by the time
-    # the task reaches the database, and would lose the row.
-    task = asyncio.create_task(coroutine, context=contextvars.Context())
-    _background.add(task)
-    task.add_done_callback(_background.discard)
+        small_cost=costs[GroupMember.SMALL], big_cost=costs[GroupMember.BIG]))
 
 
 async def _upstream_request(target: Target, url: str, content: bytes, headers: dict) -> httpx.Request:
@@ -581,8 +583,8 @@ async def read_whole(exchange: Exchange, upstream: httpx.Response) -> tuple[byte
 def record_whole(exchange: Exchange, upstream: httpx.Response, content: bytes, payload: dict | None, *,
                   stream: bool) -> None:
     error = "" if upstream.status_code == 200 else content.decode(errors="replace")[:500]
-    in_background(record_request(exchange, stream=stream, status=upstream.status_code,
-                           usage=(payload or {}).get("usage"), error=error))
+    record_request(exchange, stream=stream, status=upstream.status_code, usage=(payload or {}).get("usage"),
+                   error=error)
 
 
 async def _relay_whole(exchange: Exchange, upstream: httpx.Response) -> Reply:
@@ -608,21 +610,33 @@ async def _relay_tool_call(exchange: Exchange, upstream: httpx.Response, stream:
 
 
 async def _relay_stream(exchange: Exchange, upstream: httpx.Response):
-    """Forward the engine's events as they complete, reading each on the way for the metrics."""
+    """Forward the engine's events as they complete, as the bytes that came, reading each on the way for the metrics:
+    a byte check finds a token's content, and only an event that may carry the usage or end the stream is parsed."""
     parser, usage, finished = SSEParser(), None, False
     status, error = upstream.status_code, ""
     hold_back_usage = _gateway_asks_usage(exchange.target, exchange.body)
+    timing = exchange.timing
     try:
         async for raw in upstream.aiter_raw():
             arrived = time.perf_counter()
-            events = parser.feed(raw)
+            block = parser.feed_bytes(raw)
+            if not block:
+                continue
+            if finished or not may_hold_usage_or_done(block):
+                if not finished:
+                    one_event = block.find(b"\n\n") == len(block) - 2  # a token a read: the usual case, not split
+                    for event in (block,) if one_event else block.split(b"\n\n"):
+                        if has_content(event):
+                            timing.content_chunk(arrived)
+                yield block
+                continue
             forward = []
-            for event in events:
+            for event in events_of(block):
                 finished = finished or event.is_done
                 chunk = event.json()
                 if chunk is not None and not finished:
                     if _content_of(chunk):
-                        exchange.timing.content_chunk(arrived)
+                        timing.content_chunk(arrived)
                     if chunk.get("usage"):
                         usage = chunk["usage"]
                         if hold_back_usage and not chunk.get("choices"):
@@ -630,7 +644,7 @@ async def _relay_stream(exchange: Exchange, upstream: httpx.Response):
                 forward.append(event.encode())
             if forward:
                 yield b"".join(forward)
-        if rest := b"".join(event.encode() for event in parser.close()):
+        if rest := parser.close_bytes():
             yield rest
     except httpx.HTTPError as exc:
         # Bytes already reached the client, so there is no retry: end the stream with an error event.
@@ -645,7 +659,7 @@ async def _relay_stream(exchange: Exchange, upstream: httpx.Response):
         raise
     finally:
         await upstream.aclose()
-        in_background(record_request(exchange, stream=True, status=status, usage=usage, error=error))
+        record_request(exchange, stream=True, status=status, usage=usage, error=error)
 
 
 async def _list_models(authorization: str) -> Reply:

@@ -14,4 +14,6 @@ bench.<name>`, listed in bench/README.md).
 - gateway_api: the gateway's and apps' public API as OpenAPI (fuzz, spec_corpus).
 - mcp_time_server: a stdio MCP server for tool_overhead (run as a script).
 - pool_trace: a seeded synthetic trace of training jobs for the pool's scheduler (pool_sim).
+- fake_engine: an OpenAI-compatible engine streaming llama-server's chunks at a set pace, in a process of its own
+  (relay, and the gateway's tests).
 """

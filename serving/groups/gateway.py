@@ -32,7 +32,6 @@ from serving.gateway import (
     check_usable,
     constrained_tools,
     group_servers,
-    in_background,
     json_reply,
     open_upstream,
     read_whole,
@@ -176,7 +175,7 @@ async def _cascade(group: GroupTarget, *, endpoint: str, body: dict, caller: Cal
         note = _note(group, GroupMember.SMALL, reason, score=verdict.confidence)
         return await _keep_small(payload, exchange, note, request_id=request_id)
     # The set-aside answer is recorded under its own id; the client's id goes to the big member's answer.
-    in_background(record_request(exchange, stream=False, status=200, usage=payload.get("usage")))
+    record_request(exchange, stream=False, status=200, usage=payload.get("usage"))
     note = _note(group, GroupMember.BIG, f"escalated: {verdict.why}", score=verdict.confidence, escalated=True,
                  small_usage=payload.get("usage"))
     return await _serve_member(group, GroupMember.BIG, note, **kwargs)
@@ -214,7 +213,7 @@ async def _keep_small(payload: dict, exchange: Exchange, note: GroupNote, *, req
     first and last content arrive together, when the whole answer is there)."""
     body = exchange.body
     exchange.request_id, exchange.note = request_id, note
-    in_background(record_request(exchange, stream=bool(body.get("stream")), status=200, usage=payload.get("usage")))
+    record_request(exchange, stream=bool(body.get("stream")), status=200, usage=payload.get("usage"))
     if not body.get("logprobs"):
         payload = payload | {"choices": [{k: v for k, v in c.items() if k != "logprobs"} for c in payload["choices"]]}
     if body.get("stream"):

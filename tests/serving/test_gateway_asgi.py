@@ -14,6 +14,7 @@ from asgiref.sync import sync_to_async
 from django.core.signals import request_started
 from django.test import AsyncClient
 
+from accounts import deferred_writes
 from accounts.services import SYSTEM, Actor, create_api_key, revoke_api_key, service_token
 from cluster.models import Node
 from factory.asgi import application as factory_application
@@ -141,8 +142,8 @@ def _chat(model: str, *, stream: bool = True, max_tokens: int = 3) -> dict:
 
 async def _request(method: str, path: str, *, key: str | None = None, content: bytes = b"",
                    asgi_app=app) -> tuple[httpx.Response, RequestRecord | None]:
-    """Send one request to the ASGI app; with an X-Request-Id, wait for its row too, which the gateway writes in
-    the background of this event loop."""
+    """Send one request to the ASGI app; with an X-Request-Id, wait for its row too, which the gateway writes once
+    it has answered."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi_app), base_url="http://testserver") as client:
         response = await client.request(method, path, content=content, headers=headers)
@@ -155,11 +156,9 @@ def _call(method: str, path: str, **options) -> tuple[httpx.Response, RequestRec
 
 
 async def _recorded(request_id: str, timeout_s: float = 10.0) -> RequestRecord:
-    deadline = time.monotonic() + timeout_s
-    while (record := await RequestRecord.objects.filter(request_id=request_id).afirst()) is None:
-        assert time.monotonic() < deadline, f"no RequestRecord for {request_id}"
-        await asyncio.sleep(0.05)
-    return record
+    """The request's row, once the rows the gateway wrote after answering have reached the database."""
+    assert await asyncio.to_thread(deferred_writes.flush, timeout_s), "the gateway's rows were not written"
+    return await RequestRecord.objects.aget(request_id=request_id)
 
 
 def _error_code(response: httpx.Response) -> str:

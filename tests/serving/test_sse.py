@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from serving.sse import SSEParser
+from serving.sse import SSEParser, has_content, may_hold_usage_or_done
 
 CHINESE = "你好，世界！检索增强生成"
 
@@ -53,3 +53,36 @@ def test_a_stream_cut_off_without_a_blank_line_still_yields_its_last_event():
 
     assert [e.json() for e in complete] == [{"choices": []}]
     assert [e.text for e in last] == ['data: {"cut": tr'] and last[0].json() is None
+
+
+def test_the_relay_gets_each_read_cut_after_its_last_whole_event_and_the_bytes_as_they_came():
+    raw = _stream(*({"choices": [{"delta": {"content": ch}}]} for ch in CHINESE), {"choices": [], "usage": {"n": 1}})
+
+    for size in (1, 7, 100, len(raw)):
+        parser = SSEParser()
+        blocks = [parser.feed_bytes(raw[i:i + size]) for i in range(0, len(raw), size)]
+        assert b"".join(blocks) + parser.close_bytes() == raw, f"reads of {size} bytes"
+        assert all(block.endswith(b"\n\n") for block in blocks if block)
+
+
+@pytest.mark.parametrize("chunk, content", [
+    ({"choices": [{"delta": {"content": "猫"}}]}, True),
+    ({"choices": [{"index": 0, "text": " Paris"}]}, True),
+    ({"choices": [{"delta": {"role": "assistant", "content": None}}]}, False),
+    ({"choices": [{"delta": {"content": ""}}]}, False),
+    ({"choices": [{"delta": {"reasoning_content": "hmm"}}]}, False),
+    ({"choices": [{"delta": {"tool_calls": [{"function": {"arguments": '{"content": "x", "text": "y"}'}}]}}]}, False),
+    ({"choices": [{"delta": {}, "logprobs": {"content": [{"token": "a", "logprob": -0.1}]}}]}, False),
+    ({"choices": [], "usage": {"completion_tokens": 3}}, False),
+])
+def test_content_is_read_from_a_chunk_s_bytes_as_json_would_read_it(chunk, content):
+    for separators in ((",", ":"), (", ", ": ")):
+        event = f"data: {json.dumps(chunk, ensure_ascii=False, separators=separators)}\n\n".encode()
+        assert has_content(event) is content, event
+
+
+def test_only_events_that_may_hold_the_usage_or_done_are_worth_parsing():
+    assert may_hold_usage_or_done(b'data: {"choices": [], "usage": {"completion_tokens": 3}}\n\n')
+    assert may_hold_usage_or_done(b"data: [DONE]\n\n")
+    assert not may_hold_usage_or_done(b'data: {"choices": [{"delta": {"content": "a"}}], "usage": null}\n\n')
+    assert not may_hold_usage_or_done(b'data: {"choices": [{"delta": {"content": "\\"usage\\": {"}}]}\n\n')
