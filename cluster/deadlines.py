@@ -39,6 +39,10 @@ REDISPATCHED = "Dispatched again"
 job_given_up = Signal()
 
 
+# The heartbeat's value once the run has handed the job back (hand_over): free for the next run to claim.
+HANDED_OVER = "handed-over"
+
+
 def _alive_key(job_id: int) -> str:
     return f"cluster:job:{job_id}:alive"
 
@@ -63,7 +67,12 @@ class JobHeartbeat:
     def claim(self) -> bool:
         key = _alive_key(self._job_id)
         try:
-            return cache.add(key, self._owner, timeout=_heartbeat_timeout_s()) or cache.get(key) == self._owner
+            if cache.add(key, self._owner, timeout=_heartbeat_timeout_s()):
+                return True
+            holder = cache.get(key)
+            if holder == HANDED_OVER:
+                cache.set(key, self._owner, timeout=_heartbeat_timeout_s())
+            return holder in (self._owner, HANDED_OVER)
         except Exception as exc:  # without Redis nothing can run twice: no second message can arrive either
             logger.warning("Could not claim job %s's heartbeat: %s", self._job_id, exc)
             return True
@@ -76,13 +85,15 @@ class JobHeartbeat:
         self._stop.set()
         self._thread.join()
         try:
-            cache.delete(_alive_key(self._job_id))
+            if cache.get(_alive_key(self._job_id)) == self._owner:  # not once handed over
+                cache.delete(_alive_key(self._job_id))
         except Exception as exc:  # the cache is Redis; a missing key just expires
             logger.warning("Could not clear job %s's heartbeat: %s", self._job_id, exc)
 
     def _write(self) -> None:
         try:
-            cache.set(_alive_key(self._job_id), self._owner, timeout=_heartbeat_timeout_s())
+            if cache.get(_alive_key(self._job_id)) in (None, self._owner):  # not once handed over
+                cache.set(_alive_key(self._job_id), self._owner, timeout=_heartbeat_timeout_s())
         except Exception as exc:  # Redis away for a moment: the next beat writes it again
             logger.warning("Could not write job %s's heartbeat: %s", self._job_id, exc)
 
@@ -92,6 +103,16 @@ class JobHeartbeat:
                 self._write()
         finally:
             connections.close_all()
+
+
+def hand_over(job_id: int) -> None:
+    """The job's run is ending by handing it back to the pool: the next message for it (a restart on a new size,
+    or its admission) may be taken by another worker at once, before this run's heartbeat block has ended, and
+    claims the job rather than finding it running elsewhere."""
+    try:
+        cache.set(_alive_key(job_id), HANDED_OVER, timeout=_heartbeat_timeout_s())
+    except Exception as exc:  # the cache is Redis; without it no claim is checked either
+        logger.warning("Could not hand job %s over: %s", job_id, exc)
 
 
 def _worker_dead(job: Job) -> bool:

@@ -1,6 +1,8 @@
 """A fine-tune job's settings: defaults, and the range each must lie in. Every refusal names the setting and its
 allowed range."""
 
+from django.utils.translation import gettext as _
+
 from accounts.errors import ValidationFailed
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -45,10 +47,12 @@ def checked(values: dict) -> dict:
             if kind is int and isinstance(values.get(name), float) and values[name] != int(values[name]):
                 raise ValueError
         except (TypeError, ValueError):
-            raise ValidationFailed(f"{name} must be a {'whole number' if kind is int else 'number'}.",
+            raise ValidationFailed((_("%(name)s must be a whole number.") if kind is int else
+                                    _("%(name)s must be a number.")) % {"name": name},
                                    fields={name: ["Not a number."]})
         if not low <= value <= high:
-            raise ValidationFailed(f"{name} must be between {low} and {high} (got {value}).",
+            raise ValidationFailed(_("%(name)s must be between %(low)s and %(high)s (got %(value)s).")
+                                   % {"name": name, "low": low, "high": high, "value": value},
                                    fields={name: [f"Between {low} and {high}."]})
         out[name] = value
     scheduler = values.get("lr_scheduler") or "linear"
@@ -78,6 +82,8 @@ def checked(values: dict) -> dict:
                                f"({out['workers']}): each worker takes an equal share of every step.",
                                fields={"workers": ["Must divide batch_size."]})
     if out["min_workers"] > out["workers"]:
-        raise ValidationFailed(f"min_workers ({out['min_workers']}) cannot exceed workers ({out['workers']}).",
+        raise ValidationFailed(_("min_workers (%(least)s), the fewest devices the job runs on, cannot exceed "
+                                 "workers (%(most)s), the most.") % {"least": out["min_workers"],
+                                                                     "most": out["workers"]},
                                fields={"min_workers": [f"At most {out['workers']}."]})
     return out

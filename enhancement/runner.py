@@ -215,7 +215,8 @@ def fit_to_devices(directory: Path, devices: int) -> None:
     accumulation making up the same global batch, so its loss curve does not depend on the resizes."""
     spec = json.loads((directory / "spec.json").read_text())
     hyper = spec["hyperparameters"]
-    if int(hyper.get("min_workers") or hyper["workers"]) == int(hyper["workers"]) or hyper["workers"] == devices:
+    # Elastic: it has a min_workers (the spec's workers is its size now, its minimum after a shrink).
+    if not int(hyper.get("min_workers") or 0) or hyper["workers"] == devices:
         return
     hyper["workers"] = devices
     hyper["gradient_accumulation"] = hyper["batch_size"] // (devices * hyper["micro_batch_size"])

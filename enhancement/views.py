@@ -7,7 +7,8 @@ from django.utils.translation import gettext as _, gettext_lazy
 
 from accounts.errors import ValidationFailed
 from accounts.gui import gui_actor, workspace_page
-from cluster.models import Node
+from cluster.models import Node, PriorityClass
+from cluster.scheduling.services import allowed_priorities
 from enhancement import runner, selectors, services
 from enhancement.formats import ColumnMapping
 from enhancement.hyperparameters import LORA_TARGETS, RANGES, SCHEDULERS, checked
@@ -20,6 +21,8 @@ from serving.selectors import deployments_visible_to, models_visible_to
 # The new-job form's numeric settings, in the order shown.
 HYPER_FIELDS = ["max_steps", "epochs", "learning_rate", "warmup_steps", "batch_size", "micro_batch_size", "cutoff",
                 "lora_rank", "lora_alpha", "lora_dropout", "seed", "save_steps", "eval_steps"]
+# The new-job form's request to the pool: the devices (one per data-parallel worker) as a range, min to max.
+POOL_FIELDS = ["min_workers", "workers"]
 # The prune form's methods: the value enhancement.services takes, and what the form shows.
 PRUNE_METHODS = [("mlp_channels", gettext_lazy("MLP channels (structured)")),
                  ("magnitude", gettext_lazy("Magnitude (unstructured)"))]
@@ -159,7 +162,7 @@ def dataset_page(request, dataset_id: int):
 
 
 def _hyper_from(post) -> dict:
-    values = {name: post.get(name) for name in HYPER_FIELDS if post.get(name, "") != ""}
+    values = {name: post.get(name) for name in [*HYPER_FIELDS, *POOL_FIELDS] if post.get(name, "") != ""}
     values["lr_scheduler"] = post.get("lr_scheduler") or "linear"
     values["lora_targets"] = post.getlist("lora_targets") or ["q_proj", "v_proj"]
     if post.get("recompute") == "on":  # unticked, the plan decides
@@ -189,7 +192,8 @@ def new_job(request):
                 actor=actor, workspace=request.workspace, name=post.get("name", ""), base_model=base,
                 dataset=dataset, node=_node(request), method=post.get("method", Method.LORA),
                 hyperparameters=_hyper_from(post), quantizations=post.getlist("quantizations"),
-                more_nodes=_more_nodes(request), keep_intermediates=_keep_intermediates(request))
+                more_nodes=_more_nodes(request), keep_intermediates=_keep_intermediates(request),
+                priority=post.get("priority") or PriorityClass.NORMAL)
             messages.success(request, _("Queued '%(job)s' on %(node)s.") % {"job": job.name, "node": job.node.name})
             return redirect("enhancement-job", job_id=job.pk)
         hyper = checked(_hyper_from(post))
@@ -213,6 +217,10 @@ def new_job(request):
         "chosen_targets": post.getlist("lora_targets") if post else ["q_proj", "v_proj"],
         "chosen_quantizations": post.getlist("quantizations") if post else ["q4_k_m"],
         "chosen_more_nodes": post.getlist("more_nodes") if post else [],
+        "pool_fields": {name: post.get(name, "") if post else "" for name in POOL_FIELDS},
+        # The classes the user's role may use: the pool refuses the others.
+        "priorities": allowed_priorities(actor=gui_actor(request), workspace=request.workspace),
+        "chosen_priority": post.get("priority") if post else PriorityClass.NORMAL,
     })
 
 

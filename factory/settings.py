@@ -309,13 +309,13 @@ CLUSTER_JOB_HEARTBEAT_S = float(os.environ.get("FACTORY_JOB_HEARTBEAT_S", "20"))
 CLUSTER_JOB_MAX_DISPATCHES = int(os.environ.get("FACTORY_JOB_MAX_DISPATCHES", "3"))
 CLUSTER_JOB_SWEEP_INTERVAL_S = float(os.environ.get("FACTORY_JOB_SWEEP_INTERVAL_S", "15"))
 # The shared pool's scheduler (cluster/scheduling/): a pass on every submit and job end and every POOL_INTERVAL_S;
-# a job preempted once runs POOL_MIN_RUN_S before it can be again; a signalled job that has not checkpointed within
-# POOL_GRACE_S is stopped; waiting POOL_AGING_S counts as a whole share of fair share, POOL_STARVING_S holds a node
-# for a gang, POOL_PROMOTE_S orders a job one class higher. CPU slots a node without GPUs offers (0: one per core).
+# a job runs POOL_MIN_RUN_S before it can be preempted (urgent work excepted); a signalled job not checkpointed within
+# POOL_GRACE_S is stopped; a job waiting POOL_AGING_S goes before fair share, POOL_STARVING_S drains a node for a
+# gang, POOL_PROMOTE_S orders a job one class higher. CPU slots a node without GPUs offers (0: one per core).
 POOL_INTERVAL_S = float(os.environ.get("FACTORY_POOL_INTERVAL_S", "30"))
 POOL_MIN_RUN_S = float(os.environ.get("FACTORY_POOL_MIN_RUN_S", "600"))
 POOL_GRACE_S = float(os.environ.get("FACTORY_POOL_GRACE_S", "120"))
-POOL_AGING_S = float(os.environ.get("FACTORY_POOL_AGING_S", "3600"))
+POOL_AGING_S = float(os.environ.get("FACTORY_POOL_AGING_S", "172800"))
 POOL_STARVING_S = float(os.environ.get("FACTORY_POOL_STARVING_S", "1800"))
 POOL_PROMOTE_S = float(os.environ.get("FACTORY_POOL_PROMOTE_S", "14400"))
 POOL_CPU_SLOTS = int(os.environ.get("FACTORY_POOL_CPU_SLOTS", "0"))

@@ -4,7 +4,7 @@ cn_id, ignore_instructions…). The value itself stays in the
 option's value, the badge's class, data attributes and the API: only what a person reads changes."""
 
 from django import template
-from django.utils.translation import gettext_lazy as _
+from django.utils.translation import gettext_lazy as _, pgettext_lazy
 
 from accounts.log_messages import rendered
 
@@ -68,6 +68,9 @@ LABELS = {
     "route": _("route"), "cascade": _("cascade"), "speculative": _("speculative"), "big": _("big"),
     "small": _("small"), "token_f1": _("token F1 against the big model's answer"),
     "exact_match": _("exact match with the big model's answer"), "judge": _("judge"),
+    # the pool's priority classes (cluster/scheduling/)
+    "low": pgettext_lazy("priority class", "low"), "normal": pgettext_lazy("priority class", "normal"),
+    "high": pgettext_lazy("priority class", "high"), "urgent": pgettext_lazy("priority class", "urgent"),
     # JSON Schema types of tool arguments and agent variables
     "string": _("text"), "number": _("number"), "integer": _("whole number"), "boolean": _("yes/no"),
     "json": _("JSON"), "array": _("list"), "object": _("object"),

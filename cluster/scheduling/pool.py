@@ -21,7 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from cluster import log_messages as log, queues
-from cluster.deadlines import RUN_JOB_TASK
+from cluster.deadlines import RUN_JOB_TASK, hand_over
 from cluster.models import (
     FINISHED_JOB_STATES,
     DeviceQuota,
@@ -248,6 +248,7 @@ def hand_back(job: Job) -> Job:
     wait for devices (it resumes from that checkpoint either way)."""
     now = timezone.now()
     workload = Workload.objects.select_related("job", "stopped_for").get(job=job)
+    hand_over(job.pk)
     _account(workload, now)
     with transaction.atomic():
         if workload.stop_keep:

@@ -1,6 +1,7 @@
 """Node jobs past their deadline: beat sends again a job whose message was lost or whose worker died, and after
 CLUSTER_JOB_MAX_DISPATCHES (or on an unhealthy node) fails it with the reason; a replica whose start was given up
-fails instead of staying "starting" for ever; a second message for a running job never runs it twice."""
+fails instead of staying "starting" for ever; a second message for a running job never runs it twice, and a job
+handed back to the pool runs on its next message even while its old run is ending."""
 
 import time
 from datetime import timedelta
@@ -124,3 +125,16 @@ def test_a_second_message_for_a_running_job_does_not_run_it_again(node, forget_h
         assert run_job.apply(args=[job.pk]).get() == "running elsewhere"
         job.refresh_from_db()
         assert job.state == JobState.QUEUED and job.events.count() == 1
+
+
+def test_a_job_handed_back_to_the_pool_runs_on_its_next_message_while_the_old_run_ends(node, forget_heartbeats,
+                                                                                      settings):
+    job = dispatch_job(actor=SYSTEM, workspace=None, kind="node.inventory", node=node)
+    forget_heartbeats(job.pk)
+    old_run = deadlines.JobHeartbeat(job.pk, "worker@node-a/7/t1")
+    assert old_run.claim()
+    settings.NODE_NAME = "node-a"
+    with old_run:
+        deadlines.hand_over(job.pk)  # as the pool's hand-back does, then sends the restart's message
+        # Another worker takes that message before the old run's heartbeat block has ended: it runs the job.
+        assert run_job.apply(args=[job.pk]).get() == JobState.SUCCEEDED

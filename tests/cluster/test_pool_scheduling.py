@@ -130,6 +130,8 @@ def test_a_queue_reclaims_its_quota_from_a_borrower_without_a_quota_change_killi
     borrowers = [ask(teams["bob"], teams["b"]) for _ in range(2)]
     set_quota(actor=teams["carl"], workspace=teams["a"], device_kind=KIND, nominal=2)
     assert all(workload(job).state == WorkloadState.RUNNING for job in borrowers), "a quota change stops nothing"
+    # Past their minimum run time (FACTORY_POOL_MIN_RUN_S), B's jobs are reclaimed.
+    Workload.objects.filter(job__in=borrowers).update(started_at=timezone.now() - timedelta(hours=1))
     mine = ask(teams["dev"], teams["a"], priority="low")
     stopping = Workload.objects.filter(job__in=borrowers, state=WorkloadState.STOPPING)
     assert stopping.count() == 1, "B borrows A's quota: A's low job reclaims it from B's normal one"

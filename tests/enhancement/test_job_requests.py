@@ -1,9 +1,14 @@
 """What a fine-tune or compression request is refused for, before anything runs: each a 400 naming the problem."""
 
 import pytest
+from bs4 import BeautifulSoup
 from django.contrib.auth import get_user_model
+from django.test import Client
 
-from accounts.services import Actor
+from accounts.services import Actor, add_member
+from cluster.models import Workload
+from cluster.scheduling import pool
+from enhancement.models import EnhancementJob
 from enhancement.services import import_sample_dataset
 
 pytestmark = pytest.mark.django_db
@@ -185,3 +190,40 @@ def test_the_new_job_page_plans_across_the_ticked_nodes_and_queues_one_worker_pe
     job = EnhancementJob.objects.get(name="across")
     assert started.status_code == 302 and job.hyperparameters["workers"] == 2
     assert job.plan["nodes"] == [this_node.name, "node-b"]
+
+
+def test_the_new_job_form_asks_the_pool_for_a_class_the_role_may_use_and_a_device_range(client, smollm2, this_node):
+    owner = Actor(user=get_user_model().objects.get(username="tuner"))
+    get_user_model().objects.create_user(username="dev", password="correct-horse-battery")
+    add_member(actor=owner, workspace=client.workspace, username="dev", role="developer")
+    browser = Client(HTTP_ACCEPT_LANGUAGE="en")
+    browser.login(username="dev", password="correct-horse-battery")
+    form = BeautifulSoup(browser.get("/enhancement/jobs/new/").content, "lxml")
+    assert [option["value"] for option in form.select("select[name=priority] option")] == ["low", "normal"]
+    assert form.select_one("select[name=priority] option[selected]")["value"] == "normal"
+
+    job = {"name": "elastic", "base_model": "smollm2-135m-instruct", "dataset": client.dataset.pk,
+           "node": this_node.name, "method": "lora", "batch_size": "2", "max_steps": "4", "quantizations": ["q8_0"],
+           "priority": "low", "min_workers": "1", "workers": "2", "action": "start"}
+    assert browser.post("/enhancement/jobs/new/", job).status_code == 302
+    asked = Workload.objects.get(job=EnhancementJob.objects.get(name="elastic").cluster_job)
+    assert (asked.priority, asked.min_devices, asked.max_devices) == ("low", 1, 2)
+
+    slots = pool.capacity()[this_node.name][pool.CPU_SLOT]
+    for refused, message in [
+        ({"priority": "urgent"}, "The urgent class needs the owner role in this workspace; you may use low, normal."),
+        ({"min_workers": "2", "workers": "1"}, "min_workers (2), the fewest devices the job runs on, cannot exceed "
+                                               "workers (1), the most."),
+        ({"workers": str(2 * slots), "batch_size": str(2 * slots)},
+         f"This job asks for up to {2 * slots} cpu-slot, and node {this_node.name} has {slots} on one node."),
+    ]:
+        page = browser.post("/enhancement/jobs/new/", {**job, "name": "refused", **refused}, follow=True)
+        assert message in BeautifulSoup(page.content, "lxml").get_text(), refused
+    assert not EnhancementJob.objects.filter(name="refused").exists()
+
+    chinese = Client(HTTP_ACCEPT_LANGUAGE="zh-hans")
+    chinese.login(username="dev", password="correct-horse-battery")
+    page = chinese.post("/enhancement/jobs/new/", {**job, "name": "refused", "min_workers": "2", "workers": "1"},
+                        follow=True).content.decode()
+    assert "设备与优先级" in page
+    assert "min_workers（2）是作业运行的最少设备数，不能超过最多设备数 workers（1）。" in page
