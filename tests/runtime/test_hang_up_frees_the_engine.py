@@ -29,7 +29,9 @@ LONG_ANSWER_TOKENS = 2000
 COUNTING = "Count from 1 to 5000, one number per line."
 COUNTING_REQUEST = {"model": SMOLLM2, "stream": True, "max_tokens": LONG_ANSWER_TOKENS, "ignore_eos": True,
                     "messages": [{"role": "user", "content": COUNTING}]}
-FREED_WITHIN_S = 5.0
+# Within seconds, and long before the answer would end (the decode steps after the hang-up are counted too): a
+# busy 2-core box running the whole suite has taken over 5 s to pass the hang-up along.
+FREED_WITHIN_S = 10.0
 ATTEMPTS = 3
 
 
