@@ -138,6 +138,7 @@ def _all_final(kb) -> bool:
     return not kb.documents.filter(status__in=[DocumentStatus.QUEUED, DocumentStatus.PROCESSING]).exists()
 
 
+@pytest.mark.slow
 def test_a_pool_process_killed_mid_ingestion_loses_no_document(platform, web_port, live_db, workers,
                                                                 session_worker_off_ingest):
     kb = services.create_knowledge_base(actor=platform["actor"], workspace=platform["workspace"], name="Kill ingest")
@@ -164,6 +165,7 @@ def test_a_pool_process_killed_mid_ingestion_loses_no_document(platform, web_por
     assert any(message.startswith("Resumed at the") for message in messages), messages
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_eval_run_resumes_and_scores_each_question_once(platform, web_port, live_db, workers,
                                                                             session_worker_off_ingest):
     actor, workspace = platform["actor"], platform["workspace"]
@@ -201,6 +203,7 @@ def test_a_worker_killed_mid_eval_run_resumes_and_scores_each_question_once(plat
     assert lost == 0 and len(scored) == len(set(scored)) and run.attempts >= 2
 
 
+@pytest.mark.slow
 def test_a_worker_killed_while_its_engine_starts_is_replaced_and_the_replica_comes_up(platform, web_port, live_db,
                                                                                       workers, settings):
     settings.CLUSTER_JOB_HEARTBEAT_S = 1
@@ -273,6 +276,7 @@ def test_a_start_that_fails_after_its_engine_launched_stops_that_engine_and_says
     assert _engines_serving("bad-key-chat") == []
 
 
+@pytest.mark.slow
 def test_a_replica_whose_engine_key_no_longer_decrypts_is_restarted_with_a_new_one(platform, web_port, live_db,
                                                                                   workers):
     from serving.tasks import check_local_replicas
@@ -359,6 +363,7 @@ def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_and_is_restar
     assert answer.status_code == 200
 
 
+@pytest.mark.slow
 def test_a_redis_restart_that_loses_every_queue_loses_no_document(platform, web_port, live_db, tmp_path,
                                                                     session_worker_off_ingest):
     """A private Redis (no persistence) and worker; the Redis is killed and started again, empty, mid-run. This
@@ -433,6 +438,7 @@ print(failures)
 """
 
 
+@pytest.mark.slow
 def test_several_processes_writing_sqlite_at_once_lose_nothing(platform, web_port, live_db, workers,
                                                                session_worker_off_ingest):
     actor = platform["actor"]

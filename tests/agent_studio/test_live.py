@@ -104,6 +104,7 @@ def _checkpointed_tool_result(run: AgentRun) -> bool:
     return any(getattr(message, "type", "") == "tool" for message in messages)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_run_is_taken_over_and_the_run_continues_from_its_checkpoint(platform, web_port,
                                                                                           live_db):
     agent = platform["agent"]

@@ -27,7 +27,8 @@ from django.db.migrations.loader import MigrationLoader
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.timeout(900)
+# Minutes each (an instance of the previous release built, upgraded, broken and rolled back): `make test-all`.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 UPGRADER = ROOT / "appliance" / "ai_factory.py"
 SCRIPT = Path(__file__).with_name("instance_script.py")

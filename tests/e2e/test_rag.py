@@ -76,11 +76,11 @@ def test_the_rag_studio_tour(platform, open_page, live_db):
     page.get_by_role("link", name="Evaluation").click()
     generate = page.locator("#generate-form")
     generate.get_by_label("Name").fill("Generated")
-    generate.get_by_label("Questions").fill("3")
+    generate.get_by_label("Questions").fill("2")
     generate.get_by_role("button", name="Generate").click()
     generated = page.locator("tr[data-set='Generated']")
     expect(generated.locator(".badge")).to_have_text("done", timeout=120_000)
-    expect(generated.locator("[data-field=items]")).to_have_text("3")
+    expect(generated.locator("[data-field=items]")).to_have_text("2")
     eval_set = EvalSet.objects.get(name="Generated")
     items = list(eval_set.items.all())
     # Held to a JSON schema, even a 135M model's every reply parses, and each question knows its source chunk.

@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 KILL_NODE = "enh-kill-node"
 
 
+@pytest.mark.slow
 def test_a_job_killed_with_its_worker_resumes_from_its_checkpoint_and_trains_each_step_once(tuner, web_port):
     register_node(name=KILL_NODE, resources=inventory.probe())
     env = {**platform_env(web_port), "FACTORY_JOB_HEARTBEAT_S": "2"}

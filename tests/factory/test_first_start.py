@@ -15,7 +15,8 @@ import pytest
 from serving.preset_names import DEPLOYED_AT_SETUP
 from tests.conftest import ROOT, free_port
 
-pytestmark = pytest.mark.timeout(900)
+# A minute and more (the whole of `make run` and `make stop`): `make test-all`, and by hand before every release.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
 def _fresh_clone(target: Path) -> None:

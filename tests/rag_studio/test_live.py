@@ -87,6 +87,7 @@ def _long_document(kb) -> Document:
                                    size_bytes=len(content), sha256=sha256)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_ingestion_is_resumed_and_indexes_exactly_once(platform, web_port, live_db,
                                                                            celery_worker_process):
     kb = services.create_knowledge_base(actor=platform["actor"], workspace=platform["workspace"], name="Logs")

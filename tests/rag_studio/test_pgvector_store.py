@@ -329,6 +329,7 @@ print(json.dumps({"backend": kb.index_backend,
 """
 
 
+@pytest.mark.slow
 def test_a_backup_carries_the_pgvector_index_and_a_restore_puts_it_back(pgvector_url, settings, transactional_db,
                                                                         tmp_path):
     from django.contrib.auth import get_user_model

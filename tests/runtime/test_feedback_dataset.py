@@ -49,9 +49,11 @@ def test_the_logs_page_exports_them_and_opens_the_dataset(acme, app):
     client.login(username="ann", password="correct-horse-battery")
     assert b"Export the up-voted answers as a fine-tuning dataset" in client.get("/apps/handbook/logs/").content
 
-    page = client.post("/apps/handbook/logs/", {"dataset_name": "leave answers"}, follow=True)
+    exported = client.post("/apps/handbook/logs/", {"dataset_name": "leave answers"})
 
     dataset = Dataset.objects.get(workspace=acme, name="leave answers")
-    assert page.redirect_chain[-1][0] == f"/enhancement/datasets/{dataset.pk}/"
+    assert exported.status_code == 302 and exported.url == f"/enhancement/datasets/{dataset.pk}/"
+    # The message shows on the next page drawn (the dataset page's preview, which tests/enhancement/test_datasets.py
+    # checks, first converts SmolLM2's tokenizer: over ten seconds on two cores).
     assert "Exported 1 up-voted answer(s) of &#x27;handbook&#x27; as dataset &#x27;leave answers&#x27;." in \
-        page.content.decode()
+        client.get("/apps/handbook/logs/").content.decode()

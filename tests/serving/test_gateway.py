@@ -270,6 +270,7 @@ def test_a_stopped_deployment_answers_409_until_started_again(stack, live_db):
     assert wait_for(lambda: completion().status_code == 200, what="gemma to answer again")
 
 
+@pytest.mark.slow
 def test_a_killed_replica_costs_no_request_and_is_restarted(stack, client, live_db, celery_worker_process):
     from serving.tasks import check_local_replicas
 
