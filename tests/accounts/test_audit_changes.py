@@ -4,6 +4,8 @@ names no change the code never records."""
 import re
 from pathlib import Path
 
+from django.utils import translation
+
 from accounts.audit_changes import AUDIT_CHANGES, audit_change_label
 from enhancement.models import JobKind
 
@@ -35,5 +37,6 @@ def test_every_recorded_change_has_a_label_and_every_label_a_change():
 
 
 def test_an_unknown_change_reads_as_its_code():
-    assert audit_change_label("rag.document.upload") == "Uploaded documents"
+    with translation.override("en"):  # whatever language an earlier test's request left active in this thread
+        assert audit_change_label("rag.document.upload") == "Uploaded documents"
     assert audit_change_label("future.thing") == "future.thing"
