@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 scripts/install.sh
 scripts/system-deps.sh redis chromium bwrap gettext opencv cjk-font
+scripts/compile-messages.sh
 echo "==> ruff (configured in pyproject.toml)"
 .venv/bin/ruff check .
 
@@ -23,9 +24,6 @@ trap cleanup EXIT
 for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 
 export REDIS_URL="redis://127.0.0.1:$port/0" FACTORY_DATA_DIR="$scratch/data" FACTORY_NODE_NAME=test-web
-# After FACTORY_DATA_DIR: Django's settings, which compilemessages loads, make the data dir's secret key, and the
-# checkout's own data dir is not the tests'.
-scripts/compile-messages.sh
 status=0
 # The 20 slowest tests close the run, so that what makes the suite slow is seen on every CI run.
 .venv/bin/python -m pytest --durations=20 "$@" || status=$?
