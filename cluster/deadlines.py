@@ -20,6 +20,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from datetime import timedelta
 
 from django.conf import settings
@@ -39,8 +40,9 @@ REDISPATCHED = "Dispatched again"
 job_given_up = Signal()
 
 
-# The heartbeat's value once the run has handed the job back (hand_over): free for the next run to claim.
-HANDED_OVER = "handed-over"
+# The heartbeat's value once the run has handed the job back (hand_over), with a token of its own: free for the next
+# run to claim, once.
+HANDED_OVER = "handed-over:"
 
 
 def _alive_key(job_id: int) -> str:
@@ -70,9 +72,14 @@ class JobHeartbeat:
             if cache.add(key, self._owner, timeout=_heartbeat_timeout_s()):
                 return True
             holder = cache.get(key)
-            if holder == HANDED_OVER:
+            if isinstance(holder, str) and holder.startswith(HANDED_OVER):
+                # A job handed over may get more than one message (the restart, a redispatch): the one that takes
+                # this hand-over's token, atomically, runs it.
+                if not cache.add(f"{key}:{holder}", self._owner, timeout=_heartbeat_timeout_s()):
+                    return False
                 cache.set(key, self._owner, timeout=_heartbeat_timeout_s())
-            return holder in (self._owner, HANDED_OVER)
+                return True
+            return holder == self._owner
         except Exception as exc:  # without Redis nothing can run twice: no second message can arrive either
             logger.warning("Could not claim job %s's heartbeat: %s", self._job_id, exc)
             return True
@@ -110,7 +117,7 @@ def hand_over(job_id: int) -> None:
     or its admission) may be taken by another worker at once, before this run's heartbeat block has ended, and
     claims the job rather than finding it running elsewhere."""
     try:
-        cache.set(_alive_key(job_id), HANDED_OVER, timeout=_heartbeat_timeout_s())
+        cache.set(_alive_key(job_id), HANDED_OVER + uuid.uuid4().hex, timeout=_heartbeat_timeout_s())
     except Exception as exc:  # the cache is Redis; without it no claim is checked either
         logger.warning("Could not hand job %s over: %s", job_id, exc)
 

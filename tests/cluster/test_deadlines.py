@@ -3,7 +3,9 @@ CLUSTER_JOB_MAX_DISPATCHES (or on an unhealthy node) fails it with the reason; a
 fails instead of staying "starting" for ever; a second message for a running job never runs it twice, and a job
 handed back to the pool runs on its next message even while its old run is ending."""
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -138,3 +140,23 @@ def test_a_job_handed_back_to_the_pool_runs_on_its_next_message_while_the_old_ru
         deadlines.hand_over(job.pk)  # as the pool's hand-back does, then sends the restart's message
         # Another worker takes that message before the old run's heartbeat block has ended: it runs the job.
         assert run_job.apply(args=[job.pk]).get() == JobState.SUCCEEDED
+
+
+def test_of_the_messages_for_a_job_handed_over_only_one_runs_it(node, forget_heartbeats):
+    job = dispatch_job(actor=SYSTEM, workspace=None, kind="node.inventory", node=node)
+    forget_heartbeats(job.pk)
+    # The restart's message, a redispatch…: taken by several workers at the same moment, after each hand-over.
+    claimers = 8
+    for round_ in range(20):
+        deadlines.hand_over(job.pk)
+        start = threading.Barrier(claimers)
+        runs = [deadlines.JobHeartbeat(job.pk, f"worker@node-{n}/{round_}/t1") for n in range(claimers)]
+
+        def claim(run):
+            start.wait()
+            return run.claim()
+
+        with ThreadPoolExecutor(claimers) as pool:
+            won = [run for run, claimed in zip(runs, pool.map(claim, runs)) if claimed]
+        assert len(won) == 1, f"round {round_}: {len(won)} runs took the job"
+        assert won[0].claim(), "the run that took it still holds it"
